@@ -1,0 +1,41 @@
+// Tensor element types as PyTorch names them, with the names each file format uses for them.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace ckpt {
+
+enum class dtype : uint8_t {
+  boolean, uint8, int8, int16, int32, int64, uint16, uint32, uint64,
+  float16, bfloat16, float32, float64,
+  complex32, complex64, complex128,
+  float8_e5m2, float8_e4m3fn, float8_e5m2fnuz, float8_e4m3fnuz, float8_e8m0fnu,
+  float4_e2m1fn_x2,
+  qint8, quint8, qint32, quint4x2, quint2x4,
+  bits8, bits16, bits1x8, bits2x4, bits4x2,
+};
+
+struct dtype_info {
+  dtype type;
+  const char* name;            // PyTorch's name without "torch.": "float32", "bool", ...
+  uint32_t element_size;       // bytes per element as stored (float4_e2m1fn_x2 packs 2 in 1)
+  bool is_floating;            // eligible for --dtype casts and --check-finite
+  const char* legacy_storage;  // "FloatStorage", or nullptr for dtypes saved as UntypedStorage
+  const char* safetensors;     // "F32", or nullptr when safetensors has no such dtype
+};
+
+const dtype_info& info(dtype t);
+inline const char* name(dtype t) { return info(t).name; }
+inline uint32_t element_size(dtype t) { return info(t).element_size; }
+
+/// "float32" or "torch.float32"; also PyTorch's aliases ("float", "half", "long", ...).
+std::optional<dtype> dtype_from_name(std::string_view name);
+/// "FloatStorage" -> float32 (the typed storage classes torch.save still writes).
+std::optional<dtype> dtype_from_legacy_storage(std::string_view storage_class);
+/// "F32" -> float32.
+std::optional<dtype> dtype_from_safetensors(std::string_view st_name);
+
+}  // namespace ckpt

@@ -1,0 +1,122 @@
+// A restricted pickle machine: it decodes every opcode of protocols 0-5 with CPython's
+// semantics into a value tree, and never imports or calls anything.
+//
+// A GLOBAL is only a name. Calling it (REDUCE, NEWOBJ, NEWOBJ_EX, INST, OBJ) makes an
+// `object` node that records the callable, its arguments, and whatever BUILD, SETITEM(S),
+// APPEND(S) later did to it. A few constructors whose meaning is pure data are folded into
+// plain values, because that is what they are to every reader and writer of the format:
+//   collections.OrderedDict()         -> dict (ordered = true; BUILD state kept in `state`)
+//   builtins.set / frozenset (list)   -> set / frozenset
+//   _codecs.encode(str, 'latin1')     -> bytes (how protocol 2 spells bytes)
+//   builtins.bytes() / bytearray(b)   -> bytes / bytearray
+// Python 2 module names are mapped to Python 3 ones as CPython's _compat_pickle does.
+//
+// The tree is a DAG: memo references (GET) share nodes, exactly as they share objects in
+// Python, and a pickle can even build cycles. Every traversal must track visited nodes.
+// Nodes live in a `document` arena and are referred to by plain pointers that stay valid
+// for the document's lifetime.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace ckpt::pickle {
+
+enum class kind : uint8_t {
+  none, boolean, integer, big_integer, floating, str, bytes, bytearray,
+  tuple, list, dict, set, frozenset,
+  global,          // items = {str module, str name}
+  object,          // see object_slot
+  persistent_id,   // items = {pid}; from PERSID / BINPERSID
+};
+
+/// How an object node was made.
+enum class object_op : uint8_t { reduce, newobj, newobj_ex, inst, obj };
+
+/// Slots of items[] for kind::object. Absent slots hold nullptr.
+enum object_slot : size_t {
+  kCallable = 0,   // a global node (or whatever value was called)
+  kArgs = 1,       // a tuple node
+  kKwargs = 2,     // NEWOBJ_EX only: a dict node
+  kListItems = 3,  // a list node collecting APPEND/APPENDS made on the object
+  kDictItems = 4,  // a dict node collecting SETITEM/SETITEMS made on the object
+  kObjectSlots = 5,
+};
+
+struct value {
+  kind type = kind::none;
+  bool flag = false;      // boolean: the value; dict: true for collections.OrderedDict
+  object_op op = object_op::reduce;
+  int64_t integer = 0;    // integer
+  double floating = 0;    // floating
+  // str: UTF-8 (lone surrogates kept as WTF-8, as CPython's surrogatepass would);
+  // bytes/bytearray: raw bytes; big_integer: two's complement, little-endian, minimal.
+  std::string text;
+  // tuple/list/set/frozenset: elements; dict: k0, v0, k1, v1, ... in insertion order;
+  // global, object, persistent_id: see above.
+  std::vector<value*> items;
+  value* state = nullptr;  // BUILD state (objects, OrderedDict)
+  uint64_t offset = 0;     // stream offset of the opcode that made this node
+
+  size_t dict_size() const { return items.size() / 2; }
+  value* dict_key(size_t i) const { return items[2 * i]; }
+  value* dict_value(size_t i) const { return items[2 * i + 1]; }
+  /// For global nodes: "module.name" (the spelling weights_only error messages use).
+  std::string global_name() const;
+  std::string_view global_module() const { return items[0]->text; }
+  std::string_view global_attr() const { return items[1]->text; }
+  bool is_global(std::string_view module, std::string_view name) const {
+    return type == kind::global && global_module() == module && global_attr() == name;
+  }
+  /// For object nodes: the callable, if it is a global (else nullptr).
+  const value* callable_global() const;
+};
+
+/// Resource limits; every one can be raised from the command line. Defaults are generous
+/// for real checkpoints (tens of thousands of tensors) and still bound memory and time.
+struct limits {
+  uint64_t max_pickle_bytes = 1ull << 30;   // the size of data.pkl we agree to parse
+  uint64_t max_depth = 1000;                // MARK nesting and container nesting
+  uint64_t max_stack = 10'000'000;          // values on the stack at once
+  uint64_t max_memo = 50'000'000;           // memo entries
+  uint64_t max_container = 100'000'000;     // elements of one container
+  uint64_t max_string = 1ull << 30;         // one str/bytes operand
+  uint64_t max_long_bytes = 1u << 16;       // LONG1/LONG4/text LONG operand
+};
+
+/// Owns every node of one decoded pickle.
+class document {
+ public:
+  value* make(kind type, uint64_t offset);
+  value* root = nullptr;
+  /// Highest protocol announced by PROTO (0 when there was none).
+  int protocol = 0;
+  /// Offset just past the STOP opcode, relative to the start of the parsed bytes. Several
+  /// pickles can follow each other in one stream (the legacy torch.save format does this).
+  uint64_t end_offset = 0;
+  size_t node_count() const { return nodes_.size(); }
+
+ private:
+  std::deque<value> nodes_;
+};
+
+struct parse_options {
+  limits lim;
+  /// Added to every offset in errors and in value::offset, so they are file offsets.
+  uint64_t base_offset = 0;
+  /// Require that STOP is the last byte (true for data.pkl; false when pickles are stacked).
+  bool require_eof = true;
+};
+
+/// Decodes one pickle from `data`. Throws ckpt::error (corrupt / unsupported / limit) with
+/// the file offset of the offending opcode. Nothing from the input is ever executed.
+document parse(const uint8_t* data, size_t size, const parse_options& options = {});
+
+/// Python-like rendering for humans and reports ("OrderedDict", "'abc'", "torch.float32").
+/// Bounded: deep or huge values are elided with "...".
+std::string repr(const value* v, size_t max_chars = 200);
+
+}  // namespace ckpt::pickle

@@ -1,0 +1,81 @@
+// A strict reader of the zip archives torch.save and torch.jit.save write (miniz through
+// caffe2's PyTorchStreamWriter): central directory with ZIP64, stored records, deflated
+// records (TorchScript compresses code/ records over 200 bytes), data descriptors.
+//
+// Layout (APPNOTE 6.3.x; formats.md §2.1):
+//   [local header 30 B | name | extra ('FB' padding, ZIP64) | data | descriptor?] ...
+//   central directory entries (46 B + name + extra + comment) ...
+//   [ZIP64 end record 56 B][ZIP64 locator 20 B] end record (22 B + comment)
+//
+// Stricter than miniz, which is what PyTorch uses, on purpose (security.md §2.B): rejects
+// duplicate names, entries outside the single top-level folder, local/central
+// disagreement, overlapping records, gaps, encryption or unknown flag bits, sizes past the
+// end of the file, ZIP64 sentinels without their extra field, trailing junk and prefixes.
+// Only the central directory and the local headers are read when opening.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "ckpt/byte_source.h"
+
+namespace ckpt::zip {
+
+struct entry {
+  std::string name;           // full name, "archive/data.pkl"
+  std::string record;         // name without the top-level folder, "data.pkl"
+  uint16_t method = 0;        // 0 stored, 8 deflated
+  uint16_t flags = 0;
+  uint32_t crc32 = 0;
+  uint64_t compressed_size = 0;
+  uint64_t uncompressed_size = 0;
+  uint64_t local_header_offset = 0;
+  uint64_t data_offset = 0;   // first byte of the (possibly compressed) data in the file
+  uint64_t end_offset = 0;    // one past the data and its data descriptor, if any
+};
+
+struct open_options {
+  /// Largest record that read_record() will inflate or copy into memory.
+  uint64_t max_record_bytes = 1ull << 31;
+  /// Largest total of declared uncompressed sizes of deflated records (zip bombs).
+  uint64_t max_inflated_total = 1ull << 32;
+};
+
+class archive {
+ public:
+  /// Parses the central directory and every local header of `src`. Throws ckpt::error
+  /// (corrupt/unsupported) with the file offset of the first problem. `src` must outlive
+  /// the archive.
+  static std::unique_ptr<archive> open(const byte_source& src, const open_options& options = {});
+
+  const std::vector<entry>& entries() const { return entries_; }
+  /// The single top-level folder every name starts with ("archive", "model", ...).
+  const std::string& prefix() const { return prefix_; }
+  /// Lookup by record name relative to the prefix ("data.pkl", "data/0"); nullptr if absent.
+  const entry* find(std::string_view record) const;
+  /// The record's bytes (inflated if needed), size-capped by open_options.
+  std::vector<uint8_t> read_record(const entry& e) const;
+  /// Computes the CRC-32 of the record's uncompressed bytes and compares it with the
+  /// central directory; throws errc::corrupt on a mismatch. Reads the whole record.
+  void verify_crc(const entry& e) const;
+  const byte_source& source() const { return src_; }
+
+ private:
+  archive(const byte_source& src, open_options options) : src_(src), options_(options) {}
+  const byte_source& src_;
+  open_options options_;
+  std::vector<entry> entries_;
+  std::string prefix_;
+  std::unordered_map<std::string, size_t> by_record_;
+  friend class archive_parser;
+};
+
+/// CRC-32 (zlib polynomial), incremental: crc = crc32_update(crc, p, n) starting from 0.
+uint32_t crc32_update(uint32_t crc, const void* data, size_t n);
+
+}  // namespace ckpt::zip
