@@ -1,1 +1,51 @@
-int main() { return 0; }
+// ckptool: wiring only. Each verb lives in cmd_<verb>.cpp; errors are caught here, printed
+// as one line, and mapped to the documented exit codes (man/ckptool.1).
+#include <CLI/CLI.hpp>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include <iostream>
+#include <new>
+
+#include "ckpt/error.h"
+#include "cmd_inspect.h"
+#include "common.h"
+
+int main(int argc, char** argv) {
+  auto logger = spdlog::stderr_color_mt("ckptool");
+  logger->set_pattern("ckptool: %l: %v");
+  spdlog::set_default_logger(logger);
+
+  CLI::App app{"ckptool: inspect, rekey and materialize PyTorch checkpoints without unpickling them"};
+  app.set_version_flag("--version", std::string("ckptool ") + CKPTOOL_VERSION);
+  app.require_subcommand(1);
+  app.fallthrough(false);
+  cli::setup_inspect(app);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::cerr << "ckptool: " << e.what() << "\n";
+    std::cerr << "Run 'ckptool --help' for usage.\n";
+    return 2;
+  } catch (const ckpt::error& e) {
+    std::cerr << "ckptool: " << ckpt::errc_name(e.kind()) << ": " << e.one_line() << "\n";
+    return ckpt::exit_code(e.kind());
+  } catch (const std::bad_alloc&) {
+    std::cerr << "ckptool: io: out of memory\n";
+    return 4;
+  } catch (const std::exception& e) {
+    std::string what = e.what();
+    for (char& c : what)
+      if (c == '\n') c = ' ';
+    std::cerr << "ckptool: internal error: " << what << "\n";
+    return 3;
+  }
+  return cli::last_exit_code();
+}

@@ -98,6 +98,9 @@ class document {
   /// pickles can follow each other in one stream (the legacy torch.save format does this).
   uint64_t end_offset = 0;
   size_t node_count() const { return nodes_.size(); }
+  /// Every node ever made, reachable from root or not: a global that was called and then
+  /// popped off the stack still ran under CPython, so safety scans must see them all.
+  const std::deque<value>& nodes() const { return nodes_; }
 
  private:
   std::deque<value> nodes_;

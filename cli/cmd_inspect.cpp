@@ -1,0 +1,146 @@
+#include "cmd_inspect.h"
+
+#include <iostream>
+#include <memory>
+#include <optional>
+
+#include "ckpt/error.h"
+#include "ckpt/report.h"
+#include "ckpt/torchscript.h"
+#include "common.h"
+#include "inspect_text.h"
+
+namespace cli {
+namespace {
+
+struct inspect_options {
+  std::string file;
+  bool json = false;
+  text_options text;
+  std::vector<std::string> inputs;
+  std::string method = "forward";
+  ckpt::open_options reader;
+};
+
+// "4x5:int64", "3x224x224" (float32), "():float64" for a 0-d tensor.
+ckpt::input_spec parse_input(const std::string& spec) {
+  ckpt::input_spec in;
+  std::string shape = spec;
+  size_t colon = spec.rfind(':');
+  if (colon != std::string::npos) {
+    shape = spec.substr(0, colon);
+    auto t = ckpt::dtype_from_name(spec.substr(colon + 1));
+    if (!t) throw ckpt::error(ckpt::errc::usage, "--input " + spec + ": unknown dtype '" + spec.substr(colon + 1) + "'");
+    in.type = *t;
+  }
+  if (shape == "()" || shape.empty()) return in;
+  size_t start = 0;
+  while (start <= shape.size()) {
+    size_t x = shape.find_first_of("x,", start);
+    std::string dim = shape.substr(start, x == std::string::npos ? std::string::npos : x - start);
+    if (dim.empty() || dim.find_first_not_of("0123456789") != std::string::npos || dim.size() > 18)
+      throw ckpt::error(ckpt::errc::usage, "--input " + spec + ": expected a shape like 4x5 or 4x5:int64");
+    in.shape.push_back(std::stoll(dim));
+    if (x == std::string::npos) break;
+    start = x + 1;
+  }
+  return in;
+}
+
+void run_inspect(const inspect_options& o) {
+  ckpt::checkpoint c = ckpt::open_checkpoint(o.file, o.reader);
+  std::optional<ckpt::torchscript_info> ts;
+  std::vector<ckpt::meta_output> outputs;
+  if (c.format == ckpt::file_format::torchscript) {
+    ts = ckpt::inspect_torchscript(o.file, *c.zip);
+    if (!o.inputs.empty()) {
+      std::vector<ckpt::input_spec> specs;
+      for (const auto& s : o.inputs) specs.push_back(parse_input(s));
+      outputs = ckpt::run_on_meta(o.file, *c.zip, o.method, specs);
+    }
+  } else if (!o.inputs.empty()) {
+    throw ckpt::error(ckpt::errc::usage, "--input needs a TorchScript model; " + o.file + " is " +
+                                             ckpt::format_name(c.format));
+  }
+
+  if (o.json) {
+    nlohmann::json doc = ckpt::inspect_json(c);
+    doc["ckptool_version"] = CKPTOOL_VERSION;
+    if (!o.text.filter.empty()) {
+      nlohmann::json kept = nlohmann::json::array();
+      for (auto& t : doc["tensors"]) {
+        std::string key = t["path"].empty() ? "" : t["path"].back().is_string() ? t["path"].back().get<std::string>()
+                                                                                 : t["path"].back().dump();
+        if (key_matches(o.text.filter, key)) kept.push_back(t);
+      }
+      doc["tensors"] = std::move(kept);
+    }
+    if (ts) {
+      auto tensors = [](const std::vector<ckpt::ts_tensor>& v) {
+        nlohmann::json a = nlohmann::json::array();
+        for (const auto& t : v) a.push_back({{"name", t.name}, {"dtype", t.dtype}, {"shape", t.shape}});
+        return a;
+      };
+      nlohmann::json m;
+      m["type"] = ts->type;
+      m["training"] = ts->training;
+      m["parameters"] = tensors(ts->parameters);
+      m["buffers"] = tensors(ts->buffers);
+      m["methods"] = nlohmann::json::array();
+      for (const auto& x : ts->methods) m["methods"].push_back({{"name", x.name}, {"schema", x.schema}});
+      m["submodules"] = nlohmann::json::array();
+      for (const auto& x : ts->submodules) m["submodules"].push_back({{"name", x.name}, {"type", x.type}});
+      m["attributes"] = nlohmann::json::array();
+      for (const auto& x : ts->attributes)
+        m["attributes"].push_back({{"name", x.name}, {"type", x.type}, {"value", x.value}});
+      doc["module"] = std::move(m);
+      doc["io"]["bytes_read"] = doc["io"]["bytes_read"].get<uint64_t>() + ts->bytes_read;
+      if (!o.inputs.empty()) {
+        nlohmann::json outs = nlohmann::json::array();
+        for (const auto& x : outputs) {
+          nlohmann::json j = {{"path", x.path}, {"type", x.type}};
+          if (x.is_tensor) {
+            j["dtype"] = x.dtype;
+            j["shape"] = x.shape;
+          } else {
+            j["value"] = x.value;
+          }
+          outs.push_back(std::move(j));
+        }
+        doc["outputs"] = {{"method", o.method}, {"values", std::move(outs)}};
+      }
+    }
+    // Keys may hold invalid UTF-8 (bytes decoded leniently): replace rather than fail.
+    std::cout << doc.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+  } else {
+    print_inspect_text(std::cout, c, ts ? &*ts : nullptr, o.text);
+    if (!o.inputs.empty()) print_meta_outputs(std::cout, o.method, outputs);
+  }
+  std::cout.flush();
+  if (!std::cout) throw ckpt::error(ckpt::errc::io, "cannot write to standard output");
+}
+
+}  // namespace
+
+void setup_inspect(CLI::App& app) {
+  auto opts = std::make_shared<inspect_options>();
+  CLI::App* cmd = app.add_subcommand(
+      "inspect", "Show what a checkpoint holds (tensors, dtypes, shapes, wrappers, entries, unsafe globals), "
+                 "reading metadata only");
+  cmd->add_option("FILE", opts->file, "torch.save, TorchScript, safetensors or legacy torch file")->required();
+  cmd->add_flag("--json", opts->json, "Print one JSON document (schema: man ckptool-inspect)");
+  cmd->add_flag("--tree", opts->text.tree, "Group keys into a module tree with element counts");
+  cmd->add_option("--filter", opts->text.filter, "Only keys matching this shell glob, e.g. '*.attn.*'");
+  cmd->add_option("--input", opts->inputs,
+                  "TorchScript: run the method on a meta tensor of this shape (repeat per argument), "
+                  "e.g. 4x5:int64")
+      ->type_name("SHAPE[:DTYPE]");
+  cmd->add_option("--method", opts->method, "TorchScript method to run with --input")->capture_default_str();
+  add_reader_flags(*cmd, opts->reader);
+  cmd->callback([opts] {
+    run_inspect(*opts);
+    set_exit_code(0);
+  });
+}
+
+}  // namespace cli

@@ -1,0 +1,237 @@
+#include "inspect_text.h"
+
+#include <fnmatch.h>
+
+#include <algorithm>
+#include <array>
+#include <iomanip>
+#include <map>
+#include <memory>
+
+#include "ckpt/report.h"
+#include "ckpt/wrappers.h"
+#include "common.h"
+
+namespace cli {
+namespace {
+
+struct row {
+  std::string key, dtype, shape, bytes, notes;
+};
+
+void print_table(std::ostream& out, const std::vector<row>& rows) {
+  size_t w[4] = {3, 5, 5, 5};
+  for (const auto& r : rows) {
+    w[0] = std::max(w[0], std::min<size_t>(r.key.size(), 72));
+    w[1] = std::max(w[1], r.dtype.size());
+    w[2] = std::max(w[2], r.shape.size());
+    w[3] = std::max(w[3], r.bytes.size());
+  }
+  auto line = [&](const row& r) {
+    out << "  " << std::left << std::setw(int(w[0])) << r.key << "  " << std::setw(int(w[1])) << r.dtype << "  "
+        << std::setw(int(w[2])) << r.shape << "  " << std::right << std::setw(int(w[3])) << r.bytes;
+    if (!r.notes.empty()) out << "  " << r.notes;
+    out << "\n";
+  };
+  line({"KEY", "DTYPE", "SHAPE", "BYTES", "NOTES"});
+  for (const auto& r : rows) line(r);
+}
+
+bool is_contiguous(const ckpt::tensor_record& t) {
+  int64_t expected = 1;
+  for (size_t i = t.shape.size(); i-- > 0;) {
+    if (t.shape[i] != 1 && t.stride[i] != expected) return false;
+    expected *= t.shape[i];
+  }
+  return true;
+}
+
+row tensor_row(const ckpt::checkpoint& c, const ckpt::tensor_record& t, std::string key) {
+  std::vector<std::string> notes;
+  if (t.parameter) notes.push_back("param");
+  if (!t.storage) notes.push_back("meta");
+  if (t.storage) {
+    const auto& s = c.storages[*t.storage];
+    if (s.tensor_count > 1) notes.push_back("shares storage " + s.key + " (" + std::to_string(s.tensor_count) + " tensors)");
+    if (t.storage_offset != 0) notes.push_back("offset " + std::to_string(t.storage_offset));
+  }
+  if (!is_contiguous(t)) notes.push_back("strided " + shape_string(t.stride));
+  if (!t.location.empty() && t.location != "cpu" && t.location != "meta") notes.push_back("saved on " + t.location);
+  std::string joined;
+  for (const auto& n : notes) joined += (joined.empty() ? "" : ", ") + n;
+  return {std::move(key), ckpt::name(t.type), shape_string(t.shape), human_bytes(t.nbytes()), joined};
+}
+
+const char* wrapper_origin(const std::string& segment) {
+  if (segment == "_orig_mod.") return "torch.compile";
+  if (segment == "module.") return "DDP/DataParallel";
+  if (segment == "_fsdp_wrapped_module.") return "FSDP";
+  if (segment == "_checkpoint_wrapped_module.") return "activation checkpointing";
+  if (segment == "_forward_module.") return "Lightning Fabric";
+  if (segment == "model.") return "LightningModule attribute, or part of the model's own names";
+  return "";
+}
+
+struct tree_node {
+  std::map<std::string, std::unique_ptr<tree_node>> children;
+  std::vector<std::string> order;
+  uint64_t numel = 0;
+  const ckpt::tensor_record* leaf = nullptr;
+};
+
+void print_tree(std::ostream& out, const tree_node& node, const std::string& name, int depth) {
+  std::string label = std::string(size_t(depth) * 2, ' ') + name;
+  out << "  " << std::left << std::setw(48) << label;
+  if (node.leaf)
+    out << "  " << ckpt::name(node.leaf->type) << " " << shape_string(node.leaf->shape);
+  else
+    out << "  " << with_commas(node.numel) << " elements";
+  out << "\n";
+  for (const auto& child : node.order) print_tree(out, *node.children.at(child), child, depth + 1);
+}
+
+}  // namespace
+
+bool key_matches(const std::string& glob, const std::string& key) {
+  return glob.empty() || ::fnmatch(glob.c_str(), key.c_str(), 0) == 0;
+}
+
+void print_inspect_text(std::ostream& out, const ckpt::checkpoint& c, const ckpt::torchscript_info* ts,
+                        const text_options& options) {
+  out << c.path << ": " << ckpt::format_name(c.format);
+  if (c.lightning) out << " (Lightning checkpoint)";
+  out << ", " << human_bytes(c.file_size) << "\n";
+
+  // The state dict's tensors by key, then everything else by path.
+  std::vector<std::pair<std::string, const ckpt::tensor_record*>> sd, other;
+  std::vector<bool> in_sd(c.tensors.size(), false);
+  for (auto& [key, i] : c.state_dict_tensors()) {
+    sd.emplace_back(key, &c.tensors[i]);
+    in_sd[i] = true;
+  }
+  for (size_t i = 0; i < c.tensors.size(); ++i)
+    if (!in_sd[i]) other.emplace_back(ckpt::path_to_string(c.tensors[i].path), &c.tensors[i]);
+
+  if (c.state_dict) {
+    uint64_t numel = 0;
+    for (auto& [k, t] : sd) numel += t->numel();
+    std::string where = c.state_dict->empty() ? "the root" : "'" + ckpt::path_to_string(*c.state_dict) + "'";
+    out << "state dict: " << where << ", " << sd.size() << " tensors, " << with_commas(numel) << " elements\n";
+  } else if (c.format != ckpt::file_format::torchscript) {
+    out << "state dict: none recognised (tensors listed by path)\n";
+  }
+
+  auto wrappers = ckpt::count_wrappers(ckpt::tensor_keys(c));
+  if (!wrappers.empty()) {
+    out << "wrapper segments:\n";
+    for (auto& [segment, count] : wrappers)
+      out << "  " << std::left << std::setw(30) << segment << std::right << std::setw(7) << count << " keys  ("
+          << wrapper_origin(segment) << ")\n";
+    if (wrappers.count("_orig_mod.")) out << "  (ckptool rekey --strip-compiled removes '_orig_mod.')\n";
+  }
+
+  if (ts) {
+    out << "module: " << ts->type << (ts->training ? " (training)" : " (eval)") << "\n";
+    out << "  methods:\n";
+    for (const auto& m : ts->methods) out << "    " << m.schema << "\n";
+    if (!ts->submodules.empty()) {
+      out << "  submodules:\n";
+      for (const auto& s : ts->submodules) out << "    " << std::left << std::setw(40) << s.name << " " << s.type << "\n";
+    }
+    auto list = [&](const char* title, const std::vector<ckpt::ts_tensor>& ts_tensors) {
+      out << "  " << title << " (" << ts_tensors.size() << "):\n";
+      for (const auto& p : ts_tensors)
+        if (key_matches(options.filter, p.name))
+          out << "    " << std::left << std::setw(40) << p.name << " " << std::setw(9) << p.dtype << " "
+              << shape_string(p.shape) << "\n";
+    };
+    list("parameters", ts->parameters);
+    list("buffers", ts->buffers);
+    if (!ts->attributes.empty()) {
+      out << "  attributes:\n";
+      for (const auto& a : ts->attributes)
+        out << "    " << std::left << std::setw(40) << a.name << " " << a.type << (a.value.empty() ? "" : " = " + a.value) << "\n";
+    }
+  }
+
+  if (options.tree) {
+    tree_node root;
+    for (auto& [key, t] : (c.state_dict ? sd : other)) {
+      if (!key_matches(options.filter, key)) continue;
+      tree_node* node = &root;
+      root.numel += t->numel();
+      for (auto seg : ckpt::split_key(key)) {
+        std::string s(seg);
+        auto& child = node->children[s];
+        if (!child) {
+          child = std::make_unique<tree_node>();
+          node->order.push_back(s);
+        }
+        node = child.get();
+        node->numel += t->numel();
+      }
+      node->leaf = t;
+    }
+    out << "tree:\n";
+    print_tree(out, root, "(root)", 0);
+  } else if (!ts) {
+    std::vector<row> rows;
+    for (auto& [key, t] : sd)
+      if (key_matches(options.filter, key)) rows.push_back(tensor_row(c, *t, key));
+    if (!rows.empty()) {
+      out << "\n";
+      print_table(out, rows);
+    }
+    rows.clear();
+    for (auto& [key, t] : other)
+      if (key_matches(options.filter, key)) rows.push_back(tensor_row(c, *t, key));
+    if (!rows.empty()) {
+      out << (c.state_dict ? "\nother tensors:\n" : "\n");
+      print_table(out, rows);
+    }
+  }
+
+  uint64_t numel = 0, bytes = 0;
+  std::map<std::string, std::array<uint64_t, 2>> by_dtype;
+  for (const auto& t : c.tensors) {
+    numel += t.numel();
+    bytes += t.nbytes();
+    by_dtype[ckpt::name(t.type)][0]++;
+    by_dtype[ckpt::name(t.type)][1] += t.nbytes();
+  }
+  out << "\ntotals: " << c.tensors.size() << " tensors, " << with_commas(numel) << " elements, "
+      << human_bytes(bytes) << " in " << c.storages.size() << " storages\n";
+  for (auto& [dt, v] : by_dtype)
+    out << "  " << std::left << std::setw(16) << dt << std::right << std::setw(8) << v[0] << " tensors  "
+        << human_bytes(v[1]) << "\n";
+  if (!c.aliases.empty()) out << "  " << c.aliases.size() << " more paths refer to tensors listed above\n";
+
+  if (!c.entries.empty()) {
+    out << "\nentries:\n";
+    for (const auto& e : c.entries)
+      out << "  " << std::left << std::setw(32) << ckpt::path_to_string(e.path) << " " << std::setw(12) << e.type
+          << " " << e.value << "\n";
+  }
+
+  out << "\n";
+  if (c.unsafe_globals.empty()) {
+    out << "unsafe globals: none (torch.load(weights_only=True) would accept the pickle's globals)\n";
+  } else {
+    out << "UNSAFE globals (torch.load(weights_only=False) would import and may run them):\n";
+    for (const auto& g : c.unsafe_globals) out << "  " << g << "\n";
+  }
+  if (c.byteorder != "little") out << "byte order: " << c.byteorder << "-endian data\n";
+}
+
+void print_meta_outputs(std::ostream& out, const std::string& method, const std::vector<ckpt::meta_output>& outputs) {
+  out << "\n" << method << " on meta tensors returns:\n";
+  for (const auto& o : outputs) {
+    out << "  " << (o.path.empty() ? "(result)" : o.path) << ": ";
+    if (o.is_tensor)
+      out << o.dtype << " " << shape_string(o.shape) << "\n";
+    else
+      out << o.type << (o.value.empty() ? "" : " = " + o.value) << "\n";
+  }
+}
+
+}  // namespace cli

@@ -1,0 +1,29 @@
+// The human-readable form of `ckptool inspect`: summary, tensor table, totals, entries,
+// warnings. The JSON form is ckpt::inspect_json plus the TorchScript part.
+#pragma once
+
+#include <optional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "ckpt/checkpoint.h"
+#include "ckpt/torchscript.h"
+
+namespace cli {
+
+struct text_options {
+  std::string filter;  // glob over keys; empty = all
+  bool tree = false;   // module tree instead of the flat table
+};
+
+/// Whether `key` passes the --filter glob (shell-style, '*' also matches '.').
+bool key_matches(const std::string& glob, const std::string& key);
+
+void print_inspect_text(std::ostream& out, const ckpt::checkpoint& c, const ckpt::torchscript_info* ts,
+                        const text_options& options);
+
+void print_meta_outputs(std::ostream& out, const std::string& method,
+                        const std::vector<ckpt::meta_output>& outputs);
+
+}  // namespace cli

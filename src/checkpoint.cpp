@@ -1,0 +1,367 @@
+#include "ckpt/checkpoint.h"
+
+#include <algorithm>
+#include <set>
+#include <unordered_set>
+
+#include "ckpt/error.h"
+#include "format_detect.h"
+#include "legacy_reader.h"
+#include "tensor_collector.h"
+
+namespace ckpt {
+namespace {
+
+using pickle::kind;
+using pickle::value;
+
+const char* const kStateDictHolders[] = {"state_dict", "model_state_dict", "model", "module",
+                                         "net", "network", "model_ema", "ema", "weights", "params"};
+
+// Small text records (version, byteorder): parsed strictly, as security.md Z12 asks.
+std::string read_small_record(const zip::archive& ar, const zip::entry& e) {
+  if (e.uncompressed_size > 64) throw_corrupt("record " + e.name + " is longer than 64 bytes", e.local_header_offset);
+  auto bytes = ar.read_record(e);
+  return std::string(bytes.begin(), bytes.end());
+}
+
+void check_version_record(const zip::archive& ar) {
+  const zip::entry* e = ar.find(".data/version");
+  if (!e) e = ar.find("version");
+  if (!e) return;  // torch tolerates its absence in torch.save files written by old writers
+  std::string text = read_small_record(ar, *e);
+  if (!text.empty() && text.back() == '\n') text.pop_back();
+  if (text.empty() || text.size() > 4 || !std::all_of(text.begin(), text.end(), ::isdigit))
+    throw_corrupt("record " + e->name + " is not a decimal version number", e->data_offset);
+  int v = std::stoi(text);
+  // caffe2/serialize/versions.h: kMinSupportedFileFormatVersion 1 .. kMaxSupported 0xA.
+  if (v < 1 || v > 10)
+    throw_unsupported("archive format version " + text + " (this build reads 1 to 10)", e->data_offset);
+}
+
+std::string read_byteorder(const zip::archive& ar) {
+  const zip::entry* e = ar.find("byteorder");
+  if (!e) return "little";  // PyTorch's default since PR #101973
+  std::string text = read_small_record(ar, *e);
+  if (text != "little" && text != "big")
+    throw_corrupt("record " + e->name + " must say 'little' or 'big'", e->data_offset);
+  return text;
+}
+
+std::unique_ptr<pickle::document> parse_record_pickle(const zip::archive& ar, const zip::entry& e,
+                                                      const pickle::limits& lim) {
+  if (e.uncompressed_size > lim.max_pickle_bytes)
+    throw_limit("record " + e.name + " is " + std::to_string(e.uncompressed_size) +
+                    " bytes, over the pickle size limit (raise with --max-pickle-bytes)",
+                e.local_header_offset);
+  auto bytes = ar.read_record(e);
+  pickle::parse_options po;
+  po.lim = lim;
+  // Offsets in errors are file offsets when the record is stored (it always is in torch files).
+  po.base_offset = e.method == 0 ? e.data_offset : 0;
+  return std::make_unique<pickle::document>(pickle::parse(bytes.data(), bytes.size(), po));
+}
+
+bool is_torchscript_archive(const zip::archive& ar) {
+  if (ar.find("constants.pkl") || ar.find("bytecode.pkl") || ar.find(".data/version") || ar.find("model.json"))
+    return true;
+  for (const auto& e : ar.entries())
+    if (e.record.compare(0, 5, "code/") == 0) return true;
+  return false;
+}
+
+void collect_globals(checkpoint& c, bool torchscript) {
+  std::set<std::string> all, unsafe;
+  for (const value& v : c.pickle->nodes()) {
+    if (v.type != kind::global) continue;
+    std::string full = v.global_name();
+    all.insert(full);
+    bool ok = is_weights_only_safe_global(v.global_module(), v.global_attr());
+    if (!ok && torchscript) {
+      // TorchScript's own vocabulary: scripted classes and typed-container helpers.
+      std::string_view m = v.global_module();
+      ok = m.substr(0, 9) == "__torch__" || m == "torch.jit._pickle" || m == "builtins";
+    }
+    if (!ok) unsafe.insert(full);
+  }
+  c.globals.assign(all.begin(), all.end());
+  c.unsafe_globals.assign(unsafe.begin(), unsafe.end());
+}
+
+std::string type_name(const value* v) {
+  switch (v->type) {
+    case kind::none: return "None";
+    case kind::boolean: return "bool";
+    case kind::integer:
+    case kind::big_integer: return "int";
+    case kind::floating: return "float";
+    case kind::str: return "str";
+    case kind::bytes: return "bytes";
+    case kind::bytearray: return "bytearray";
+    case kind::tuple: return "tuple";
+    case kind::list: return "list";
+    case kind::dict: return v->flag ? "OrderedDict" : "dict";
+    case kind::set: return "set";
+    case kind::frozenset: return "frozenset";
+    case kind::global: return "global";
+    case kind::persistent_id: return "persistent_id";
+    case kind::object: {
+      const value* g = v->callable_global();
+      return g ? g->global_name() : "object";
+    }
+  }
+  return "object";
+}
+
+void find_state_dict(checkpoint& c) {
+  const value* root = c.pickle ? c.pickle->root : nullptr;
+  if (!root) return;
+  std::unordered_set<const value*> tensor_nodes;
+  for (const auto& t : c.tensors) tensor_nodes.insert(t.node);
+  auto is_state_dict = [&](const value* d) {
+    if (!d || d->type != kind::dict || d->dict_size() == 0) return false;
+    size_t tensors = 0;
+    for (size_t i = 0; i < d->dict_size(); ++i) {
+      if (d->dict_key(i)->type != kind::str) return false;
+      tensors += tensor_nodes.count(d->dict_value(i));
+    }
+    return tensors > 0 && tensors * 2 >= d->dict_size();
+  };
+  if (is_state_dict(root)) {
+    c.state_dict = value_path{};
+    c.state_dict_node = root;
+    return;
+  }
+  if (root->type != kind::dict) return;
+  auto lookup = [&](std::string_view key) -> const value* {
+    for (size_t i = 0; i < root->dict_size(); ++i)
+      if (root->dict_key(i)->type == kind::str && root->dict_key(i)->text == key) return root->dict_value(i);
+    return nullptr;
+  };
+  c.lightning = lookup("pytorch-lightning_version") != nullptr;
+  for (const char* holder : kStateDictHolders) {
+    if (is_state_dict(lookup(holder))) {
+      c.state_dict = value_path{std::string(holder)};
+      c.state_dict_node = lookup(holder);
+      return;
+    }
+  }
+  for (size_t i = 0; i < root->dict_size(); ++i) {
+    if (root->dict_key(i)->type == kind::str && is_state_dict(root->dict_value(i))) {
+      c.state_dict = value_path{root->dict_key(i)->text};
+      c.state_dict_node = root->dict_value(i);
+      return;
+    }
+  }
+}
+
+void summarize_entries(checkpoint& c) {
+  const value* root = c.pickle ? c.pickle->root : nullptr;
+  if (!root || root->type != kind::dict || root == c.state_dict_node) return;
+  std::unordered_set<const value*> tensor_nodes;
+  for (const auto& t : c.tensors) tensor_nodes.insert(t.node);
+  auto add_entries = [&](const value* d, value_path prefix) {
+    for (size_t i = 0; i < d->dict_size(); ++i) {
+      const value* k = d->dict_key(i);
+      const value* v = d->dict_value(i);
+      if (v == c.state_dict_node || tensor_nodes.count(v)) continue;
+      value_path p = prefix;
+      if (k->type == kind::integer)
+        p.push_back(k->integer);
+      else
+        p.push_back(k->type == kind::str ? k->text : pickle::repr(k, 80));
+      c.entries.push_back({p, type_name(v), pickle::repr(v, 120)});
+    }
+  };
+  add_entries(root, {});
+  if (c.lightning) {
+    for (size_t i = 0; i < root->dict_size(); ++i) {
+      const value* k = root->dict_key(i);
+      if (k->type == kind::str && k->text == "hyper_parameters" && root->dict_value(i)->type == kind::dict)
+        add_entries(root->dict_value(i), {std::string("hyper_parameters")});
+    }
+  }
+}
+
+void read_torch_zip(checkpoint& c, const open_options& opt) {
+  c.zip = zip::archive::open(*c.source, opt.zip_limits);
+  const zip::archive& ar = *c.zip;
+  bool torchscript = is_torchscript_archive(ar);
+  if (ar.find("model.json"))
+    throw_unsupported("legacy TorchScript archive (model.json, PyTorch 1.0-1.2): re-save it with a current PyTorch");
+  c.format = torchscript ? file_format::torchscript : file_format::torch_zip;
+  const zip::entry* data = ar.find("data.pkl");
+  if (!data) {
+    if (ar.find("bytecode.pkl"))
+      throw_unsupported("mobile (lite interpreter) TorchScript archive without data.pkl");
+    throw_unsupported("zip archive without data.pkl: not a PyTorch checkpoint");
+  }
+  check_version_record(ar);
+  c.byteorder = read_byteorder(ar);
+  if (opt.verify_crc)
+    for (const auto& e : ar.entries()) ar.verify_crc(e);
+
+  c.pickle = parse_record_pickle(ar, *data, opt.pickle_limits);
+  detail::tensor_collector collector(c, detail::zip_storage_binder(c, "data/"),
+                                     opt.pickle_limits.max_depth, false);
+  collector.collect(c.pickle->root);
+  collect_globals(c, torchscript);
+  if (torchscript) {
+    // constants.pkl holds tensors referenced from code (CONSTANTS.c0, ...); they are part
+    // of the file's data, so list them, under a path no module attribute can have.
+    if (const zip::entry* consts = ar.find("constants.pkl")) {
+      auto doc = parse_record_pickle(ar, *consts, opt.pickle_limits);
+      size_t first = c.tensors.size();
+      detail::tensor_collector cc(c, detail::zip_storage_binder(c, "constants/"),
+                                  opt.pickle_limits.max_depth, false);
+      cc.collect(doc->root);
+      for (size_t i = first; i < c.tensors.size(); ++i)
+        c.tensors[i].path.insert(c.tensors[i].path.begin(), std::string("<constants>"));
+      for (const value& v : doc->nodes())
+        if (v.type == kind::global) {
+          std::string full = v.global_name();
+          if (std::find(c.globals.begin(), c.globals.end(), full) == c.globals.end()) c.globals.push_back(full);
+        }
+      std::sort(c.globals.begin(), c.globals.end());
+      // Keep the constants' nodes alive with the checkpoint: tensor records point into them.
+      c.extra_pickles.push_back(std::move(doc));
+    }
+  }
+}
+
+void read_safetensors(checkpoint& c, const open_options& opt) {
+  c.format = file_format::safetensors;
+  c.st_header = safetensors::read_header(*c.source, opt.safetensors_limits);
+  for (const auto& t : c.st_header->tensors) {
+    storage_record s;
+    s.key = t.name;
+    s.type = t.type;
+    s.nbytes = t.end - t.begin;
+    s.file_offset = t.file_offset;
+    s.location = "cpu";
+    s.tensor_count = 1;
+    c.storages.push_back(std::move(s));
+    tensor_record r;
+    r.path = {t.name};
+    r.type = t.type;
+    r.shape = t.shape;
+    r.stride.assign(t.shape.size(), 1);
+    for (size_t i = t.shape.size(); i-- > 1;) r.stride[i - 1] = r.stride[i] * std::max<int64_t>(t.shape[i], 1);
+    r.storage = c.storages.size() - 1;
+    r.location = "cpu";
+    c.tensors.push_back(std::move(r));
+  }
+  c.state_dict = value_path{};
+}
+
+[[noreturn]] void refuse_bare_pickle(checkpoint& c, const open_options& opt) {
+  std::string globals;
+  try {
+    uint64_t n = std::min<uint64_t>(c.source->size(), opt.pickle_limits.max_pickle_bytes);
+    auto bytes = c.source->read_vector(0, size_t(n));
+    pickle::parse_options po;
+    po.lim = opt.pickle_limits;
+    po.require_eof = false;
+    auto doc = pickle::parse(bytes.data(), bytes.size(), po);
+    std::set<std::string> names;
+    for (const value& v : doc.nodes())
+      if (v.type == kind::global) names.insert(v.global_name());
+    for (const auto& n : names) globals += (globals.empty() ? "" : ", ") + n;
+  } catch (const error&) {
+    // A broken pickle is still refused below; the globals are only a courtesy.
+  }
+  throw error(errc::unsupported,
+              "bare pickle stream, not a PyTorch checkpoint (torch.load refuses it; unpickling it can run code)" +
+                  (globals.empty() ? std::string() : "; globals: " + globals));
+}
+
+}  // namespace
+
+const char* format_name(file_format f) {
+  switch (f) {
+    case file_format::torch_zip: return "torch-zip";
+    case file_format::torchscript: return "torchscript";
+    case file_format::safetensors: return "safetensors";
+    case file_format::torch_legacy: return "torch-legacy";
+  }
+  return "unknown";
+}
+
+std::string path_to_string(const value_path& path) {
+  std::string out;
+  for (const auto& step : path) {
+    if (!out.empty()) out += '/';
+    if (const auto* s = std::get_if<std::string>(&step))
+      out += *s;
+    else
+      out += std::to_string(std::get<int64_t>(step));
+  }
+  return out;
+}
+
+uint64_t tensor_record::numel() const {
+  uint64_t n = 1;
+  for (int64_t d : shape)
+    if (__builtin_mul_overflow(n, uint64_t(d < 0 ? 0 : d), &n))
+      throw_corrupt("tensor element count overflows");
+  return n;
+}
+
+std::vector<std::pair<std::string, size_t>> checkpoint::state_dict_tensors() const {
+  std::vector<std::pair<std::string, size_t>> out;
+  if (!state_dict) return out;
+  const value_path& prefix = *state_dict;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const value_path& p = tensors[i].path;
+    if (p.size() != prefix.size() + 1 || !std::equal(prefix.begin(), prefix.end(), p.begin())) continue;
+    const auto& last = p.back();
+    out.emplace_back(std::holds_alternative<std::string>(last) ? std::get<std::string>(last)
+                                                                : std::to_string(std::get<int64_t>(last)),
+                     i);
+  }
+  return out;
+}
+
+checkpoint open_checkpoint(std::unique_ptr<byte_source> src, const open_options& options) {
+  checkpoint c;
+  c.path = src->name();
+  c.file_size = src->size();
+  c.source = std::move(src);
+  try {
+    switch (detail::sniff_format(*c.source)) {
+      case detail::sniffed::zip:
+        read_torch_zip(c, options);
+        break;
+      case detail::sniffed::legacy_pickle:
+        detail::read_legacy(c, options);
+        collect_globals(c, false);
+        break;
+      case detail::sniffed::safetensors:
+        read_safetensors(c, options);
+        break;
+      case detail::sniffed::bare_pickle:
+        refuse_bare_pickle(c, options);
+    }
+    if (c.format != file_format::safetensors && c.format != file_format::torchscript) {
+      find_state_dict(c);
+      summarize_entries(c);
+    }
+  } catch (error& e) {
+    e.with_file(c.path);
+    throw;
+  }
+  return c;
+}
+
+checkpoint open_checkpoint(const std::string& path, const open_options& options) {
+  std::unique_ptr<byte_source> src;
+  try {
+    src = std::make_unique<file_source>(path);
+  } catch (error& e) {
+    e.with_file(path);
+    throw;
+  }
+  return open_checkpoint(std::move(src), options);
+}
+
+}  // namespace ckpt

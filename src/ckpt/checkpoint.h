@@ -1,0 +1,118 @@
+// The checkpoint model: what a file holds, read from metadata alone. For every tensor it
+// knows the dtype, shape, stride and storage offset, and for every storage the byte range
+// in the file, so later stages (materialize, rekey) can read or copy exactly those bytes.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "ckpt/byte_source.h"
+#include "ckpt/dtype.h"
+#include "ckpt/pickle.h"
+#include "ckpt/safetensors.h"
+#include "ckpt/zip_reader.h"
+
+namespace ckpt {
+
+enum class file_format { torch_zip, torchscript, safetensors, torch_legacy };
+/// "torch-zip", "torchscript", "safetensors", "torch-legacy".
+const char* format_name(file_format f);
+
+/// One step from a container to its element: a dict key or attribute name (string), a
+/// dict's integer key or a list/tuple index (integer).
+using path_element = std::variant<std::string, int64_t>;
+using value_path = std::vector<path_element>;
+/// For humans: elements joined by '/', e.g. "state_dict/model.enc.weight".
+std::string path_to_string(const value_path& path);
+
+struct storage_record {
+  std::string key;                     // "0" (torch: record data/0), tensor name (safetensors)
+  dtype type = dtype::uint8;           // element type the bytes were saved as
+  uint64_t nbytes = 0;
+  std::optional<uint64_t> file_offset; // first data byte in the file; nullopt for meta
+  std::string location;                // saved device string ("cpu", "cuda:0"), data only
+  const zip::entry* record = nullptr;  // zip formats only
+  uint32_t crc32 = 0;                  // from the zip central directory (0 if unknown)
+  size_t tensor_count = 0;
+};
+
+struct tensor_record {
+  value_path path;
+  dtype type = dtype::float32;
+  std::vector<int64_t> shape;
+  std::vector<int64_t> stride;
+  int64_t storage_offset = 0;          // in elements
+  std::optional<size_t> storage;       // index into checkpoint::storages; nullopt: meta tensor
+  bool parameter = false;
+  bool requires_grad = false;
+  std::string location;
+  const pickle::value* node = nullptr; // the rebuild call in the pickle tree (torch formats)
+
+  uint64_t numel() const;
+  uint64_t nbytes() const { return numel() * element_size(type); }
+};
+
+/// A second path to a tensor object that already has a record (the pickle shared it).
+struct tensor_alias {
+  value_path path;
+  size_t tensor;                       // index into checkpoint::tensors
+};
+
+/// A non-tensor entry worth showing: top-level values, Lightning's hyper-parameters.
+struct entry_summary {
+  value_path path;
+  std::string type;                    // "int", "str", "dict", "list", "object", ...
+  std::string value;                   // short Python-like rendering
+};
+
+struct open_options {
+  pickle::limits pickle_limits;
+  zip::open_options zip_limits;
+  safetensors::limits safetensors_limits;
+  /// Verify the CRC-32 of every zip record (reads all the data).
+  bool verify_crc = false;
+};
+
+struct checkpoint {
+  std::string path;
+  file_format format = file_format::torch_zip;
+  uint64_t file_size = 0;
+  std::unique_ptr<byte_source> source;
+  std::unique_ptr<zip::archive> zip;               // torch-zip, torchscript
+  std::unique_ptr<pickle::document> pickle;        // torch-zip, torchscript, torch-legacy
+  std::vector<std::unique_ptr<pickle::document>> extra_pickles;  // TorchScript constants.pkl
+  std::optional<safetensors::header> st_header;    // safetensors
+
+  std::vector<storage_record> storages;
+  std::vector<tensor_record> tensors;
+  std::vector<tensor_alias> aliases;
+  std::vector<entry_summary> entries;
+
+  /// Where the model's state dict is: {} for the root, {"state_dict"} in a Lightning
+  /// checkpoint, ...; nullopt when nothing looks like one.
+  std::optional<value_path> state_dict;
+  const pickle::value* state_dict_node = nullptr;
+  bool lightning = false;
+
+  std::vector<std::string> globals;         // every global the pickle names, sorted, unique
+  std::vector<std::string> unsafe_globals;  // those torch.load(weights_only=True) refuses
+  std::string byteorder = "little";
+
+  /// Tensors whose path starts with the state dict's, with their key in it.
+  std::vector<std::pair<std::string, size_t>> state_dict_tensors() const;
+};
+
+/// Opens `path`, detects its format by content, and reads its metadata: never the tensor
+/// data (unless verify_crc). Throws ckpt::error naming the file and byte offset.
+checkpoint open_checkpoint(const std::string& path, const open_options& options = {});
+/// The same over any byte source (tests, fuzzers). `src` is owned by the result.
+checkpoint open_checkpoint(std::unique_ptr<byte_source> src, const open_options& options = {});
+
+/// True for the globals PyTorch's weights_only unpickler accepts (torch/_weights_only_unpickler.py).
+bool is_weights_only_safe_global(std::string_view module, std::string_view name);
+
+}  // namespace ckpt

@@ -1,0 +1,82 @@
+#include "format_detect.h"
+
+#include <cctype>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "ckpt/error.h"
+#include "ckpt/safetensors.h"
+
+namespace ckpt::detail {
+namespace {
+
+// pickle of the legacy MAGIC_NUMBER 0x1950a86a20f9469cfc6c as LONG1 (torch/serialization.py).
+constexpr uint8_t kLegacyMagic[] = {0x8a, 0x0a, 0x6c, 0xfc, 0x9c, 0x46, 0xf9, 0x20, 0x6a, 0xa8, 0x50, 0x19};
+
+std::string hex_prefix(const uint8_t* p, size_t n) {
+  static const char* digits = "0123456789abcdef";
+  std::string out;
+  for (size_t i = 0; i < n && i < 8; ++i) {
+    if (i) out += ' ';
+    out += digits[p[i] >> 4];
+    out += digits[p[i] & 15];
+  }
+  return out;
+}
+
+bool starts_with(const uint8_t* p, size_t n, const char* magic, size_t m) {
+  return n >= m && std::memcmp(p, magic, m) == 0;
+}
+
+// Protocol 0/1 pickles have no PROTO opcode; the usual malicious ones open with a GLOBAL
+// ("cos\nsystem\n") or a MARK then INST/GLOBAL. Only these shapes are claimed as pickles.
+bool looks_like_protocol0_pickle(const uint8_t* p, size_t n) {
+  size_t i = 0;
+  while (i < n && p[i] == '(') ++i;
+  if (i >= n || (p[i] != 'c' && p[i] != 'i')) return false;
+  size_t start = ++i;
+  while (i < n && (std::isalnum(p[i]) || p[i] == '_' || p[i] == '.')) ++i;
+  return i > start && i < n && p[i] == '\n';
+}
+
+}  // namespace
+
+sniffed sniff_format(const byte_source& src) {
+  uint8_t head[512] = {};
+  size_t n = size_t(std::min<uint64_t>(sizeof head, src.size()));
+  src.read_exact(0, head, n);
+  if (n == 0) throw error(errc::corrupt, "empty file: not a checkpoint");
+
+  if (starts_with(head, n, "PK\x03\x04", 4)) return sniffed::zip;
+  if (n >= 2 && head[0] == 0x80 && head[1] <= 5 && n >= 2 + sizeof kLegacyMagic &&
+      std::memcmp(head + 2, kLegacyMagic, sizeof kLegacyMagic) == 0)
+    return sniffed::legacy_pickle;
+  if (safetensors::looks_like_safetensors(head, n, src.size())) return sniffed::safetensors;
+
+  if (starts_with(head, n, "PYTORCH1", 8))
+    throw error(errc::unsupported,
+                "PyTorch 1.0-preview archive (PYTORCH1): unsupported, as in PyTorch itself; re-save it with a current PyTorch");
+  if (n > 262 && std::memcmp(head + 257, "ustar", 5) == 0)
+    throw error(errc::unsupported,
+                "tar archive: the PyTorch <= 0.3 legacy tar format is not supported; load it with an old PyTorch and re-save");
+  if (starts_with(head, n, "PK\x05\x06", 4))
+    throw error(errc::corrupt, "empty zip archive: not a checkpoint");
+  if (starts_with(head, n, "7z\xbc\xaf\x27\x1c", 6))
+    throw error(errc::unsupported,
+                "7z archive, not a checkpoint (7z-wrapped torch files are a known malware carrier); unpack it and inspect the contents");
+  if (starts_with(head, n, "\x89PNG", 4))
+    throw error(errc::unsupported, "PNG image, not a checkpoint");
+  if (starts_with(head, n, "\x1f\x8b", 2))
+    throw error(errc::unsupported, "gzip stream, not a checkpoint; decompress it first");
+  if (starts_with(head, n, "GGUF", 4))
+    throw error(errc::unsupported, "GGUF file (llama.cpp), not a PyTorch checkpoint");
+  if (starts_with(head, n, "\x93NUMPY", 6))
+    throw error(errc::unsupported, "NumPy .npy array, not a PyTorch checkpoint");
+  if (head[0] == 0x80 && n >= 2 && head[1] <= 5) return sniffed::bare_pickle;
+  if (looks_like_protocol0_pickle(head, n)) return sniffed::bare_pickle;
+  throw error(errc::unsupported, "unrecognized format (first bytes: " + hex_prefix(head, n) +
+                                     "): not a torch.save, TorchScript or safetensors file");
+}
+
+}  // namespace ckpt::detail

@@ -1,0 +1,397 @@
+#include "tensor_collector.h"
+
+#include <algorithm>
+
+#include "ckpt/byteio.h"
+#include "ckpt/error.h"
+
+namespace ckpt::detail {
+namespace {
+
+using pickle::kind;
+using pickle::value;
+
+[[noreturn]] void bad(const value* at, const std::string& what) {
+  throw_corrupt(what, at ? std::optional<uint64_t>(at->offset) : std::nullopt);
+}
+
+const value* arg(const value* args, size_t i) { return args->items[i]; }
+
+int64_t as_int(const value* v, const char* what) {
+  if (v->type == kind::integer) return v->integer;
+  if (v->type == kind::boolean) return v->flag ? 1 : 0;
+  bad(v, std::string(what) + " must be an integer");
+}
+
+bool as_bool(const value* v, const char* what) {
+  if (v->type == kind::boolean) return v->flag;
+  if (v->type == kind::integer && (v->integer == 0 || v->integer == 1)) return v->integer == 1;
+  bad(v, std::string(what) + " must be a bool");
+}
+
+std::vector<int64_t> as_int_tuple(const value* v, const char* what) {
+  // torch.Size pickles as a tuple; TorchScript writes MARK ... TUPLE; both are tuples here.
+  if (v->type != kind::tuple && v->type != kind::list) bad(v, std::string(what) + " must be a tuple");
+  if (v->items.size() > 64) bad(v, std::string(what) + " has more than 64 dimensions");
+  std::vector<int64_t> out;
+  out.reserve(v->items.size());
+  for (const value* e : v->items) out.push_back(as_int(e, what));
+  return out;
+}
+
+std::string as_str(const value* v, const char* what) {
+  if (v->type != kind::str) bad(v, std::string(what) + " must be a string");
+  return v->text;
+}
+
+dtype dtype_global(const value* v) {
+  if (v->type != kind::global || v->global_module() != "torch") bad(v, "expected a torch dtype");
+  auto t = dtype_from_name(v->global_attr());
+  if (!t) throw_unsupported("unknown dtype torch." + std::string(v->global_attr()), v->offset);
+  return *t;
+}
+
+bool is_rebuild(const value* g, std::string_view name) {
+  return g && g->is_global("torch._utils", name);
+}
+
+const value* tuple_args(const value* call, size_t min, size_t max, const char* fn) {
+  const value* args = call->items[pickle::kArgs];
+  if (!args || args->type != kind::tuple) bad(call, std::string(fn) + ": arguments must be a tuple");
+  if (args->items.size() < min || args->items.size() > max)
+    bad(call, std::string(fn) + ": expected " + std::to_string(min) +
+                  (min == max ? "" : "-" + std::to_string(max)) + " arguments, got " +
+                  std::to_string(args->items.size()));
+  return args;
+}
+
+// A tensor's object node must not have been mutated by the pickle: SETITEM(S) or APPEND(S)
+// on a tensor is the shape of CVE-2026-24747 (an out-of-bounds write in weights_only).
+void reject_mutation(const value* call) {
+  if (call->items[pickle::kListItems] || call->items[pickle::kDictItems])
+    bad(call, "pickle mutates a tensor with APPEND/SETITEM (CVE-2026-24747 pattern)");
+}
+
+std::string key_string(const value* k) {
+  if (k->type == kind::str) return k->text;
+  return pickle::repr(k, 200);
+}
+
+}  // namespace
+
+storage_ref parse_storage_pid(const value* pid_node, bool legacy) {
+  const value* pid = pid_node->items.empty() ? nullptr : pid_node->items[0];
+  if (!pid || pid->type != kind::tuple || pid->items.empty() || pid->items[0]->type != kind::str ||
+      pid->items[0]->text != "storage")
+    bad(pid_node, "persistent id is not a ('storage', ...) tuple");
+  size_t n = pid->items.size();
+  if (n != 5 && !(legacy && n == 6)) bad(pid_node, "storage persistent id has " + std::to_string(n) + " fields");
+  storage_ref ref;
+  ref.pid_offset = pid_node->offset;
+  const value* type = pid->items[1];
+  if (type->type != kind::global) bad(type, "storage type must be a global");
+  std::string_view cls = type->global_attr();
+  if (cls == "UntypedStorage" && (type->global_module() == "torch.storage" || type->global_module() == "torch")) {
+    ref.typed.reset();
+  } else if (type->global_module() == "torch") {
+    ref.typed = dtype_from_legacy_storage(cls);
+    if (!ref.typed) throw_unsupported("unknown storage type torch." + std::string(cls), type->offset);
+  } else {
+    bad(type, "storage type " + type->global_name() + " is not a torch storage class");
+  }
+  ref.key = as_str(pid->items[2], "storage key");
+  if (ref.key.empty() || ref.key.size() > 40 ||
+      !std::all_of(ref.key.begin(), ref.key.end(), [](char c) { return c >= '0' && c <= '9'; }))
+    bad(pid->items[2], "storage key '" + ref.key.substr(0, 40) + "' is not a decimal number");
+  ref.location = as_str(pid->items[3], "storage location");
+  int64_t numel = as_int(pid->items[4], "storage size");
+  if (numel < 0) bad(pid->items[4], "negative storage size");
+  ref.numel = uint64_t(numel);
+  if (n == 6 && pid->items[5]->type != kind::none) {
+    // Legacy storage views: (view_key, offset, size) into a root storage.
+    const value* view = pid->items[5];
+    if (view->type != kind::tuple || view->items.size() != 3) bad(view, "bad storage view metadata");
+    int64_t off = as_int(view->items[1], "storage view offset");
+    int64_t size = as_int(view->items[2], "storage view size");
+    if (off < 0 || size < 0) bad(view, "negative storage view bounds");
+    // numel stays the root storage's: the view is checked against the root's bytes.
+    ref.view_offset_elements = uint64_t(off);
+  }
+  return ref;
+}
+
+void tensor_collector::collect(const value* root) {
+  value_path path;
+  walk(root, path, 0);
+}
+
+void tensor_collector::walk(const value* v, value_path& path, uint64_t depth) {
+  if (!v) return;
+  if (depth > max_depth_)
+    throw_limit("value nesting deeper than " + std::to_string(max_depth_) + " (raise with --max-depth)",
+                v->offset);
+  switch (v->type) {
+    case kind::dict:
+    case kind::list:
+    case kind::tuple:
+    case kind::set:
+    case kind::frozenset:
+    case kind::object:
+      break;
+    default:
+      return;  // scalars hold no tensors
+  }
+  if (v->type == kind::object) {
+    auto seen = tensor_of_node_.find(v);
+    if (seen != tensor_of_node_.end()) {
+      ckpt_.aliases.push_back({path, seen->second});
+      return;
+    }
+    if (try_tensor(v, path)) return;
+  }
+  // A container reached twice (memo sharing, or a cycle) is walked once: its tensors keep
+  // their first path, which is also what bounds the walk on "billion laughs" inputs.
+  if (!visited_.emplace(v, true).second) return;
+
+  auto descend = [&](path_element step, const value* child) {
+    path.push_back(std::move(step));
+    walk(child, path, depth + 1);
+    path.pop_back();
+  };
+  auto descend_dict = [&](const value* d) {
+    for (size_t i = 0; i < d->dict_size(); ++i) {
+      const value* k = d->dict_key(i);
+      if (k->type == kind::integer)
+        descend(k->integer, d->dict_value(i));
+      else
+        descend(key_string(k), d->dict_value(i));
+    }
+  };
+
+  switch (v->type) {
+    case kind::dict:
+      descend_dict(v);
+      break;
+    case kind::list:
+    case kind::tuple:
+    case kind::set:
+    case kind::frozenset:
+      for (size_t i = 0; i < v->items.size(); ++i) descend(int64_t(i), v->items[i]);
+      break;
+    case kind::object: {
+      // Opaque objects: their attributes live in the BUILD state (a dict, or the
+      // (dict, slots) pair of __setstate__); container-like ones also received items.
+      const value* state = v->state;
+      if (state && state->type == kind::dict) {
+        descend_dict(state);
+      } else if (state && state->type == kind::tuple && state->items.size() == 2) {
+        for (const value* part : state->items)
+          if (part->type == kind::dict) descend_dict(part);
+      } else if (state) {
+        descend(std::string("__state__"), state);
+      }
+      if (const value* items = v->items[pickle::kDictItems]) descend_dict(items);
+      if (const value* items = v->items[pickle::kListItems])
+        for (size_t i = 0; i < items->items.size(); ++i) descend(int64_t(i), items->items[i]);
+      if (const value* args = v->items[pickle::kArgs]) {
+        if (args->items.size() > 0) descend(std::string("__args__"), args);
+      }
+      break;
+    }
+    default:
+      break;
+  }
+}
+
+bool tensor_collector::try_tensor(const value* v, value_path& path) {
+  const value* fn = v->callable_global();
+  if (!fn || fn->type != kind::global) return false;
+  std::string_view mod = fn->global_module();
+  if (mod != "torch._utils" && !(mod == "torch._tensor" && fn->global_attr() == "_rebuild_from_type_v2"))
+    return false;
+  std::string_view name = fn->global_attr();
+  static constexpr std::string_view kTensorRebuilds[] = {
+      "_rebuild_tensor", "_rebuild_tensor_v2", "_rebuild_tensor_v3", "_rebuild_parameter",
+      "_rebuild_parameter_with_state", "_rebuild_meta_tensor_no_storage", "_rebuild_qtensor",
+      "_rebuild_device_tensor_from_cpu_tensor", "_rebuild_from_type_v2"};
+  if (std::find(std::begin(kTensorRebuilds), std::end(kTensorRebuilds), name) == std::end(kTensorRebuilds))
+    return false;
+  tensor_record t = rebuild(v, 0);
+  t.path = path;
+  size_t index = ckpt_.tensors.size();
+  tensor_of_node_[v] = index;
+  if (t.storage) ckpt_.storages[*t.storage].tensor_count++;
+  ckpt_.tensors.push_back(std::move(t));
+  return true;
+}
+
+tensor_record tensor_collector::rebuild(const value* call, uint64_t depth) {
+  if (depth > 8) bad(call, "tensor rebuild calls nested too deeply");
+  if (call->type != kind::object) bad(call, "expected a tensor");
+  reject_mutation(call);
+  const value* fn = call->callable_global();
+  if (!fn) bad(call, "expected a tensor rebuild call");
+  std::string_view name = fn->global_attr();
+  tensor_record t;
+  t.node = call;
+
+  if (is_rebuild(fn, "_rebuild_parameter") || is_rebuild(fn, "_rebuild_parameter_with_state")) {
+    bool with_state = name == "_rebuild_parameter_with_state";
+    const value* args = tuple_args(call, with_state ? 4 : 3, with_state ? 4 : 3, std::string(name).c_str());
+    tensor_record inner = rebuild(arg(args, 0), depth + 1);
+    tensor_of_node_[arg(args, 0)] = ckpt_.tensors.size();  // the data tensor is the parameter
+    inner.node = call;
+    inner.parameter = true;
+    inner.requires_grad = as_bool(arg(args, 1), "requires_grad");
+    return inner;
+  }
+  if (is_rebuild(fn, "_rebuild_device_tensor_from_cpu_tensor")) {
+    const value* args = tuple_args(call, 4, 4, "_rebuild_device_tensor_from_cpu_tensor");
+    tensor_record inner = rebuild(arg(args, 0), depth + 1);
+    inner.node = call;
+    inner.location = as_str(arg(args, 2), "device");
+    inner.requires_grad = as_bool(arg(args, 3), "requires_grad");
+    return inner;
+  }
+  if (fn->is_global("torch._tensor", "_rebuild_from_type_v2")) {
+    // (func, new_type, args, state): a tensor subclass or a tensor with Python attributes.
+    // Only the wrapped rebuild is interpreted; the subclass itself is never instantiated.
+    const value* args = tuple_args(call, 4, 4, "_rebuild_from_type_v2");
+    const value* inner_fn = arg(args, 0);
+    const value* inner_args = arg(args, 2);
+    if (inner_fn->type != kind::global || inner_args->type != kind::tuple)
+      bad(call, "_rebuild_from_type_v2: malformed arguments");
+    // Evaluate func(*args) as if it were its own REDUCE node.
+    pickle::value synthetic;
+    synthetic.type = kind::object;
+    synthetic.offset = call->offset;
+    synthetic.items.assign(pickle::kObjectSlots, nullptr);
+    synthetic.items[pickle::kCallable] = const_cast<value*>(inner_fn);
+    synthetic.items[pickle::kArgs] = const_cast<value*>(inner_args);
+    tensor_record inner = rebuild(&synthetic, depth + 1);
+    inner.node = call;
+    const value* new_type = arg(args, 1);
+    if (new_type->is_global("torch.nn.parameter", "Parameter")) inner.parameter = true;
+    return inner;
+  }
+  if (is_rebuild(fn, "_rebuild_meta_tensor_no_storage")) {
+    const value* args = tuple_args(call, 4, 4, "_rebuild_meta_tensor_no_storage");
+    t.type = dtype_global(arg(args, 0));
+    t.shape = as_int_tuple(arg(args, 1), "size");
+    t.stride = as_int_tuple(arg(args, 2), "stride");
+    t.requires_grad = as_bool(arg(args, 3), "requires_grad");
+    t.location = "meta";
+    if (t.shape.size() != t.stride.size()) bad(call, "size and stride have different lengths");
+    for (int64_t s : t.shape)
+      if (s < 0) bad(call, "negative dimension");
+    (void)t.numel();  // overflow check
+    return t;
+  }
+
+  const value* args;
+  std::optional<dtype> v3_dtype;
+  if (is_rebuild(fn, "_rebuild_tensor_v2")) {
+    args = tuple_args(call, 6, 7, "_rebuild_tensor_v2");
+    t.requires_grad = as_bool(arg(args, 4), "requires_grad");
+  } else if (is_rebuild(fn, "_rebuild_tensor_v3")) {
+    args = tuple_args(call, 7, 8, "_rebuild_tensor_v3");
+    t.requires_grad = as_bool(arg(args, 4), "requires_grad");
+    v3_dtype = dtype_global(arg(args, 6));
+  } else if (is_rebuild(fn, "_rebuild_tensor")) {
+    args = tuple_args(call, 4, 4, "_rebuild_tensor");
+  } else if (is_rebuild(fn, "_rebuild_qtensor")) {
+    args = tuple_args(call, 7, 7, "_rebuild_qtensor");
+    t.requires_grad = as_bool(arg(args, 5), "requires_grad");
+  } else {
+    bad(call, "unexpected rebuild function " + fn->global_name());
+  }
+  const value* pid = arg(args, 0);
+  if (pid->type != kind::persistent_id) bad(pid, "tensor storage must be a persistent id");
+  storage_ref ref = parse_storage_pid(pid, legacy_);
+  if (v3_dtype && ref.typed) bad(pid, "_rebuild_tensor_v3 with a typed storage");
+  if (!v3_dtype && !ref.typed) bad(pid, "untyped storage without a dtype (expected _rebuild_tensor_v3)");
+  t.type = v3_dtype ? *v3_dtype : *ref.typed;
+  int64_t offset = as_int(arg(args, 1), "storage_offset");
+  if (offset < 0) bad(arg(args, 1), "negative storage offset");
+  t.shape = as_int_tuple(arg(args, 2), "size");
+  t.stride = as_int_tuple(arg(args, 3), "stride");
+  if (t.shape.size() != t.stride.size()) bad(call, "size and stride have different lengths");
+  uint64_t off;
+  if (!checked_add(uint64_t(offset), ref.view_offset_elements, &off) || off > uint64_t(INT64_MAX))
+    bad(call, "storage offset overflows");
+  t.storage_offset = int64_t(off);
+  t.location = ref.location;
+  t.storage = bind_(ref, t.type);
+  validate_view(t, call->offset);
+  return t;
+}
+
+void tensor_collector::validate_view(const tensor_record& t, uint64_t offset) const {
+  // CVE-2026-24747 class: a view must lie inside its storage, computed without overflow.
+  uint64_t numel = 1;
+  uint64_t max_index = uint64_t(t.storage_offset);
+  for (size_t i = 0; i < t.shape.size(); ++i) {
+    if (t.shape[i] < 0) throw_corrupt("negative dimension in tensor shape", offset);
+    if (t.stride[i] < 0) throw_unsupported("negative stride in tensor view", offset);
+    if (!checked_mul(numel, uint64_t(t.shape[i]), &numel))
+      throw_corrupt("tensor element count overflows", offset);
+  }
+  const storage_record& s = ckpt_.storages[*t.storage];
+  if (numel == 0) return;
+  for (size_t i = 0; i < t.shape.size(); ++i) {
+    uint64_t span;
+    if (!checked_mul(uint64_t(t.shape[i] - 1), uint64_t(t.stride[i]), &span) ||
+        !checked_add(max_index, span, &max_index))
+      throw_corrupt("tensor view extent overflows", offset);
+  }
+  uint64_t end_bytes;
+  if (!checked_add(max_index, 1, &end_bytes) || !checked_mul(end_bytes, element_size(t.type), &end_bytes))
+    throw_corrupt("tensor view extent overflows", offset);
+  if (end_bytes > s.nbytes)
+    throw_corrupt("tensor view needs " + std::to_string(end_bytes) + " bytes of storage '" + s.key +
+                      "', which has " + std::to_string(s.nbytes),
+                  offset);
+}
+
+tensor_collector::binder zip_storage_binder(checkpoint& ckpt, std::string record_dir) {
+  auto index_of = std::make_shared<std::unordered_map<std::string, size_t>>();
+  return [&ckpt, index_of, record_dir](const storage_ref& ref, dtype element_type) -> size_t {
+    uint64_t nbytes;
+    dtype storage_type = ref.typed ? *ref.typed : element_type;
+    if (!checked_mul(ref.numel, ref.typed ? element_size(*ref.typed) : 1, &nbytes))
+      throw_corrupt("storage size overflows", ref.pid_offset);
+    std::string id = record_dir + ref.key;
+    auto found = index_of->find(id);
+    if (found != index_of->end()) {
+      const storage_record& s = ckpt.storages[found->second];
+      if (s.type != storage_type || s.nbytes != nbytes)
+        throw_corrupt("storage '" + ref.key + "' reused as " + name(storage_type) + " x " +
+                          std::to_string(ref.numel) + " after " + name(s.type) + " (" +
+                          std::to_string(s.nbytes) + " bytes)",
+                      ref.pid_offset);
+      return found->second;
+    }
+    storage_record s;
+    s.key = ref.key;
+    s.type = storage_type;
+    s.nbytes = nbytes;
+    s.location = ref.location;
+    const zip::entry* e = ckpt.zip->find(id);
+    if (!e) throw_corrupt("storage '" + ref.key + "' has no record " + id + " in the archive", ref.pid_offset);
+    if (e->method != 0)
+      throw_unsupported("tensor record " + e->name + " is compressed; torch writes them stored",
+                        e->local_header_offset);
+    if (e->uncompressed_size != nbytes)
+      throw_corrupt("record " + e->name + " holds " + std::to_string(e->uncompressed_size) +
+                        " bytes but its storage declares " + std::to_string(nbytes),
+                    e->local_header_offset);
+    s.record = e;
+    s.file_offset = e->data_offset;
+    s.crc32 = e->crc32;
+    ckpt.storages.push_back(std::move(s));
+    index_of->emplace(id, ckpt.storages.size() - 1);
+    return ckpt.storages.size() - 1;
+  };
+}
+
+}  // namespace ckpt::detail

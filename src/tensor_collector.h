@@ -1,0 +1,60 @@
+// Internal: turns the torch rebuild calls of a decoded pickle into tensor and storage
+// records, validating every view against its storage. Shared by the zip, TorchScript and
+// legacy readers, which differ only in how a storage's persistent id maps to bytes.
+#pragma once
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "ckpt/checkpoint.h"
+
+namespace ckpt::detail {
+
+/// What a storage persistent id says: ('storage', type, key, location, numel[, view]).
+struct storage_ref {
+  std::string key;
+  std::optional<dtype> typed;     // nullopt for UntypedStorage (numel counts bytes)
+  std::string location;
+  uint64_t numel = 0;
+  uint64_t view_offset_elements = 0;  // legacy files: storage views of a root storage
+  uint64_t pid_offset = 0;        // stream offset, for errors
+};
+
+/// Parses a persistent id node; throws corrupt if it is not a storage reference.
+storage_ref parse_storage_pid(const pickle::value* pid_node, bool legacy);
+
+class tensor_collector {
+ public:
+  /// `bind` maps a storage reference (with the element type the tensor finally uses) to a
+  /// storage index in `ckpt.storages`, creating the record on first use.
+  using binder = std::function<size_t(const storage_ref&, dtype element_type)>;
+
+  tensor_collector(checkpoint& ckpt, binder bind, uint64_t max_depth, bool legacy)
+      : ckpt_(ckpt), bind_(std::move(bind)), max_depth_(max_depth), legacy_(legacy) {}
+
+  /// Walks the tree from `root`, recording every tensor at the first path it is reached by.
+  void collect(const pickle::value* root);
+
+ private:
+  void walk(const pickle::value* v, value_path& path, uint64_t depth);
+  /// Interprets a rebuild call; returns false when `v` is not a tensor rebuild.
+  bool try_tensor(const pickle::value* v, value_path& path);
+  tensor_record rebuild(const pickle::value* call, uint64_t depth);
+  void validate_view(const tensor_record& t, uint64_t offset) const;
+
+  checkpoint& ckpt_;
+  binder bind_;
+  uint64_t max_depth_;
+  bool legacy_;
+  std::unordered_map<const pickle::value*, size_t> tensor_of_node_;
+  std::unordered_map<const pickle::value*, bool> visited_;
+};
+
+/// Binder for zip archives: storage key k lives in record data/<k> (or constants/<k>
+/// for TorchScript constants when `record_dir` says so).
+tensor_collector::binder zip_storage_binder(checkpoint& ckpt, std::string record_dir);
+
+}  // namespace ckpt::detail
