@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Installs what is missing (Debian packages, the project venv with the pinned torch), then
+# configures and builds into build/ (or $BUILD_DIR). Idempotent: quick when nothing changed.
+#   CKPTOOL_SANITIZE=1  build with AddressSanitizer + UBSan (default dir build-asan/)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+
+sanitize=${CKPTOOL_SANITIZE:-0}
+if [ "$sanitize" = 1 ]; then build=${BUILD_DIR:-build-asan}; else build=${BUILD_DIR:-build}; fi
+
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+
+# Debian packages: the C++ dependencies and tools.
+packages=(cmake ninja-build g++ pkg-config zlib1g-dev libcli11-dev nlohmann-json3-dev libspdlog-dev doctest-dev)
+python3 -c 'import venv, ensurepip' 2>/dev/null || packages+=(python3-venv)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "build.sh: installing ${missing[*]}"
+  as_root apt-get update -qq
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+# The project venv: LibTorch (inside the torch wheel) and the reference clients.
+req=scripts/requirements.txt
+stamp=.venv/.requirements.sha256
+want=$(sha256sum "$req" | cut -d' ' -f1)
+if [ ! -x .venv/bin/python ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  echo "build.sh: setting up .venv (torch and friends; a few GB on first run)"
+  [ -x .venv/bin/python ] || python3 -m venv .venv
+  .venv/bin/python -m pip install -q --disable-pip-version-check -r "$req"
+  echo "$want" > "$stamp"
+fi
+
+torch_prefix=$(.venv/bin/python -c 'import torch; print(torch.utils.cmake_prefix_path)')
+if [ ! -f "$build/build.ninja" ]; then
+  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DCMAKE_PREFIX_PATH="$torch_prefix${CMAKE_PREFIX_PATH:+;$CMAKE_PREFIX_PATH}" \
+    -DCKPTOOL_SANITIZE=$([ "$sanitize" = 1 ] && echo ON || echo OFF) \
+    -DCKPTOOL_PYTHON="$root/.venv/bin/python" >/dev/null
+fi
+# Two cores and LibTorch translation units of ~1 GB each: keep parallelism modest.
+cmake --build "$build" -- -j "${JOBS:-$(nproc)}"
+echo "build.sh: built $build/ckptool"

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Builds and runs the whole test suite through ctest: first the normal build, then the
+# same suite under AddressSanitizer + UndefinedBehaviorSanitizer (skip it with
+# CKPTOOL_SKIP_ASAN=1 for a quick local run).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+scripts/build.sh
+ctest --test-dir build --output-on-failure -j 2
+
+if [ "${CKPTOOL_SKIP_ASAN:-0}" != 1 ]; then
+  CKPTOOL_SANITIZE=1 scripts/build.sh
+  # protect_shadow_gap=0: the CUDA runtime LibTorch loads maps memory where ASan's shadow
+  # gap would be. Leaks are checked in the LibTorch-free unit tests only (LibTorch keeps
+  # global allocations alive until exit by design).
+  ASAN_OPTIONS=protect_shadow_gap=0:detect_leaks=0:abort_on_error=0 \
+  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+    ctest --test-dir build-asan --output-on-failure -j 2 -E '^py_bench'
+  ASAN_OPTIONS=detect_leaks=1 build-asan/tests/unit_tests
+fi

@@ -1,0 +1,69 @@
+// Writing an output file so that no failure can leave a partial file at the destination
+// (security.md W1-W4): the bytes go to a temporary file in the destination's directory,
+// which is flushed and fsynced, renamed over the destination, and then the directory is
+// fsynced. Until commit() succeeds, the destination is untouched; on any failure, on
+// destruction without commit, or on SIGINT/SIGTERM, the temporary file is removed.
+//
+// Every system call goes through sys_ops, so tests can make any one of them fail
+// (CKPTOOL_FAULT_INJECT, see fault_injection_from_env).
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace ckpt {
+
+/// The system calls the writers make, in one place so failures can be injected.
+namespace sys {
+int open(const char* path, int flags, mode_t mode);
+ssize_t write(int fd, const void* buf, size_t n);
+ssize_t pwrite(int fd, const void* buf, size_t n, off_t offset);
+int fsync(int fd);
+int rename(const char* from, const char* to);
+int close(int fd);
+/// The next fsync() is the directory's (so "dirfsync" faults can target it).
+void mark_next_fsync_as_directory();
+/// Counts calls per operation and fails the Nth of one kind with the given errno, when
+/// CKPTOOL_FAULT_INJECT="OP:N:ERRNO" is set (OP: open, write, fsync, rename, dirfsync,
+/// close; ERRNO: ENOSPC, EIO, ...). Read once, at first use.
+void load_fault_injection_from_env();
+}  // namespace sys
+
+/// Writes `buf` fully to `fd` (retrying short writes and EINTR) or throws errc::io naming
+/// `what`.
+void write_all(int fd, const void* buf, size_t n, const std::string& what);
+
+class atomic_output {
+ public:
+  /// Creates the temporary file next to `destination`. Throws errc::io on failure.
+  explicit atomic_output(std::string destination, mode_t mode = 0644);
+  ~atomic_output();
+  atomic_output(const atomic_output&) = delete;
+  atomic_output& operator=(const atomic_output&) = delete;
+
+  int fd() const { return fd_; }
+  const std::string& temp_path() const { return temp_; }
+  const std::string& destination() const { return destination_; }
+  void write(const void* buf, size_t n) { write_all(fd_, buf, n, destination_); }
+  /// fsync, close, rename over the destination, fsync the directory. Throws errc::io, in
+  /// which case the destination still holds what it held before.
+  void commit();
+
+ private:
+  void discard() noexcept;
+  std::string destination_;
+  std::string temp_;
+  std::string directory_;
+  int fd_ = -1;
+  bool committed_ = false;
+};
+
+/// Throws errc::usage unless --force, when writing `output` would replace `input` (same
+/// path, a hard link, or a symlink to it). With force the caller still writes through
+/// atomic_output, so the input is only replaced once the new file is complete.
+void refuse_overwriting_input(const std::string& input, const std::string& output, bool force);
+
+}  // namespace ckpt

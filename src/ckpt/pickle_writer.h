@@ -1,0 +1,25 @@
+// Writes a value tree (ckpt/pickle.h) back as a pickle, byte for byte the way CPython's
+// pickle.dumps(obj, protocol=2) writes the equivalent Python objects: the protocol
+// torch.save uses, readable by every PyTorch and by torch.load(weights_only=True) when the
+// globals are allow-listed.
+//
+// Sharing is kept: a node reached twice is written once and fetched from the memo
+// (BINPUT/BINGET), so tied weights stay tied and cycles terminate, as in CPython.
+// Where protocol 2 has no spelling for a node, the writer uses the nearest opcode that
+// every CPython unpickler accepts: NEWOBJ_EX for keyword __new__ calls (protocol 4) and
+// OBJ for INST/OBJ records (protocol 1).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "ckpt/pickle.h"
+
+namespace ckpt::pickle {
+
+/// Throws ckpt::error: `unsupported` for a protocol other than 2 or a value protocol 2
+/// cannot carry (a non-ASCII global name, a string of 4 GiB or more), `limit` for nesting
+/// deeper than the writer recurses (10,000 levels).
+std::vector<uint8_t> write(const value* root, int protocol = 2);
+
+}  // namespace ckpt::pickle

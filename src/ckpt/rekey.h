@@ -1,0 +1,78 @@
+// Key edits for `ckptool rekey` and for aligning a checkpoint to a model (materialize
+// --model): strip, add or rename key segments, so compiled and uncompiled checkpoints (and
+// DDP, FSDP, activation-checkpointing and Lightning ones) load into each other.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <regex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ckpt/dtype.h"
+
+namespace ckpt {
+
+struct key_op {
+  enum kind_t { strip_compiled, strip_wrappers, strip_prefix, add_prefix, add_compiled, rename, map };
+  kind_t kind;
+  std::string arg;         // prefix, module path, "REGEX=REPLACEMENT", or map file name
+  std::string replacement; // rename: the replacement (ECMAScript $1 syntax)
+  std::shared_ptr<std::regex> pattern;        // rename
+  std::map<std::string, std::string> mapping; // map: old -> new
+  /// "--strip-compiled", "--rename 'a=b'": how the user spelled it, for reports.
+  std::string describe() const;
+};
+
+/// Parses "--rename REGEX=REPLACEMENT" (split at the first '=' not inside the regex's
+/// brackets is not attempted: the first '=' separates). Throws errc::usage on a bad regex.
+key_op make_rename_op(const std::string& spec);
+
+/// Applies one operation to a state-dict key. Returns the key unchanged when the
+/// operation does not apply to it.
+std::string apply_op(const key_op& op, const std::string& key);
+
+/// Applies one operation to a module path (a `_metadata` key: "" is the root, "enc.0").
+std::string apply_op_to_module_path(const key_op& op, const std::string& path);
+
+struct rekey_plan {
+  std::vector<std::pair<std::string, std::string>> mapping;  // old -> new, input order
+  std::vector<std::string> unused_ops;  // operations that changed no key (likely typos)
+  /// New names claimed by more than one old key: {new, [old, old, ...]}.
+  std::vector<std::pair<std::string, std::vector<std::string>>> collisions;
+  size_t changed = 0;
+};
+
+/// Runs the operations in order over `keys`.
+rekey_plan plan_rekey(const std::vector<std::string>& keys, const std::vector<key_op>& ops);
+
+/// A tensor's identity for matching: name, dtype, shape.
+struct keyed_tensor {
+  std::string key;
+  dtype type;
+  std::vector<int64_t> shape;
+};
+
+struct match_result {
+  bool ok = false;
+  std::string edit;                   // human description of the edit chosen
+  std::vector<std::pair<std::string, std::string>> mapping;  // source key -> target key
+  std::vector<std::string> missing;     // target keys no source key maps to
+  std::vector<std::string> unexpected;  // source keys that map to no target key
+  std::vector<std::string> shape_mismatches;  // "key: [2, 3] vs [3, 2]"
+  std::vector<std::string> dtype_mismatches;  // "key: float32 vs bfloat16"
+  std::string ambiguity;              // non-empty when refused as ambiguous
+};
+
+/// Finds the wrapper-segment edit that makes `source`'s keys equal `target`'s: both sides
+/// are reduced to their names without wrapper segments (optionally also without a leading
+/// "model."), and keys are paired through those reduced names. Ambiguous when two keys on
+/// one side reduce to the same name, or when two reductions give different full matches.
+match_result match_keys(const std::vector<keyed_tensor>& source, const std::vector<keyed_tensor>& target);
+
+/// Writes / reads the `--save-map` / `--map` JSON: {"ckptool_key_map": 1, "mapping": {old: new}}.
+std::string mapping_to_json(const std::vector<std::pair<std::string, std::string>>& mapping);
+std::map<std::string, std::string> mapping_from_json(const std::string& text, const std::string& file);
+
+}  // namespace ckpt

@@ -1,0 +1,118 @@
+// Writes zip archives byte for byte the way PyTorch's PyTorchStreamWriter (miniz) does, so
+// torch.load and torch.jit.load read them as their own (formats.md §2.1):
+//
+//   [local header 30 B | "<prefix>/<record>" | ZIP64 extra? | 'FB' padding | data | descriptor?]...
+//   central directory | ZIP64 end record (56 B) | ZIP64 locator (20 B) | end record (22 B)
+//
+//  * records are stored (method 0) in the order added; DOS time and date are 0; version
+//    "made by" and "needed" are 0; external attributes are 0;
+//  * non-empty records have flags 0x0808 (data descriptor, UTF-8) and zero CRC/sizes in the
+//    local header; empty records have flags 0x0800 and no descriptor;
+//  * the local extra field is a ZIP64 field (id 1) when the size or the local header offset
+//    is >= 0xFFFFFFFF: uncompressed size and a zero compressed size (miniz writes it before
+//    it knows the size) if the size is large, then the offset if the offset is large;
+//    then 'F' 'B' u16 n and n bytes of 'Z', so the data starts at a multiple of `alignment`
+//    (caffe2 getPadding);
+//  * the descriptor is "PK\7\8" crc csize usize: 16 bytes, or 24 with 64-bit sizes when the
+//    local header has the ZIP64 field;
+//  * central entries carry a ZIP64 field with the sizes if the size is >= 0xFFFFFFFF and the
+//    offset if the offset is; the 32-bit fields hold 0xFFFFFFFF then;
+//  * the ZIP64 end record and locator are always written; the classic end record holds
+//    0xFFFF / 0xFFFFFFFF where a value does not fit.
+//
+// The caller owns the file: the writer writes sequentially through write(2) and treats the
+// descriptor's position at construction as archive offset 0, so hand it an empty file (or a
+// pipe: only add_record_copy's fast path needs a regular file). Atomic replacement, fsync
+// and removing a half-written file on error are the caller's job. Record contents that
+// torch expects (data.pkl, version, .data/serialization_id, ...) are the caller's job too.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_set>
+#include <vector>
+
+namespace ckpt::zip {
+
+class writer {
+ public:
+  /// `prefix` is the single top-level folder ("archive"; torch uses the file's basename).
+  /// Throws errc::usage for an invalid prefix or an alignment of 0.
+  writer(int fd, std::string prefix, uint64_t alignment = 64);
+  /// Does not finish the archive: without finish() the output is not a valid zip.
+  ~writer() = default;
+  writer(const writer&) = delete;
+  writer& operator=(const writer&) = delete;
+
+  /// One whole record from memory.
+  void add_record(std::string_view record, const void* data, size_t size);
+  void add_record(std::string_view record, const std::vector<uint8_t>& bytes) {
+    add_record(record, bytes.data(), bytes.size());
+  }
+
+  /// A record streamed in pieces: begin_record, write() exactly `size` bytes in total, then
+  /// end_record(). The size must be known up front because it decides the header layout.
+  void begin_record(std::string_view record, uint64_t size);
+  void write(const void* data, size_t n);
+  void end_record();
+
+  /// Copies `size` bytes at `src_offset` of `src_fd` into a new record. With `known_crc32`
+  /// (the caller asserts the bytes are exactly those it describes, e.g. a stored record whose
+  /// CRC the source's central directory gives) the copy goes through copy_file_range(2)
+  /// without the bytes passing through user space; otherwise, or where the kernel cannot,
+  /// it falls back to pread/write and computes the CRC itself.
+  void add_record_copy(std::string_view record, int src_fd, uint64_t src_offset, uint64_t size,
+                       std::optional<uint32_t> known_crc32 = std::nullopt);
+
+  /// Writes the central directory and end records. Nothing may be added afterwards.
+  void finish();
+
+  /// Bytes written so far (the archive size once finished).
+  uint64_t offset() const { return cursor_; }
+  /// Archive offset of the data of the most recently begun record.
+  uint64_t last_data_offset() const { return last_data_offset_; }
+  size_t record_count() const { return central_.size(); }
+
+  /// The padding extra field's payload length for a local header at `cursor` (PyTorch's
+  /// getPadding, without the 4-byte 'FB' header): data then starts at a multiple of
+  /// `alignment`.
+  static uint64_t padding_size(uint64_t cursor, uint64_t name_size, uint64_t size,
+                               uint64_t alignment);
+
+ private:
+  struct central_record {
+    std::string name;
+    uint64_t size;
+    uint64_t local_header_offset;
+    uint32_t crc32;
+    uint16_t flags;
+  };
+
+  void check_writable() const;
+  void start_entry(std::string_view record, uint64_t size);
+  void finish_entry(uint32_t crc);
+  void put(const void* data, size_t n);  // buffered
+  void flush();
+  void write_fully(const void* data, size_t n);
+  void copy_range_in_kernel(int src_fd, uint64_t& src_offset, uint64_t& left);
+  [[noreturn]] void fail_io(const std::string& what, int err);
+
+  int fd_;
+  std::string prefix_;
+  uint64_t alignment_;
+  uint64_t cursor_ = 0;  // archive bytes produced, buffered ones included
+  uint64_t last_data_offset_ = 0;
+  std::vector<uint8_t> buf_;
+  std::vector<central_record> central_;
+  std::unordered_set<std::string> names_;
+  bool in_record_ = false;
+  uint64_t record_size_ = 0;
+  uint64_t record_written_ = 0;
+  uint32_t record_crc_ = 0;
+  bool finished_ = false;
+  bool broken_ = false;  // an I/O error left the output in an unknown state
+};
+
+}  // namespace ckpt::zip

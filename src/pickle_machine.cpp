@@ -1,0 +1,1077 @@
+// The restricted pickle machine: CPython's Lib/pickle.py _Unpickler, opcode for opcode, with
+// every call replaced by a record of the call (see ckpt/pickle.h) and every size checked
+// against the input and the configured limits before anything is allocated.
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "ckpt/byteio.h"
+#include "ckpt/error.h"
+#include "ckpt/pickle.h"
+#include "pickle_keys.h"
+#include "pickle_names.h"
+#include "pickle_opcodes.h"
+#include "pickle_text.h"
+
+namespace ckpt::pickle {
+
+const char* op::name(uint8_t code) {
+  switch (code) {
+#define CKPT_OPCODE_NAME(x) \
+  case op::x: return #x;
+    CKPT_OPCODE_NAME(MARK) CKPT_OPCODE_NAME(STOP) CKPT_OPCODE_NAME(POP)
+    CKPT_OPCODE_NAME(POP_MARK) CKPT_OPCODE_NAME(DUP) CKPT_OPCODE_NAME(FLOAT)
+    CKPT_OPCODE_NAME(INT) CKPT_OPCODE_NAME(BININT) CKPT_OPCODE_NAME(BININT1)
+    CKPT_OPCODE_NAME(LONG) CKPT_OPCODE_NAME(BININT2) CKPT_OPCODE_NAME(NONE)
+    CKPT_OPCODE_NAME(PERSID) CKPT_OPCODE_NAME(BINPERSID) CKPT_OPCODE_NAME(REDUCE)
+    CKPT_OPCODE_NAME(STRING) CKPT_OPCODE_NAME(BINSTRING) CKPT_OPCODE_NAME(SHORT_BINSTRING)
+    CKPT_OPCODE_NAME(UNICODE) CKPT_OPCODE_NAME(BINUNICODE) CKPT_OPCODE_NAME(APPEND)
+    CKPT_OPCODE_NAME(BUILD) CKPT_OPCODE_NAME(GLOBAL) CKPT_OPCODE_NAME(DICT)
+    CKPT_OPCODE_NAME(EMPTY_DICT) CKPT_OPCODE_NAME(APPENDS) CKPT_OPCODE_NAME(GET)
+    CKPT_OPCODE_NAME(BINGET) CKPT_OPCODE_NAME(INST) CKPT_OPCODE_NAME(LONG_BINGET)
+    CKPT_OPCODE_NAME(LIST) CKPT_OPCODE_NAME(EMPTY_LIST) CKPT_OPCODE_NAME(OBJ)
+    CKPT_OPCODE_NAME(PUT) CKPT_OPCODE_NAME(BINPUT) CKPT_OPCODE_NAME(LONG_BINPUT)
+    CKPT_OPCODE_NAME(SETITEM) CKPT_OPCODE_NAME(TUPLE) CKPT_OPCODE_NAME(EMPTY_TUPLE)
+    CKPT_OPCODE_NAME(SETITEMS) CKPT_OPCODE_NAME(BINFLOAT) CKPT_OPCODE_NAME(PROTO)
+    CKPT_OPCODE_NAME(NEWOBJ) CKPT_OPCODE_NAME(EXT1) CKPT_OPCODE_NAME(EXT2)
+    CKPT_OPCODE_NAME(EXT4) CKPT_OPCODE_NAME(TUPLE1) CKPT_OPCODE_NAME(TUPLE2)
+    CKPT_OPCODE_NAME(TUPLE3) CKPT_OPCODE_NAME(NEWTRUE) CKPT_OPCODE_NAME(NEWFALSE)
+    CKPT_OPCODE_NAME(LONG1) CKPT_OPCODE_NAME(LONG4) CKPT_OPCODE_NAME(BINBYTES)
+    CKPT_OPCODE_NAME(SHORT_BINBYTES) CKPT_OPCODE_NAME(SHORT_BINUNICODE)
+    CKPT_OPCODE_NAME(BINUNICODE8) CKPT_OPCODE_NAME(BINBYTES8) CKPT_OPCODE_NAME(EMPTY_SET)
+    CKPT_OPCODE_NAME(ADDITEMS) CKPT_OPCODE_NAME(FROZENSET) CKPT_OPCODE_NAME(NEWOBJ_EX)
+    CKPT_OPCODE_NAME(STACK_GLOBAL) CKPT_OPCODE_NAME(MEMOIZE) CKPT_OPCODE_NAME(FRAME)
+    CKPT_OPCODE_NAME(BYTEARRAY8) CKPT_OPCODE_NAME(NEXT_BUFFER)
+    CKPT_OPCODE_NAME(READONLY_BUFFER)
+#undef CKPT_OPCODE_NAME
+    default: return nullptr;
+  }
+}
+
+namespace {
+
+using detail::python_int;
+
+// Containers smaller than this find repeated keys by a linear scan; larger ones get a hash
+// index, so a 20,000-entry state dict stays linear.
+constexpr size_t kIndexThreshold = 16;
+
+// Operand text quoted for an error message: short, one line, no raw control bytes.
+std::string quoted(std::string_view s) {
+  static const char kHex[] = "0123456789abcdef";
+  std::string out = "'";
+  for (size_t i = 0; i < s.size() && i < 40; ++i) {
+    auto c = uint8_t(s[i]);
+    if (c >= 0x20 && c < 0x7f && c != '\\' && c != '\'') {
+      out.push_back(char(c));
+    } else {
+      out += "\\x";
+      out.push_back(kHex[c >> 4]);
+      out.push_back(kHex[c & 15]);
+    }
+  }
+  if (s.size() > 40) out += "...";
+  return out + "'";
+}
+
+const char* kind_name(kind k) {
+  switch (k) {
+    case kind::none: return "None";
+    case kind::boolean: return "bool";
+    case kind::integer:
+    case kind::big_integer: return "int";
+    case kind::floating: return "float";
+    case kind::str: return "str";
+    case kind::bytes: return "bytes";
+    case kind::bytearray: return "bytearray";
+    case kind::tuple: return "tuple";
+    case kind::list: return "list";
+    case kind::dict: return "dict";
+    case kind::set: return "set";
+    case kind::frozenset: return "frozenset";
+    case kind::global: return "global";
+    case kind::object: return "object";
+    case kind::persistent_id: return "persistent object";
+  }
+  return "value";
+}
+
+bool ascii_only(std::string_view s) {
+  return std::all_of(s.begin(), s.end(), [](char c) { return uint8_t(c) < 0x80; });
+}
+
+bool is_latin1_name(std::string_view s) {
+  std::string lower(s);
+  for (char& c : lower) c = char(c >= 'A' && c <= 'Z' ? c + 32 : c);
+  return lower == "latin1" || lower == "latin-1" || lower == "latin_1" || lower == "iso-8859-1" ||
+         lower == "iso8859-1";
+}
+
+// The memo: dense while keys are small and packed (every pickler writes 0, 1, 2, ...),
+// sparse for anything else, so a LONG_BINPUT of 4e9 costs one hash entry, not 32 GB.
+class memo_table {
+ public:
+  value* get(uint64_t key) const {
+    if (key < dense_.size() && dense_[key]) return dense_[key];
+    if (sparse_.empty()) return nullptr;
+    auto it = sparse_.find(key);
+    return it == sparse_.end() ? nullptr : it->second;
+  }
+  bool contains(uint64_t key) const { return get(key) != nullptr; }
+  void put(uint64_t key, value* v) {
+    if (!sparse_.empty()) {
+      auto it = sparse_.find(key);
+      if (it != sparse_.end()) {
+        it->second = v;
+        return;
+      }
+    }
+    if (key < dense_.size()) {
+      if (!dense_[key]) ++count_;
+      dense_[key] = v;
+      return;
+    }
+    if (key <= 2 * count_ + 4096) {
+      dense_.resize(std::max<uint64_t>(key + 1, dense_.size() * 2), nullptr);
+      dense_[key] = v;
+    } else {
+      sparse_.emplace(key, v);
+    }
+    ++count_;
+  }
+  uint64_t size() const { return count_; }
+
+ private:
+  std::vector<value*> dense_;
+  std::unordered_map<uint64_t, value*> sparse_;
+  uint64_t count_ = 0;
+};
+
+// Open-addressing map from node to a small integer, for the depth pass over every node.
+class node_marks {
+ public:
+  explicit node_marks(size_t expected) {
+    size_t cap = 64;
+    while (cap < 2 * expected) cap *= 2;
+    slots_.assign(cap, {nullptr, 0});
+    mask_ = cap - 1;
+  }
+  uint32_t* find_or_insert(const value* v, bool* inserted) {
+    size_t h = (reinterpret_cast<uintptr_t>(v) >> 4) * 0x9E3779B97F4A7C15ull;
+    for (size_t i = (h >> 20) & mask_;; i = (i + 1) & mask_) {
+      if (slots_[i].first == v) {
+        *inserted = false;
+        return &slots_[i].second;
+      }
+      if (!slots_[i].first) {
+        slots_[i].first = v;
+        *inserted = true;
+        return &slots_[i].second;
+      }
+    }
+  }
+
+ private:
+  std::vector<std::pair<const value*, uint32_t>> slots_;
+  size_t mask_ = 0;
+};
+
+class machine {
+ public:
+  machine(const uint8_t* data, size_t size, const parse_options& options)
+      : data_(data), size_(size), options_(options), lim_(options.lim), limit_(size) {}
+
+  document run();
+
+ private:
+  // --- errors ------------------------------------------------------------------------
+  uint64_t where() const { return options_.base_offset + op_pos_; }
+  std::string op_name() const {
+    const char* n = op::name(code_);
+    return n ? n : "opcode";
+  }
+  [[noreturn]] void corrupt(const std::string& message) const {
+    throw_corrupt(op_name() + ": " + message, where());
+  }
+  [[noreturn]] void unsupported(const std::string& message) const {
+    throw_unsupported(op_name() + ": " + message, where());
+  }
+  [[noreturn]] void over_limit(const std::string& what, uint64_t limit, const char* flag) const {
+    throw_limit(what + " " + std::to_string(limit) + " (raise with " + flag + ")", where());
+  }
+  [[noreturn]] void underflow() const {
+    bool blocked = !marks_.empty() && stack_.size() == marks_.back() && marks_.back() > 0;
+    corrupt(blocked ? "stack underflow (nothing above the last MARK)" : "stack underflow");
+  }
+  [[noreturn]] void wrong_target(const value* target) const {
+    // A global or a persistent object is something CPython would call a method on:
+    // possibly valid, but outside what a data reader can honour.
+    if (target->type == kind::global || target->type == kind::persistent_id)
+      unsupported(std::string("applied to a ") + kind_name(target->type) +
+                  ", which would run its code");
+    corrupt(std::string("applied to a ") + kind_name(target->type));
+  }
+
+  // --- input -------------------------------------------------------------------------
+  // Inside a FRAME, limit_ is the frame's end: an operand that reaches past it is an error
+  // (security.md P4), never silently read from beyond the frame.
+  [[noreturn]] void truncated(uint64_t need) const {
+    if (in_frame_)
+      corrupt("operand runs past the end of its FRAME (needs " + std::to_string(need) +
+              " bytes, " + std::to_string(limit_ - pos_) + " left in the frame)");
+    corrupt("truncated pickle (operand needs " + std::to_string(need) + " bytes, " +
+            std::to_string(limit_ - pos_) + " left)");
+  }
+  const uint8_t* take(uint64_t n) {
+    if (n > limit_ - pos_) truncated(n);
+    const uint8_t* p = data_ + pos_;
+    pos_ += size_t(n);
+    return p;
+  }
+  uint8_t take_u8() { return *take(1); }
+  std::string_view take_string(uint64_t n) {
+    if (n > limit_ - pos_) truncated(n);
+    if (n > lim_.max_string) over_limit("string operand longer than", lim_.max_string, "--max-string");
+    return {reinterpret_cast<const char*>(take(n)), size_t(n)};
+  }
+  std::string_view line() {
+    const uint8_t* start = data_ + pos_;
+    const void* nl = std::memchr(start, '\n', limit_ - pos_);
+    if (!nl) {
+      if (in_frame_) corrupt("text operand runs past the end of its FRAME");
+      corrupt("truncated pickle (text operand has no end of line)");
+    }
+    size_t n = size_t(static_cast<const uint8_t*>(nl) - start);
+    pos_ += n + 1;
+    return {reinterpret_cast<const char*>(start), n};
+  }
+
+  // --- stack -------------------------------------------------------------------------
+  size_t fence() const { return marks_.empty() ? 0 : marks_.back(); }
+  void push(value* v) {
+    if (stack_.size() >= lim_.max_stack) over_limit("pickle stack holds more than", lim_.max_stack, "--max-stack");
+    stack_.push_back(v);
+  }
+  value* pop() {
+    if (stack_.size() <= fence()) underflow();
+    value* v = stack_.back();
+    stack_.pop_back();
+    return v;
+  }
+  value* top() const {
+    if (stack_.size() <= fence()) underflow();
+    return stack_.back();
+  }
+  void need(size_t n) const {
+    if (stack_.size() - fence() < n) underflow();
+  }
+  // Position of the first item above the last MARK; the caller drops the items and mark.
+  size_t pop_mark() {
+    if (marks_.empty()) corrupt("no MARK on the stack");
+    size_t k = marks_.back();
+    marks_.pop_back();
+    return k;
+  }
+  // The object below a MARK that APPENDS / SETITEMS / ADDITEMS modify.
+  value* target_below(size_t k) const {
+    if (k <= fence()) underflow();
+    return stack_[k - 1];
+  }
+  void check_container(size_t n) const {
+    if (n > lim_.max_container)
+      over_limit("container with more elements than", lim_.max_container, "--max-container");
+  }
+
+  // --- values ------------------------------------------------------------------------
+  value* make(kind k) { return doc_.make(k, where()); }
+  value* make_str(std::string text) {
+    value* v = make(kind::str);
+    v->text = std::move(text);
+    return v;
+  }
+  value* make_int(const python_int& i) {
+    if (i.is_small) {
+      value* v = make(kind::integer);
+      v->integer = i.small;
+      return v;
+    }
+    value* v = make(kind::big_integer);
+    v->text = i.big;
+    return v;
+  }
+  value* make_long(std::string_view twos) {
+    python_int i;
+    if (detail::twos_to_int64(twos, &i.small)) return make_int(i);
+    i.is_small = false;
+    i.big = std::string(twos);
+    detail::minimize_twos(&i.big);
+    return make_int(i);
+  }
+  python_int parse_int(std::string_view text, bool with_prefixes, size_t max_bytes) {
+    python_int out;
+    switch (detail::parse_int_literal(text, with_prefixes, max_bytes, &out)) {
+      case detail::int_parse::ok: return out;
+      case detail::int_parse::invalid: corrupt("invalid integer literal " + quoted(text));
+      case detail::int_parse::too_many_digits:
+        unsupported("integer literal with more than 4300 digits (CPython refuses it too)");
+      case detail::int_parse::too_large:
+        over_limit("integer longer in bytes than", max_bytes, "--max-long-bytes");
+    }
+    return out;
+  }
+  // Python 2 str (STRING, BINSTRING, SHORT_BINSTRING). CPython's default decodes these as
+  // ASCII and fails otherwise; torch.load passes encoding="utf-8". We take valid UTF-8 as
+  // str (a superset of both) and keep anything else as bytes, which is what
+  // encoding="bytes" would give, rather than inventing characters with latin-1.
+  value* make_py2_string(std::string raw) {
+    value* v = make(detail::valid_utf8(raw, false) ? kind::str : kind::bytes);
+    v->text = std::move(raw);
+    return v;
+  }
+  value* make_global(std::string module, std::string name);
+  value* make_object(object_op how, value* callable, value* args) {
+    value* v = make(kind::object);
+    v->op = how;
+    v->items.assign(kObjectSlots, nullptr);
+    v->items[kCallable] = callable;
+    v->items[kArgs] = args;
+    return v;
+  }
+  value* call(object_op how, value* callable, value* args);
+  value* fold_data_constructor(const value* callable, const value* args);
+  value* object_slot(value* obj, size_t slot, kind k) {
+    if (!obj->items[slot]) obj->items[slot] = make(k);
+    return obj->items[slot];
+  }
+
+  // --- container semantics -----------------------------------------------------------
+  uint64_t key_id(const value* key) {
+    uint64_t id = keys_.id(key);
+    if (id == 0) corrupt(std::string("unhashable type: '") + keys_.unhashable_type() + "'");
+    return id;
+  }
+  // Scalars are always hashable; containers need a look (a tuple may hold a list).
+  void check_hashable(const value* key) {
+    switch (key->type) {
+      case kind::tuple: case kind::frozenset: case kind::list: case kind::dict:
+      case kind::set: case kind::bytearray: key_id(key); return;
+      default: return;
+    }
+  }
+  void dict_set(value* d, value* key, value* val);
+  void set_add(value* s, value* item);
+  void append(value* target, value* item);
+  void extend(value* target, size_t from);
+  void setitem(value* target, value* key, value* val);
+  void build(value* inst, value* state);
+  bool falsy(const value* v) const;
+
+  // --- opcodes -----------------------------------------------------------------------
+  void step();
+  void load_collection(kind k);
+  void load_frame();
+  void memo_put(uint64_t key) {
+    value* v = top();
+    if (!memo_.contains(key) && memo_.size() >= lim_.max_memo)
+      over_limit("memo holds more entries than", lim_.max_memo, "--max-memo");
+    memo_.put(key, v);
+  }
+  void memo_get(uint64_t key) {
+    value* v = memo_.get(key);
+    if (!v) corrupt("memo key " + std::to_string(key) + " was never stored");
+    push(v);
+  }
+  uint64_t text_memo_key(bool for_put);
+  void check_depth(const value* root) const;
+
+  const uint8_t* data_;
+  size_t size_;
+  const parse_options& options_;
+  const limits& lim_;
+  size_t pos_ = 0;
+  size_t limit_;
+  bool in_frame_ = false;
+  size_t op_pos_ = 0;
+  uint8_t code_ = 0;
+  int proto_ = 0;
+  bool stopped_ = false;
+
+  document doc_;
+  std::vector<value*> stack_;
+  std::vector<size_t> marks_;
+  memo_table memo_;
+  detail::key_table keys_;
+  std::unordered_map<const value*, std::unordered_map<uint64_t, uint32_t>> indexes_;
+};
+
+value* machine::make_global(std::string module, std::string name) {
+  // CPython's find_class applies _compat_pickle only below protocol 3, where Python 2
+  // names are legal; torch's UnpicklerWrapper always maps its moved module.
+  if (proto_ < 3) detail::python2_to_3(&module, &name);
+  if (module == "torch.tensor") module = "torch._tensor";
+  value* g = make(kind::global);
+  g->items = {make_str(std::move(module)), make_str(std::move(name))};
+  return g;
+}
+
+value* machine::fold_data_constructor(const value* callable, const value* args) {
+  if (callable->type != kind::global) return nullptr;
+  std::string_view module = callable->global_module(), name = callable->global_attr();
+  const std::vector<value*>& a = args->items;
+  if (module == "collections" && name == "OrderedDict") {
+    if (!a.empty()) return nullptr;
+    value* d = make(kind::dict);
+    d->flag = true;
+    return d;
+  }
+  if (module == "_codecs" && name == "encode") {
+    // How protocols 0-2 spell bytes: _codecs.encode(latin-1 text, 'latin1').
+    std::string raw;
+    if (a.size() == 2 && a[0]->type == kind::str && a[1]->type == kind::str &&
+        is_latin1_name(a[1]->text) && detail::utf8_to_latin1(a[0]->text, &raw)) {
+      value* b = make(kind::bytes);
+      b->text = std::move(raw);
+      return b;
+    }
+    return nullptr;
+  }
+  if (module != "builtins") return nullptr;
+  if (name == "set" || name == "frozenset") {
+    kind k = name == "set" ? kind::set : kind::frozenset;
+    if (a.empty()) return make(k);
+    const value* src = a[0];
+    if (a.size() != 1 || (src->type != kind::list && src->type != kind::tuple &&
+                          src->type != kind::set && src->type != kind::frozenset))
+      return nullptr;
+    value* s = make(k);
+    check_container(src->items.size());
+    s->items.reserve(src->items.size());
+    for (value* item : src->items) set_add(s, item);
+    return s;
+  }
+  if (name == "bytes" || name == "bytearray") {
+    kind k = name == "bytes" ? kind::bytes : kind::bytearray;
+    std::string raw;
+    if (a.empty()) {
+      // empty
+    } else if (a.size() == 1 && a[0]->type == kind::bytes) {
+      raw = a[0]->text;
+    } else if (k == kind::bytearray && a.size() == 2 && a[0]->type == kind::str &&
+               a[1]->type == kind::str && is_latin1_name(a[1]->text) &&
+               detail::utf8_to_latin1(a[0]->text, &raw)) {
+      // bytearray.__reduce_ex__ below protocol 3: (bytearray, (latin-1 text, 'latin-1'))
+    } else {
+      return nullptr;
+    }
+    value* b = make(k);
+    b->text = std::move(raw);
+    return b;
+  }
+  return nullptr;
+}
+
+value* machine::call(object_op how, value* callable, value* args) {
+  if (callable->type != kind::global && callable->type != kind::object &&
+      callable->type != kind::persistent_id)
+    corrupt(std::string("calls a ") + kind_name(callable->type) + ", which is not callable");
+  if (how == object_op::newobj || how == object_op::newobj_ex) {
+    // cls.__new__(cls) of these leaves an empty container that later opcodes fill; only
+    // OrderedDict is worth folding (REDUCE already covers the rest).
+    if (callable->type == kind::global && callable->is_global("collections", "OrderedDict") &&
+        args->items.empty()) {
+      value* d = make(kind::dict);
+      d->flag = true;
+      return d;
+    }
+    return make_object(how, callable, args);
+  }
+  if (value* folded = fold_data_constructor(callable, args)) return folded;
+  return make_object(how, callable, args);
+}
+
+void machine::dict_set(value* d, value* key, value* val) {
+  size_t n = d->items.size() / 2;
+  if (n < kIndexThreshold) {
+    check_hashable(key);
+    for (size_t i = 0; i < n; ++i) {
+      if (keys_.equal(d->items[2 * i], key)) {
+        d->items[2 * i + 1] = val;  // Python keeps the first key object and its position
+        return;
+      }
+    }
+    check_container(n + 1);
+    d->items.push_back(key);
+    d->items.push_back(val);
+    if (n + 1 == kIndexThreshold) {
+      auto& index = indexes_[d];
+      index.reserve(2 * kIndexThreshold);
+      for (size_t i = 0; i <= n; ++i) index.emplace(key_id(d->items[2 * i]), uint32_t(i));
+    }
+    return;
+  }
+  auto& index = indexes_[d];
+  auto [it, inserted] = index.try_emplace(key_id(key), uint32_t(n));
+  if (!inserted) {
+    d->items[2 * size_t(it->second) + 1] = val;
+    return;
+  }
+  check_container(n + 1);
+  d->items.push_back(key);
+  d->items.push_back(val);
+}
+
+void machine::set_add(value* s, value* item) {
+  size_t n = s->items.size();
+  if (n < kIndexThreshold) {
+    check_hashable(item);
+    for (size_t i = 0; i < n; ++i)
+      if (keys_.equal(s->items[i], item)) return;  // a set keeps the first equal element
+    check_container(n + 1);
+    s->items.push_back(item);
+    if (n + 1 == kIndexThreshold) {
+      auto& index = indexes_[s];
+      for (size_t i = 0; i <= n; ++i) index.emplace(key_id(s->items[i]), uint32_t(i));
+    }
+    return;
+  }
+  auto& index = indexes_[s];
+  if (!index.try_emplace(key_id(item), uint32_t(n)).second) return;
+  check_container(n + 1);
+  s->items.push_back(item);
+}
+
+void machine::append(value* target, value* item) {
+  if (target->type == kind::object) target = object_slot(target, kListItems, kind::list);
+  if (target->type != kind::list) wrong_target(target);
+  check_container(target->items.size() + 1);
+  target->items.push_back(item);
+}
+
+void machine::extend(value* target, size_t from) {
+  if (target->type == kind::object) target = object_slot(target, kListItems, kind::list);
+  if (target->type != kind::list) wrong_target(target);
+  check_container(target->items.size() + (stack_.size() - from));
+  target->items.insert(target->items.end(), stack_.begin() + long(from), stack_.end());
+}
+
+void machine::setitem(value* target, value* key, value* val) {
+  if (target->type == kind::object) target = object_slot(target, kDictItems, kind::dict);
+  if (target->type != kind::dict) wrong_target(target);
+  dict_set(target, key, val);
+}
+
+// Truth value of a BUILD state as load_build tests it (`if state:` / `if slotstate:`).
+bool machine::falsy(const value* v) const {
+  switch (v->type) {
+    case kind::none: return true;
+    case kind::boolean: return !v->flag;
+    case kind::integer: return v->integer == 0;
+    case kind::floating: return v->floating == 0;
+    case kind::str:
+    case kind::bytes:
+    case kind::bytearray: return v->text.empty();
+    case kind::tuple:
+    case kind::list:
+    case kind::dict:
+    case kind::set:
+    case kind::frozenset: return v->items.empty();
+    default: return false;
+  }
+}
+
+void machine::build(value* inst, value* state) {
+  if (inst->type == kind::object || (inst->type == kind::dict && inst->flag)) {
+    if (inst->state)
+      unsupported("a second BUILD on the same object (its state would be merged by code)");
+    inst->state = state;
+    return;
+  }
+  // For a plain value, load_build does nothing when the state is empty, and fails on the
+  // missing __dict__ otherwise.
+  bool empty = falsy(state) || (state->type == kind::tuple && state->items.size() == 2 &&
+                                falsy(state->items[0]) && falsy(state->items[1]));
+  if (empty && inst->type != kind::global && inst->type != kind::persistent_id) return;
+  wrong_target(inst);
+}
+
+// PUT and GET spell the memo key as int(line), which may be any size; keys that do not fit
+// in 63 bits cannot have been stored by us.
+uint64_t machine::text_memo_key(bool for_put) {
+  std::string_view text = line();
+  python_int i;
+  switch (detail::parse_int_literal(text, false, 4096, &i)) {
+    case detail::int_parse::ok: break;
+    case detail::int_parse::invalid: corrupt("invalid memo key " + quoted(text));
+    default: i.is_small = false; i.big = "\x01";  // a huge positive key
+  }
+  if (i.is_small && i.small >= 0) return uint64_t(i.small);
+  bool negative = i.is_small || uint8_t(i.big.back()) >= 0x80;
+  if (for_put) {
+    if (negative) corrupt("negative PUT argument");
+    unsupported("memo key " + quoted(text) + " beyond 2^63");
+  }
+  corrupt("memo key " + quoted(text) + " was never stored");
+}
+
+void machine::load_collection(kind k) {
+  size_t from = pop_mark();
+  size_t n = stack_.size() - from;
+  check_container(n);
+  value* v = make(k);
+  if (k == kind::dict) {
+    if (n % 2) corrupt("odd number of items for DICT");
+    for (size_t i = from; i < stack_.size(); i += 2) dict_set(v, stack_[i], stack_[i + 1]);
+  } else if (k == kind::frozenset) {
+    for (size_t i = from; i < stack_.size(); ++i) set_add(v, stack_[i]);
+  } else {
+    v->items.assign(stack_.begin() + long(from), stack_.end());
+  }
+  stack_.resize(from);
+  push(v);
+}
+
+void machine::load_frame() {
+  if (in_frame_)
+    corrupt("FRAME inside a frame (" + std::to_string(limit_ - pos_) +
+            " bytes of the enclosing frame remain)");
+  uint64_t n = load_u64(take(8));
+  if (n > size_ - pos_)
+    corrupt("frame of " + std::to_string(n) + " bytes runs past the end of the pickle (" +
+            std::to_string(size_ - pos_) + " bytes left)");
+  if (n > 0) {
+    in_frame_ = true;
+    limit_ = pos_ + size_t(n);
+  }
+}
+
+void machine::step() {
+  using namespace op;
+  switch (code_) {
+    // --- protocol and framing
+    case PROTO: {
+      uint8_t p = take_u8();
+      if (p > 5) unsupported("unsupported pickle protocol: " + std::to_string(p));
+      proto_ = p;
+      doc_.protocol = std::max(doc_.protocol, int(p));
+      return;
+    }
+    case FRAME: return load_frame();
+    case STOP: {
+      doc_.root = pop();
+      stopped_ = true;
+      return;
+    }
+    // --- stack manipulation
+    case MARK:
+      if (marks_.size() >= lim_.max_depth)
+        over_limit("pickle MARK nesting deeper than", lim_.max_depth, "--max-depth");
+      marks_.push_back(stack_.size());
+      return;
+    case POP:
+      if (stack_.size() > fence()) {
+        stack_.pop_back();
+      } else if (!marks_.empty()) {
+        marks_.pop_back();  // load_pop: an empty frame pops its MARK
+      } else {
+        underflow();
+      }
+      return;
+    case POP_MARK: stack_.resize(pop_mark()); return;
+    case DUP: push(top()); return;
+    // --- scalars
+    case NONE: push(make(kind::none)); return;
+    case NEWTRUE:
+    case NEWFALSE: {
+      value* v = make(kind::boolean);
+      v->flag = code_ == NEWTRUE;
+      push(v);
+      return;
+    }
+    case INT: {
+      std::string_view text = line();
+      if (text == "00" || text == "01") {  // Python 2's spelling of False / True
+        value* v = make(kind::boolean);
+        v->flag = text == "01";
+        push(v);
+        return;
+      }
+      push(make_int(parse_int(text, true, lim_.max_long_bytes)));
+      return;
+    }
+    case BININT: {
+      value* v = make(kind::integer);
+      v->integer = int32_t(load_u32(take(4)));
+      push(v);
+      return;
+    }
+    case BININT1: {
+      value* v = make(kind::integer);
+      v->integer = take_u8();
+      push(v);
+      return;
+    }
+    case BININT2: {
+      value* v = make(kind::integer);
+      v->integer = load_u16(take(2));
+      push(v);
+      return;
+    }
+    case LONG: {
+      std::string_view text = line();
+      if (!text.empty() && text.back() == 'L') text.remove_suffix(1);
+      push(make_int(parse_int(text, true, lim_.max_long_bytes)));
+      return;
+    }
+    case LONG1:
+    case LONG4: {
+      int64_t n = code_ == LONG1 ? take_u8() : int32_t(load_u32(take(4)));
+      if (n < 0) corrupt("negative byte count");
+      if (uint64_t(n) > limit_ - pos_) truncated(uint64_t(n));
+      if (uint64_t(n) > lim_.max_long_bytes)
+        over_limit("integer longer in bytes than", lim_.max_long_bytes, "--max-long-bytes");
+      const uint8_t* p = take(uint64_t(n));
+      push(make_long({reinterpret_cast<const char*>(p), size_t(n)}));
+      return;
+    }
+    case FLOAT: {
+      std::string_view text = line();
+      value* v = make(kind::floating);
+      if (!detail::parse_float_literal(text, &v->floating))
+        corrupt("invalid float literal " + quoted(text));
+      push(v);
+      return;
+    }
+    case BINFLOAT: {
+      const uint8_t* p = take(8);
+      uint64_t bits = 0;
+      for (int i = 0; i < 8; ++i) bits = (bits << 8) | p[i];  // big-endian
+      value* v = make(kind::floating);
+      std::memcpy(&v->floating, &bits, 8);
+      push(v);
+      return;
+    }
+    // --- strings
+    case STRING: {
+      std::string_view text = line();
+      if (text.size() > lim_.max_string)
+        over_limit("string operand longer than", lim_.max_string, "--max-string");
+      if (text.size() < 2 || text.front() != text.back() ||
+          (text.front() != '\'' && text.front() != '"'))
+        corrupt("the STRING opcode argument must be quoted");
+      std::string raw;
+      if (const char* err = detail::escape_decode(text.substr(1, text.size() - 2), &raw))
+        corrupt(err);
+      push(make_py2_string(std::move(raw)));
+      return;
+    }
+    case BINSTRING: {
+      int32_t n = int32_t(load_u32(take(4)));
+      if (n < 0) corrupt("negative byte count");
+      push(make_py2_string(std::string(take_string(uint64_t(n)))));
+      return;
+    }
+    case SHORT_BINSTRING: {
+      uint8_t n = take_u8();
+      push(make_py2_string(std::string(take_string(n))));
+      return;
+    }
+    case UNICODE: {
+      std::string_view text = line();
+      if (text.size() > lim_.max_string)
+        over_limit("string operand longer than", lim_.max_string, "--max-string");
+      std::string decoded;
+      if (const char* err = detail::raw_unicode_escape_decode(text, &decoded)) corrupt(err);
+      push(make_str(std::move(decoded)));
+      return;
+    }
+    case BINUNICODE:
+    case SHORT_BINUNICODE:
+    case BINUNICODE8: {
+      uint64_t n = code_ == SHORT_BINUNICODE ? take_u8()
+                   : code_ == BINUNICODE     ? load_u32(take(4))
+                                             : load_u64(take(8));
+      std::string_view s = take_string(n);
+      if (!detail::valid_utf8(s, true)) corrupt("invalid UTF-8");
+      push(make_str(std::string(s)));
+      return;
+    }
+    case BINBYTES:
+    case SHORT_BINBYTES:
+    case BINBYTES8:
+    case BYTEARRAY8: {
+      uint64_t n = code_ == SHORT_BINBYTES ? take_u8()
+                   : code_ == BINBYTES     ? load_u32(take(4))
+                                           : load_u64(take(8));
+      value* v = make(code_ == BYTEARRAY8 ? kind::bytearray : kind::bytes);
+      v->text = std::string(take_string(n));
+      push(v);
+      return;
+    }
+    // --- containers
+    case EMPTY_TUPLE: push(make(kind::tuple)); return;
+    case EMPTY_LIST: push(make(kind::list)); return;
+    case EMPTY_DICT: push(make(kind::dict)); return;
+    case EMPTY_SET: push(make(kind::set)); return;
+    case TUPLE: return load_collection(kind::tuple);
+    case LIST: return load_collection(kind::list);
+    case DICT: return load_collection(kind::dict);
+    case FROZENSET: return load_collection(kind::frozenset);
+    case TUPLE1:
+    case TUPLE2:
+    case TUPLE3: {
+      size_t n = size_t(code_ - TUPLE1 + 1);
+      need(n);
+      value* t = make(kind::tuple);
+      t->items.assign(stack_.end() - long(n), stack_.end());
+      stack_.resize(stack_.size() - n);
+      push(t);
+      return;
+    }
+    case APPEND: {
+      value* item = pop();
+      append(top(), item);
+      return;
+    }
+    case APPENDS: {
+      size_t from = pop_mark();
+      extend(target_below(from), from);
+      stack_.resize(from);
+      return;
+    }
+    case SETITEM: {
+      value* val = pop();
+      value* key = pop();
+      setitem(top(), key, val);
+      return;
+    }
+    case SETITEMS: {
+      size_t from = pop_mark();
+      value* target = target_below(from);
+      if ((stack_.size() - from) % 2) corrupt("odd number of items for SETITEMS");
+      if (target->type == kind::object) target = object_slot(target, kDictItems, kind::dict);
+      if (target->type != kind::dict) wrong_target(target);
+      for (size_t i = from; i < stack_.size(); i += 2) dict_set(target, stack_[i], stack_[i + 1]);
+      stack_.resize(from);
+      return;
+    }
+    case ADDITEMS: {
+      size_t from = pop_mark();
+      value* target = target_below(from);
+      if (target->type == kind::object)
+        unsupported("ADDITEMS on an object would call its add() method");
+      if (target->type != kind::set) wrong_target(target);
+      for (size_t i = from; i < stack_.size(); ++i) set_add(target, stack_[i]);
+      stack_.resize(from);
+      return;
+    }
+    // --- memo
+    case PUT: return memo_put(text_memo_key(true));
+    case BINPUT: return memo_put(take_u8());
+    case LONG_BINPUT: return memo_put(load_u32(take(4)));
+    case MEMOIZE: return memo_put(memo_.size());
+    case GET: return memo_get(text_memo_key(false));
+    case BINGET: return memo_get(take_u8());
+    case LONG_BINGET: return memo_get(load_u32(take(4)));
+    // --- globals and calls
+    case GLOBAL:
+    case INST: {
+      std::string_view module = line();
+      std::string_view name = line();
+      // GLOBAL decodes its names as UTF-8, INST as ASCII (pickle.py load_global/load_inst).
+      bool ok = code_ == GLOBAL ? detail::valid_utf8(module, false) && detail::valid_utf8(name, false)
+                                : ascii_only(module) && ascii_only(name);
+      if (!ok) corrupt("module or attribute name is not valid " +
+                       std::string(code_ == GLOBAL ? "UTF-8" : "ASCII"));
+      if (module.empty() || name.empty()) corrupt("empty module or attribute name");
+      value* g = make_global(std::string(module), std::string(name));
+      if (code_ == GLOBAL) return push(g);
+      size_t from = pop_mark();
+      value* args = make(kind::tuple);
+      args->items.assign(stack_.begin() + long(from), stack_.end());
+      stack_.resize(from);
+      push(call(object_op::inst, g, args));
+      return;
+    }
+    case STACK_GLOBAL: {
+      value* name = pop();
+      value* module = pop();
+      if (name->type != kind::str || module->type != kind::str)
+        corrupt("STACK_GLOBAL requires str operands, got " + std::string(kind_name(module->type)) +
+                " and " + kind_name(name->type));
+      if (module->text.empty() || name->text.empty()) corrupt("empty module or attribute name");
+      push(make_global(module->text, name->text));
+      return;
+    }
+    case OBJ: {
+      size_t from = pop_mark();
+      if (stack_.size() == from) corrupt("no class after the MARK");
+      value* cls = stack_[from];
+      value* args = make(kind::tuple);
+      args->items.assign(stack_.begin() + long(from) + 1, stack_.end());
+      stack_.resize(from);
+      push(call(object_op::obj, cls, args));
+      return;
+    }
+    case REDUCE: {
+      value* args = pop();
+      value* callable = top();
+      if (args->type != kind::tuple)
+        corrupt(std::string("argument is a ") + kind_name(args->type) + ", not a tuple");
+      stack_.back() = call(object_op::reduce, callable, args);
+      return;
+    }
+    case NEWOBJ: {
+      value* args = pop();
+      value* cls = pop();
+      if (args->type != kind::tuple)
+        corrupt(std::string("argument is a ") + kind_name(args->type) + ", not a tuple");
+      push(call(object_op::newobj, cls, args));
+      return;
+    }
+    case NEWOBJ_EX: {
+      value* kwargs = pop();
+      value* args = pop();
+      value* cls = pop();
+      if (args->type != kind::tuple || kwargs->type != kind::dict)
+        corrupt("expects a tuple and a dict, got " + std::string(kind_name(args->type)) +
+                " and " + kind_name(kwargs->type));
+      value* v = call(object_op::newobj_ex, cls, args);
+      if (v->type == kind::object) {
+        v->items[kKwargs] = kwargs;
+      } else if (!kwargs->items.empty()) {
+        v = make_object(object_op::newobj_ex, cls, args);
+        v->items[kKwargs] = kwargs;
+      }
+      push(v);
+      return;
+    }
+    case BUILD: {
+      value* state = pop();
+      build(top(), state);
+      return;
+    }
+    case PERSID: {
+      std::string_view pid = line();
+      if (!ascii_only(pid)) corrupt("persistent IDs in protocol 0 must be ASCII strings");
+      value* v = make(kind::persistent_id);
+      v->items = {make_str(std::string(pid))};
+      push(v);
+      return;
+    }
+    case BINPERSID: {
+      value* pid = pop();
+      value* v = make(kind::persistent_id);
+      v->items = {pid};
+      push(v);
+      return;
+    }
+    // --- refused
+    case EXT1:
+    case EXT2:
+    case EXT4: unsupported("the copyreg extension registry is not supported");
+    case NEXT_BUFFER:
+    case READONLY_BUFFER: unsupported("out-of-band buffers are not supported");
+    default: {
+      static const char kHex[] = "0123456789abcdef";
+      throw_corrupt(std::string("invalid opcode 0x") + kHex[code_ >> 4] + kHex[code_ & 15],
+                    where());
+    }
+  }
+}
+
+// Container nesting, measured once over the finished graph: APPEND and SETITEM through
+// memo references can deepen a container after it was nested, so no per-opcode count
+// can see it. Iterative, so the check itself cannot overflow the C++ stack; back edges
+// of cycles are skipped.
+void machine::check_depth(const value* root) const {
+  auto nests = [](const value* v) {
+    switch (v->type) {
+      case kind::tuple: case kind::list: case kind::dict: case kind::set:
+      case kind::frozenset: case kind::object: case kind::persistent_id: return true;
+      default: return v->state != nullptr;
+    }
+  };
+  if (!nests(root)) return;
+  constexpr uint32_t kOpen = 0xFFFFFFFF;
+  node_marks marks(doc_.node_count());
+  struct frame {
+    const value* node;
+    size_t next;
+    uint32_t deepest;
+  };
+  std::vector<frame> path;
+  auto too_deep = [&](const value* v) {
+    throw_limit("pickle nesting deeper than " + std::to_string(lim_.max_depth) +
+                    " (raise with --max-depth)",
+                v->offset);
+  };
+  auto enter = [&](const value* v) {
+    if (path.size() >= lim_.max_depth) too_deep(v);
+    path.push_back({v, 0, 0});
+  };
+  bool inserted = false;
+  *marks.find_or_insert(root, &inserted) = kOpen;
+  enter(root);
+  while (!path.empty()) {
+    frame& f = path.back();
+    const value* child = nullptr;
+    if (f.next < f.node->items.size()) {
+      child = f.node->items[f.next++];
+    } else if (f.next == f.node->items.size()) {
+      child = f.node->state;
+      ++f.next;
+    } else {
+      uint32_t height = f.deepest + 1;
+      // A shared sub-graph first measured from a shallow place can still make this
+      // path too deep.
+      if (height > lim_.max_depth) too_deep(f.node);
+      *marks.find_or_insert(f.node, &inserted) = height;
+      path.pop_back();
+      if (!path.empty()) path.back().deepest = std::max(path.back().deepest, height);
+      continue;
+    }
+    if (!child || !nests(child)) continue;
+    uint32_t* mark = marks.find_or_insert(child, &inserted);
+    if (inserted) {
+      *mark = kOpen;
+      enter(child);
+    } else if (*mark != kOpen) {
+      f.deepest = std::max(f.deepest, *mark);
+    }
+  }
+}
+
+document machine::run() {
+  if (size_ > lim_.max_pickle_bytes)
+    throw_limit("pickle of " + std::to_string(size_) + " bytes is larger than " +
+                    std::to_string(lim_.max_pickle_bytes) + " (raise with --max-pickle-bytes)",
+                options_.base_offset);
+  stack_.reserve(256);
+  while (!stopped_) {
+    if (in_frame_ && pos_ == limit_) {
+      in_frame_ = false;
+      limit_ = size_;
+    }
+    op_pos_ = pos_;
+    if (pos_ >= limit_) throw_corrupt("pickle ends without a STOP opcode", where());
+    code_ = data_[pos_++];
+    step();
+  }
+  doc_.end_offset = pos_;
+  if (options_.require_eof && pos_ != size_)
+    throw_corrupt(std::to_string(size_ - pos_) + " bytes after the STOP opcode",
+                  options_.base_offset + pos_);
+  if (!getenv("NODEPTH")) check_depth(doc_.root);
+  return std::move(doc_);
+}
+
+}  // namespace
+
+document parse(const uint8_t* data, size_t size, const parse_options& options) {
+  return machine(data, size, options).run();
+}
+
+}  // namespace ckpt::pickle

@@ -1,0 +1,253 @@
+#include <algorithm>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <unordered_map>
+
+#include "ckpt/error.h"
+#include "ckpt/rekey.h"
+#include "ckpt/wrappers.h"
+
+namespace ckpt {
+namespace {
+
+std::string join(const std::vector<std::string_view>& segments) {
+  std::string out;
+  for (size_t i = 0; i < segments.size(); ++i) {
+    if (i) out += '.';
+    out += segments[i];
+  }
+  return out;
+}
+
+std::string remove_segments(const std::string& key, bool (*drop)(const std::vector<std::string_view>&, size_t)) {
+  auto segments = split_key(key);
+  std::vector<std::string_view> kept;
+  for (size_t i = 0; i < segments.size(); ++i)
+    if (!drop(segments, i)) kept.push_back(segments[i]);
+  return join(kept);
+}
+
+bool is_compiled_segment(const std::vector<std::string_view>& s, size_t i) {
+  return i + 1 < s.size() && s[i] == "_orig_mod";
+}
+
+// Every wrapper but a leading "model.", which is just as often a real attribute name.
+bool is_strippable_wrapper(const std::vector<std::string_view>& s, size_t i) {
+  return is_wrapper_segment(s, i) && s[i] != "model";
+}
+
+bool is_wrapper_or_leading_model(const std::vector<std::string_view>& s, size_t i) {
+  return is_wrapper_segment(s, i);
+}
+
+}  // namespace
+
+std::string key_op::describe() const {
+  switch (kind) {
+    case strip_compiled: return "--strip-compiled";
+    case strip_wrappers: return "--strip-wrappers";
+    case strip_prefix: return "--strip-prefix '" + arg + "'";
+    case add_prefix: return "--add-prefix '" + arg + "'";
+    case add_compiled: return "--add-compiled '" + arg + "'";
+    case rename: return "--rename '" + arg + "=" + replacement + "'";
+    case map: return "--map " + arg;
+  }
+  return "?";
+}
+
+key_op make_rename_op(const std::string& spec) {
+  size_t eq = spec.find('=');
+  if (eq == std::string::npos || eq == 0)
+    throw error(errc::usage, "--rename expects REGEX=REPLACEMENT, got '" + spec + "'");
+  key_op op{key_op::rename, spec.substr(0, eq), spec.substr(eq + 1), nullptr, {}};
+  try {
+    op.pattern = std::make_shared<std::regex>(op.arg, std::regex::ECMAScript);
+  } catch (const std::regex_error& e) {
+    throw error(errc::usage, "--rename: bad regular expression '" + op.arg + "': " + e.what());
+  }
+  return op;
+}
+
+std::string apply_op(const key_op& op, const std::string& key) {
+  switch (op.kind) {
+    case key_op::strip_compiled:
+      return remove_segments(key, is_compiled_segment);
+    case key_op::strip_wrappers:
+      return remove_segments(key, is_strippable_wrapper);
+    case key_op::strip_prefix:
+      return key.compare(0, op.arg.size(), op.arg) == 0 ? key.substr(op.arg.size()) : key;
+    case key_op::add_prefix:
+      return op.arg + key;
+    case key_op::add_compiled:
+      if (op.arg.empty()) return "_orig_mod." + key;
+      if (key.size() > op.arg.size() && key.compare(0, op.arg.size(), op.arg) == 0 && key[op.arg.size()] == '.')
+        return op.arg + "._orig_mod" + key.substr(op.arg.size());
+      return key;
+    case key_op::rename:
+      return std::regex_replace(key, *op.pattern, op.replacement);
+    case key_op::map: {
+      auto it = op.mapping.find(key);
+      return it == op.mapping.end() ? key : it->second;
+    }
+  }
+  return key;
+}
+
+std::string apply_op_to_module_path(const key_op& op, const std::string& path) {
+  // A module path is a key without its last segment: edit "path.<leaf>" and drop the
+  // leaf again, so "_orig_mod" becomes "" under --strip-compiled, as
+  // torch.nn.modules.utils.consume_prefix_in_state_dict_if_present does.
+  static const std::string kLeaf = "\x01leaf";
+  if (op.kind == key_op::map) return path;  // a key map names tensors, not modules
+  std::string edited = apply_op(op, path.empty() ? kLeaf : path + "." + kLeaf);
+  if (edited.size() < kLeaf.size() || edited.compare(edited.size() - kLeaf.size(), kLeaf.size(), kLeaf) != 0)
+    return path;  // the edit consumed the leaf: leave the module path alone
+  edited.resize(edited.size() - kLeaf.size());
+  if (!edited.empty() && edited.back() == '.') edited.pop_back();
+  return edited;
+}
+
+rekey_plan plan_rekey(const std::vector<std::string>& keys, const std::vector<key_op>& ops) {
+  rekey_plan plan;
+  std::vector<std::string> current = keys;
+  for (const auto& op : ops) {
+    bool touched = false;
+    for (auto& k : current) {
+      std::string next = apply_op(op, k);
+      if (next != k) {
+        touched = true;
+        k = std::move(next);
+      }
+    }
+    if (!touched) plan.unused_ops.push_back(op.describe());
+  }
+  std::unordered_map<std::string, std::vector<std::string>> by_new;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    plan.mapping.emplace_back(keys[i], current[i]);
+    if (keys[i] != current[i]) plan.changed++;
+    by_new[current[i]].push_back(keys[i]);
+  }
+  for (const auto& [old_key, new_key] : plan.mapping) {
+    auto& olds = by_new[new_key];
+    if (olds.size() > 1 && olds.front() == old_key) plan.collisions.emplace_back(new_key, olds);
+  }
+  return plan;
+}
+
+match_result match_keys(const std::vector<keyed_tensor>& source, const std::vector<keyed_tensor>& target) {
+  using reducer = bool (*)(const std::vector<std::string_view>&, size_t);
+  struct variant {
+    const char* name;
+    reducer drop;
+  };
+  const variant variants[] = {
+      {"identity", [](const std::vector<std::string_view>&, size_t) { return false; }},
+      {"wrapper segments", is_strippable_wrapper},
+      {"wrapper segments and a leading 'model.'", is_wrapper_or_leading_model},
+  };
+
+  std::vector<match_result> full;
+  match_result best;
+  size_t best_matched = 0;
+  for (const auto& v : variants) {
+    match_result r;
+    std::unordered_map<std::string, std::vector<size_t>> tgt_by_reduced, src_by_reduced;
+    for (size_t i = 0; i < target.size(); ++i) tgt_by_reduced[remove_segments(target[i].key, v.drop)].push_back(i);
+    for (size_t i = 0; i < source.size(); ++i) src_by_reduced[remove_segments(source[i].key, v.drop)].push_back(i);
+    std::string clash;
+    for (auto& [reduced, idx] : tgt_by_reduced)
+      if (idx.size() > 1) clash = "target keys '" + target[idx[0]].key + "' and '" + target[idx[1]].key + "' both reduce to '" + reduced + "'";
+    for (auto& [reduced, idx] : src_by_reduced)
+      if (idx.size() > 1) clash = "source keys '" + source[idx[0]].key + "' and '" + source[idx[1]].key + "' both reduce to '" + reduced + "'";
+    std::vector<bool> target_hit(target.size(), false);
+    for (size_t i = 0; i < source.size(); ++i) {
+      auto it = tgt_by_reduced.find(remove_segments(source[i].key, v.drop));
+      if (it == tgt_by_reduced.end() || it->second.size() != 1) {
+        r.unexpected.push_back(source[i].key);
+        continue;
+      }
+      size_t t = it->second[0];
+      target_hit[t] = true;
+      r.mapping.emplace_back(source[i].key, target[t].key);
+      if (source[i].shape != target[t].shape) {
+        std::string a = "[", b = "[";
+        for (size_t k = 0; k < source[i].shape.size(); ++k) a += (k ? ", " : "") + std::to_string(source[i].shape[k]);
+        for (size_t k = 0; k < target[t].shape.size(); ++k) b += (k ? ", " : "") + std::to_string(target[t].shape[k]);
+        r.shape_mismatches.push_back(target[t].key + ": checkpoint " + a + "] vs model " + b + "]");
+      }
+      if (source[i].type != target[t].type)
+        r.dtype_mismatches.push_back(target[t].key + ": checkpoint " + name(source[i].type) + " vs model " +
+                                     name(target[t].type));
+    }
+    for (size_t t = 0; t < target.size(); ++t)
+      if (!target_hit[t]) r.missing.push_back(target[t].key);
+    r.ambiguity = clash;
+    r.ok = clash.empty() && r.missing.empty() && r.unexpected.empty();
+    r.edit = std::string("pair keys after removing ") + v.name;
+    if (r.ok) full.push_back(r);
+    if (r.mapping.size() > best_matched || (best_matched == 0 && best.edit.empty())) {
+      best_matched = r.mapping.size();
+      best = r;
+    }
+  }
+  if (full.empty()) {
+    best.ok = false;
+    return best;
+  }
+  // Several reductions that each match everything must agree on the pairing.
+  for (size_t i = 1; i < full.size(); ++i) {
+    auto a = full[0].mapping, b = full[i].mapping;
+    std::sort(a.begin(), a.end());
+    std::sort(b.begin(), b.end());
+    if (a != b) {
+      match_result r = full[0];
+      r.ok = false;
+      r.ambiguity = "removing " + std::string(full[0].edit) + " and " + full[i].edit + " give different pairings";
+      return r;
+    }
+  }
+  match_result r = full[0];
+  // Name the edit by what actually changes: the segments dropped or added.
+  std::set<std::string> removed, added;
+  for (auto& [s, t] : r.mapping) {
+    auto ss = split_key(s), ts = split_key(t);
+    for (auto x : ss)
+      if (std::find(ts.begin(), ts.end(), x) == ts.end()) removed.insert(std::string(x) + ".");
+    for (auto x : ts)
+      if (std::find(ss.begin(), ss.end(), x) == ss.end()) added.insert(std::string(x) + ".");
+  }
+  if (removed.empty() && added.empty()) {
+    r.edit = "none (the keys already match)";
+  } else {
+    r.edit.clear();
+    for (auto& s : removed) r.edit += (r.edit.empty() ? "" : ", ") + ("remove '" + s + "'");
+    for (auto& s : added) r.edit += (r.edit.empty() ? "" : ", ") + ("add '" + s + "'");
+  }
+  return r;
+}
+
+std::string mapping_to_json(const std::vector<std::pair<std::string, std::string>>& mapping) {
+  nlohmann::ordered_json m = nlohmann::ordered_json::object();
+  for (auto& [a, b] : mapping) m[a] = b;
+  nlohmann::ordered_json doc = {{"ckptool_key_map", 1}, {"mapping", m}};
+  return doc.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+}
+
+std::map<std::string, std::string> mapping_from_json(const std::string& text, const std::string& file) {
+  nlohmann::json doc;
+  try {
+    doc = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    throw error(errc::usage, std::string("key map is not valid JSON: ") + e.what()).with_file(file);
+  }
+  if (!doc.is_object() || !doc.contains("mapping") || !doc["mapping"].is_object())
+    throw error(errc::usage, "key map must be {\"ckptool_key_map\": 1, \"mapping\": {old: new}}").with_file(file);
+  std::map<std::string, std::string> out;
+  for (auto& [k, v] : doc["mapping"].items()) {
+    if (!v.is_string()) throw error(errc::usage, "key map value for '" + k + "' is not a string").with_file(file);
+    out[k] = v.get<std::string>();
+  }
+  return out;
+}
+
+}  // namespace ckpt

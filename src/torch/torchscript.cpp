@@ -1,0 +1,522 @@
+#include "ckpt/torchscript.h"
+
+#include <algorithm>
+#include <atomic>
+#include <charconv>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <sstream>
+#include <string_view>
+#include <utility>
+
+#include <caffe2/serialize/read_adapter_interface.h>
+#include <torch/csrc/jit/runtime/graph_executor.h>
+#include <torch/script.h>
+
+#include "ckpt/error.h"
+#include "ckpt/torchscript_module.h"
+#include "meta_kernels.h"
+
+namespace ckpt {
+namespace {
+
+struct byte_range {
+  uint64_t begin;
+  uint64_t end;
+};
+
+// Serves the file to PyTorchStreamReader, except inside the stored data/ and constants/
+// records: there it reports the requested length as read but leaves the destination
+// untouched. LibTorch reads each storage into a fresh CPU allocation and immediately moves
+// it to meta (unpickler.cpp, BINPERSID), so the bytes are never looked at; the allocation
+// stays untouched virtual memory, and nothing is read from disk. This relies on PyTorch's
+// miniz being built with MINIZ_DISABLE_ZIP_READER_CRC32_CHECKS (it is, in every release
+// since 1.x), otherwise the loader would checksum the garbage and refuse it.
+class skipping_adapter final : public caffe2::serialize::ReadAdapterInterface {
+ public:
+  skipping_adapter(const byte_source& src, std::vector<byte_range> skip)
+      : src_(src), skip_(std::move(skip)) {
+    std::sort(skip_.begin(), skip_.end(),
+              [](const byte_range& a, const byte_range& b) { return a.begin < b.begin; });
+  }
+
+  size_t size() const override { return size_t(src_.size()); }
+
+  size_t read(uint64_t pos, void* buf, size_t n, const char* /*what*/) const override {
+    const uint64_t total = src_.size();
+    if (pos >= total) return 0;
+    n = size_t(std::min<uint64_t>(n, total - pos));
+    const uint64_t end = pos + n;
+    uint64_t cur = pos;
+    // The first skip range that ends after `cur`; ranges are sorted and disjoint.
+    auto it = std::upper_bound(skip_.begin(), skip_.end(), cur,
+                               [](uint64_t v, const byte_range& r) { return v < r.end; });
+    try {
+      while (cur < end) {
+        if (it != skip_.end() && it->begin <= cur) {
+          uint64_t stop = std::min(end, it->end);
+          skipped_.fetch_add(stop - cur, std::memory_order_relaxed);
+          cur = stop;
+          ++it;
+          continue;
+        }
+        uint64_t stop = it == skip_.end() ? end : std::min(end, it->begin);
+        src_.read_exact(cur, static_cast<uint8_t*>(buf) + (cur - pos), size_t(stop - cur));
+        read_.fetch_add(stop - cur, std::memory_order_relaxed);
+        cur = stop;
+      }
+    } catch (...) {
+      // Exceptions must not unwind through miniz (C); a short read makes the loader fail,
+      // and load_on_meta then reports this error rather than miniz's vaguer one.
+      std::lock_guard<std::mutex> lock(error_mutex_);
+      if (!error_) error_ = std::current_exception();
+      return size_t(cur - pos);
+    }
+    return n;
+  }
+
+  uint64_t bytes_read() const { return read_.load(std::memory_order_relaxed); }
+  uint64_t bytes_skipped() const { return skipped_.load(std::memory_order_relaxed); }
+  std::exception_ptr first_error() const {
+    std::lock_guard<std::mutex> lock(error_mutex_);
+    return error_;
+  }
+
+ private:
+  const byte_source& src_;
+  std::vector<byte_range> skip_;
+  mutable std::atomic<uint64_t> read_{0};
+  mutable std::atomic<uint64_t> skipped_{0};
+  mutable std::mutex error_mutex_;
+  mutable std::exception_ptr error_;
+};
+
+bool starts_with(std::string_view s, std::string_view prefix) {
+  return s.size() >= prefix.size() && s.compare(0, prefix.size(), prefix) == 0;
+}
+
+bool contains(std::string_view s, std::string_view part) {
+  return s.find(part) != std::string_view::npos;
+}
+
+// LibTorch messages span many lines (TorchScript tracebacks, source excerpts, suggestions);
+// the CLI prints one. The interpreter wraps an operator's failure as
+// "The following operation failed ...\nTraceback ...\n<Class>Error: <message>", so the
+// line that matters is the last "...Error: " one; otherwise it is the first line.
+std::string condense(std::string_view msg) {
+  constexpr size_t kMaxChars = 400;
+  std::string_view line;
+  if (starts_with(msg, "The following operation failed")) {
+    size_t pos = 0;
+    while (pos < msg.size()) {
+      size_t nl = msg.find('\n', pos);
+      std::string_view l = msg.substr(pos, nl == std::string_view::npos ? std::string_view::npos : nl - pos);
+      size_t colon = l.find("Error: ");
+      if (colon != std::string_view::npos && l.find(' ') > colon) {
+        line = l.substr(colon + 7);
+        break;  // the first such line is the error; what follows is its continuation
+      }
+      if (nl == std::string_view::npos) break;
+      pos = nl + 1;
+    }
+  }
+  if (line.empty()) {
+    size_t start = msg.find_first_not_of(" \n\t");
+    if (start == std::string_view::npos) return "(no message)";
+    msg.remove_prefix(start);
+    line = msg.substr(0, msg.find('\n'));
+  }
+  while (!line.empty() && (line.back() == ' ' || line.back() == '\r')) line.remove_suffix(1);
+  std::string out(line);
+  if (out.size() > kMaxChars) out = out.substr(0, kMaxChars) + "...";
+  return out;
+}
+
+enum class stage { load, run };
+
+// What LibTorch says is mapped to the error kinds of error.h. A load that fails after our
+// own zip reader accepted the archive is mostly something this LibTorch cannot handle
+// (custom classes, unknown operators, newer versions), hence `unsupported`, except for
+// failures in reading the container or its pickles. A run fails either because the meta
+// device cannot do something (no meta kernel, values needed) or because the inputs do not
+// fit the method.
+errc classify(stage st, std::string_view msg, bool not_implemented) {
+  if (st == stage::load) {
+    if (contains(msg, "PytorchStreamReader") || contains(msg, "pickle") ||
+        contains(msg, "Unpickler") || contains(msg, "unpickl"))
+      return errc::corrupt;
+    return errc::unsupported;
+  }
+  if (not_implemented || contains(msg, "'Meta' backend") || contains(msg, "meta tensor") ||
+      contains(msg, "meta device") || contains(msg, "Meta device") ||
+      contains(msg, "data-dependent") || contains(msg, "data dependent"))
+    return errc::unsupported;
+  return errc::usage;
+}
+
+// Runs `fn`, turning LibTorch's exceptions into ckpt::error naming `path`.
+template <class Fn>
+auto translate_errors(const std::string& path, stage st, const std::string& what,
+                      const skipping_adapter* adapter, Fn&& fn) -> decltype(fn()) {
+  auto adapter_error = [&]() {
+    if (adapter)
+      if (auto ep = adapter->first_error()) std::rethrow_exception(ep);
+  };
+  try {
+    return fn();
+  } catch (error& e) {
+    e.with_file(path);
+    throw;
+  } catch (const c10::NotImplementedError& e) {
+    adapter_error();
+    std::string m = condense(e.what_without_backtrace());
+    throw error(classify(st, m, true), what + m).with_file(path);
+  } catch (const c10::Error& e) {
+    adapter_error();
+    std::string m = condense(e.what_without_backtrace());
+    throw error(classify(st, m, false), what + m).with_file(path);
+  } catch (const std::bad_alloc&) {
+    throw error(errc::limit, what + "out of memory").with_file(path);
+  } catch (const std::exception& e) {
+    adapter_error();
+    std::string m = condense(e.what());
+    throw error(classify(st, m, false), what + m).with_file(path);
+  }
+}
+
+// c10 names dtypes the way Python prints them ("float32", "int64", "bool", ...).
+std::string dtype_name(c10::ScalarType t) { return c10::getDtypeNames(t).first; }
+
+c10::ScalarType to_scalar_type(dtype t) {
+  const auto& by_name = c10::getStringToDtypeMap();
+  auto it = by_name.find(name(t));
+  if (it == by_name.end())
+    throw error(errc::unsupported,
+                std::string("dtype ") + name(t) + " has no LibTorch equivalent");
+  return it->second;
+}
+
+std::string type_name(const c10::TypePtr& t) { return t->annotation_str(); }
+
+std::string class_name(const torch::jit::Module& m) {
+  const auto& qn = m.type()->name();
+  return qn ? qn->qualifiedName() : m.type()->str();
+}
+
+std::string double_repr(double d) {
+  char buf[64];
+  auto res = std::to_chars(buf, buf + sizeof buf, d);  // shortest round-trip, like Python
+  std::string s(buf, res.ptr);
+  if (s == "inf") return "inf";
+  if (s == "-inf") return "-inf";
+  if (s == "nan" || s == "-nan") return "nan";
+  if (s.find_first_of(".e") == std::string::npos) s += ".0";
+  return s;
+}
+
+std::string string_repr(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) {
+    if (c == '\'' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (c == '\n') {
+      out += "\\n";
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      out += '?';
+    } else {
+      out += c;
+    }
+  }
+  return out + "'";
+}
+
+// Python-like rendering of simple values; false (and `out` unusable) for anything holding
+// tensors, objects or more than `budget` characters.
+bool render(const c10::IValue& v, std::string& out, size_t budget) {
+  auto append_seq = [&](const std::vector<c10::IValue>& items, const char* open,
+                        const char* close, bool tuple) {
+    out += open;
+    for (size_t i = 0; i < items.size(); ++i) {
+      if (i) out += ", ";
+      if (!render(items[i], out, budget)) return false;
+      if (out.size() > budget) return false;
+    }
+    if (tuple && items.size() == 1) out += ",";
+    out += close;
+    return true;
+  };
+  if (v.isNone()) {
+    out += "None";
+  } else if (v.isBool()) {
+    out += v.toBool() ? "True" : "False";
+  } else if (v.isInt()) {
+    out += std::to_string(v.toInt());
+  } else if (v.isDouble()) {
+    out += double_repr(v.toDouble());
+  } else if (v.isString()) {
+    out += string_repr(v.toStringRef());
+  } else if (v.isDevice()) {
+    out += "device(" + string_repr(v.toDevice().str()) + ")";
+  } else if (v.isTuple()) {
+    const auto& elems = v.toTupleRef().elements();
+    if (!append_seq(std::vector<c10::IValue>(elems.begin(), elems.end()), "(", ")", true))
+      return false;
+  } else if (v.isList()) {
+    if (!append_seq(v.toList().vec(), "[", "]", false)) return false;
+  } else if (v.isGenericDict()) {
+    out += "{";
+    bool first = true;
+    for (const auto& kv : v.toGenericDict()) {
+      if (!first) out += ", ";
+      first = false;
+      if (!render(kv.key(), out, budget)) return false;
+      out += ": ";
+      if (!render(kv.value(), out, budget)) return false;
+      if (out.size() > budget) return false;
+    }
+    out += "}";
+  } else {
+    return false;
+  }
+  return out.size() <= budget;
+}
+
+std::string short_value(const c10::IValue& v) {
+  constexpr size_t kMaxValueChars = 120;
+  std::string s;
+  return render(v, s, kMaxValueChars) ? s : std::string();
+}
+
+bool is_module_type(const c10::TypePtr& t) {
+  if (auto ct = t->cast<c10::ClassType>()) return ct->is_module();
+  if (auto it = t->cast<c10::InterfaceType>()) return it->is_module();
+  return false;
+}
+
+// Module bookkeeping every nn.Module carries; listing them for each submodule is noise.
+bool is_bookkeeping(const std::string& name) {
+  return name == "training" || name == "_is_full_backward_hook";
+}
+
+void collect_attributes(const torch::jit::Module& m, const std::string& prefix,
+                        std::vector<ts_attribute>& out) {
+  const auto& t = m.type();
+  for (size_t i = 0; i < t->numAttributes(); ++i) {
+    const std::string name = t->getAttributeName(i);
+    const c10::TypePtr& ty = t->getAttribute(i);
+    if (t->is_parameter(i) || t->is_buffer(i) || is_bookkeeping(name) || is_module_type(ty))
+      continue;
+    c10::IValue v = m._ivalue()->getSlot(i);
+    if (ty->kind() == c10::TypeKind::TensorType || v.isTensor()) continue;
+    out.push_back({prefix + name, type_name(ty), short_value(v), false});
+  }
+  for (size_t i = 0; i < t->numConstants(); ++i) {
+    c10::IValue v = t->getConstant(i);
+    if (v.isTensor()) continue;
+    out.push_back({prefix + t->getConstantName(i), type_name(v.type()), short_value(v), true});
+  }
+}
+
+ts_tensor describe(const std::string& name, const at::Tensor& t) {
+  ts_tensor d;
+  d.name = name;
+  d.dtype = dtype_name(t.scalar_type());
+  d.shape.assign(t.sizes().begin(), t.sizes().end());
+  return d;
+}
+
+std::string join_path(const std::string& base, const std::string& part) {
+  return base.empty() ? part : base + "." + part;
+}
+
+void flatten(const c10::IValue& v, const std::string& path, std::vector<meta_output>& out) {
+  if (v.isTensor()) {
+    const at::Tensor& t = v.toTensor();
+    meta_output o;
+    o.path = path;
+    if (!t.defined()) {
+      o.type = "Tensor";
+      o.value = "undefined";
+    } else {
+      o.is_tensor = true;
+      o.type = "Tensor";
+      o.dtype = dtype_name(t.scalar_type());
+      o.shape.assign(t.sizes().begin(), t.sizes().end());
+    }
+    out.push_back(std::move(o));
+    return;
+  }
+  auto leaf = [&]() {
+    meta_output o;
+    o.path = path;
+    o.type = type_name(v.type());
+    o.value = short_value(v);
+    out.push_back(std::move(o));
+  };
+  if (v.isTuple()) {
+    const auto& elems = v.toTupleRef().elements();
+    if (elems.empty()) return leaf();
+    for (size_t i = 0; i < elems.size(); ++i) flatten(elems[i], join_path(path, std::to_string(i)), out);
+  } else if (v.isList()) {
+    auto list = v.toList();
+    if (list.empty()) return leaf();
+    for (size_t i = 0; i < list.size(); ++i) flatten(list.get(i), join_path(path, std::to_string(i)), out);
+  } else if (v.isGenericDict()) {
+    auto dict = v.toGenericDict();
+    if (dict.empty()) return leaf();
+    for (const auto& kv : dict) {
+      std::string key;
+      if (kv.key().isString()) {
+        key = kv.key().toStringRef();
+      } else if (!render(kv.key(), key, 60)) {
+        key = "?";
+      }
+      flatten(kv.value(), join_path(path, key), out);
+    }
+  } else {
+    leaf();
+  }
+}
+
+void check_torchscript_archive(const zip::archive& ar) {
+  if (ar.find("model.json"))
+    throw error(errc::unsupported,
+                "legacy TorchScript archive (model.json, PyTorch 1.0-1.2) is not supported");
+  if (!ar.find("data.pkl"))
+    throw error(errc::unsupported, "not a TorchScript archive: no data.pkl record");
+  bool has_code = std::any_of(ar.entries().begin(), ar.entries().end(),
+                              [](const zip::entry& e) { return starts_with(e.record, "code/"); });
+  if (!has_code)
+    throw error(errc::unsupported,
+                "not a TorchScript archive: no code/ records (a torch.save checkpoint?)");
+}
+
+std::vector<byte_range> tensor_record_ranges(const zip::archive& ar) {
+  std::vector<byte_range> out;
+  for (const auto& e : ar.entries()) {
+    // Deflated records must be inflated for real; torch.jit.save never compresses
+    // tensor data, so this only matters for archives rewritten by other zip tools.
+    if (e.method != 0 || e.compressed_size == 0) continue;
+    if (starts_with(e.record, "data/") || starts_with(e.record, "constants/"))
+      out.push_back({e.data_offset, e.data_offset + e.compressed_size});
+  }
+  return out;
+}
+
+// `name` itself, or else the first of its TorchScript overloads ("forward__0",
+// "forward__1": @torch.jit._overload_method, as in nn.LSTM) whose schema takes `n` tensors.
+std::optional<torch::jit::Method> find_callable(const torch::jit::Module& m,
+                                                const std::string& name, size_t n) {
+  if (auto direct = m.find_method(name)) return direct;
+  const std::string prefix = name + "__";
+  for (const auto& meth : m.get_methods()) {
+    const std::string& mn = meth.name();
+    if (!starts_with(mn, prefix) || mn.size() == prefix.size() ||
+        mn.find_first_not_of("0123456789", prefix.size()) != std::string::npos)
+      continue;
+    const auto& args = meth.function().getSchema().arguments();
+    if (args.empty() || args.size() - 1 < n) continue;  // args[0] is self
+    bool fits = true;
+    for (size_t i = 1; i < args.size() && fits; ++i) {
+      if (i <= n)
+        fits = c10::TensorType::get()->isSubtypeOf(*args[i].type());
+      else
+        fits = args[i].default_value().has_value();
+    }
+    if (fits) return meth;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+torch::jit::Module load_on_meta(const std::string& path, const zip::archive& ar,
+                                meta_load_stats* stats) {
+  try {
+    check_torchscript_archive(ar);
+  } catch (error& e) {
+    e.with_file(path);
+    throw;
+  }
+  auto adapter = std::make_shared<skipping_adapter>(ar.source(), tensor_record_ranges(ar));
+  torch::jit::Module m = translate_errors(path, stage::load, "cannot load TorchScript module: ",
+                                          adapter.get(), [&]() {
+    // load_debug_files=false: the code/*.debug_pkl source maps are only for tracebacks.
+    return torch::jit::load(adapter, c10::Device(c10::kMeta), /*load_debug_files=*/false);
+  });
+  if (stats) {
+    stats->bytes_read = adapter->bytes_read();
+    stats->bytes_skipped = adapter->bytes_skipped();
+  }
+  return m;
+}
+
+torchscript_info inspect_torchscript(const std::string& path, const zip::archive& ar) {
+  meta_load_stats stats;
+  torch::jit::Module m = load_on_meta(path, ar, &stats);
+  return translate_errors(path, stage::load, "cannot describe TorchScript module: ", nullptr,
+                          [&]() {
+    torchscript_info info;
+    info.type = class_name(m);
+    info.training = m.is_training();
+    info.bytes_read = stats.bytes_read;
+    info.bytes_skipped = stats.bytes_skipped;
+    collect_attributes(m, "", info.attributes);
+    for (const auto& nm : m.named_modules()) {
+      if (nm.name.empty()) continue;  // the root itself
+      info.submodules.push_back({nm.name, class_name(nm.value)});
+      collect_attributes(nm.value, nm.name + ".", info.attributes);
+    }
+    for (const auto& p : m.named_parameters(/*recurse=*/true))
+      info.parameters.push_back(describe(p.name, p.value));
+    for (const auto& b : m.named_buffers(/*recurse=*/true))
+      info.buffers.push_back(describe(b.name, b.value));
+    for (const auto& meth : m.get_methods()) {
+      std::ostringstream schema;
+      schema << meth.function().getSchema();
+      info.methods.push_back({meth.name(), schema.str()});
+    }
+    return info;
+  });
+}
+
+std::vector<meta_output> run_on_meta(const std::string& path, const zip::archive& ar,
+                                     const std::string& method,
+                                     const std::vector<input_spec>& inputs) {
+  torch::jit::Module m = load_on_meta(path, ar);
+  std::optional<torch::jit::Method> found = find_callable(m, method, inputs.size());
+  if (!found) {
+    std::string names;
+    for (const auto& meth : m.get_methods()) names += (names.empty() ? "" : ", ") + meth.name();
+    throw error(errc::usage, "the module has no method '" + method + "' taking " +
+                                 std::to_string(inputs.size()) + " tensor(s) (it has: " +
+                                 (names.empty() ? std::string("none") : names) + ")")
+        .with_file(path);
+  }
+  std::vector<c10::IValue> args;
+  args.reserve(inputs.size());
+  for (const auto& in : inputs) {
+    for (int64_t d : in.shape)
+      if (d < 0) throw error(errc::usage, "negative input dimension " + std::to_string(d));
+    args.emplace_back(at::empty(in.shape, at::TensorOptions()
+                                              .dtype(to_scalar_type(in.type))
+                                              .device(c10::kMeta)));
+  }
+  detail::ensure_meta_kernels();
+  return translate_errors(path, stage::run, method + " on meta inputs: ", nullptr, [&]() {
+    torch::NoGradGuard no_grad;
+    // The optimizing executor profiles and specializes graphs for real devices; on meta
+    // inputs that is wasted work at best, so run the plain interpreter.
+    torch::jit::GraphOptimizerEnabledGuard no_opt(false);
+    c10::IValue result = (*found)(std::move(args));
+    std::vector<meta_output> out;
+    flatten(result, "", out);
+    return out;
+  });
+}
+
+}  // namespace ckpt
