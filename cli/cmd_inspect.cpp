@@ -6,7 +6,7 @@
 
 #include "ckpt/error.h"
 #include "ckpt/report.h"
-#include "ckpt/torchscript.h"
+#include "ckpt/torch_plugin.h"
 #include "common.h"
 #include "inspect_text.h"
 
@@ -52,11 +52,11 @@ void run_inspect(const inspect_options& o) {
   std::optional<ckpt::torchscript_info> ts;
   std::vector<ckpt::meta_output> outputs;
   if (c.format == ckpt::file_format::torchscript) {
-    ts = ckpt::inspect_torchscript(o.file, *c.zip);
+    ts = ckpt::torch_plugin().inspect_torchscript(o.file, *c.zip);
     if (!o.inputs.empty()) {
       std::vector<ckpt::input_spec> specs;
       for (const auto& s : o.inputs) specs.push_back(parse_input(s));
-      outputs = ckpt::run_on_meta(o.file, *c.zip, o.method, specs);
+      outputs = ckpt::torch_plugin().run_on_meta(o.file, *c.zip, o.method, specs);
     }
   } else if (!o.inputs.empty()) {
     throw ckpt::error(ckpt::errc::usage, "--input needs a TorchScript model; " + o.file + " is " +

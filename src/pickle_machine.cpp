@@ -2,7 +2,6 @@
 // every call replaced by a record of the call (see ckpt/pickle.h) and every size checked
 // against the input and the configured limits before anything is allocated.
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <unordered_map>
@@ -150,34 +149,60 @@ class memo_table {
   uint64_t count_ = 0;
 };
 
-// Open-addressing map from node to a small integer, for the depth pass over every node.
-class node_marks {
- public:
-  explicit node_marks(size_t expected) {
-    size_t cap = 64;
-    while (cap < 2 * expected) cap *= 2;
-    slots_.assign(cap, {nullptr, 0});
-    mask_ = cap - 1;
+bool is_container(kind k) {
+  switch (k) {
+    case kind::tuple: case kind::list: case kind::dict: case kind::set: case kind::frozenset:
+    case kind::object: case kind::persistent_id: return true;
+    default: return false;
   }
-  uint32_t* find_or_insert(const value* v, bool* inserted) {
-    size_t h = (reinterpret_cast<uintptr_t>(v) >> 4) * 0x9E3779B97F4A7C15ull;
-    for (size_t i = (h >> 20) & mask_;; i = (i + 1) & mask_) {
-      if (slots_[i].first == v) {
-        *inserted = false;
-        return &slots_[i].second;
+}
+
+// Index of one large dict or set: open addressing over positions in the container, so the
+// keys themselves are never copied. Each slot holds (32-bit hash << 32) | (position + 1).
+class container_index {
+ public:
+  // The position of a key equal to the probed one (`same(pos)` decides), or -1 after
+  // recording `pos` for it.
+  template <class Same>
+  long find_or_add(uint64_t hash, uint32_t pos, Same same) {
+    if (2 * (count_ + 1) > slots_.size()) grow();
+    uint32_t h32 = uint32_t(hash >> 32);
+    size_t mask = slots_.size() - 1;
+    for (size_t i = h32 & mask;; i = (i + 1) & mask) {
+      uint64_t s = slots_[i];
+      if (s == 0) {
+        slots_[i] = (uint64_t(h32) << 32) | (uint64_t(pos) + 1);
+        ++count_;
+        return -1;
       }
-      if (!slots_[i].first) {
-        slots_[i].first = v;
-        *inserted = true;
-        return &slots_[i].second;
-      }
+      if (uint32_t(s >> 32) == h32 && same(uint32_t(s) - 1)) return long(uint32_t(s) - 1);
     }
   }
 
  private:
-  std::vector<std::pair<const value*, uint32_t>> slots_;
-  size_t mask_ = 0;
+  void grow() {
+    std::vector<uint64_t> old = std::move(slots_);
+    slots_.assign(old.empty() ? 64 : old.size() * 2, 0);
+    size_t mask = slots_.size() - 1;
+    for (uint64_t s : old) {
+      if (!s) continue;
+      size_t i = uint32_t(s >> 32) & mask;
+      while (slots_[i]) i = (i + 1) & mask;
+      slots_[i] = s;
+    }
+  }
+
+  std::vector<uint64_t> slots_;
+  size_t count_ = 0;
 };
+
+uint64_t mix(uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdull;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ull;
+  return x ^ (x >> 33);
+}
 
 class machine {
  public:
@@ -212,7 +237,8 @@ class machine {
     if (target->type == kind::global || target->type == kind::persistent_id)
       unsupported(std::string("applied to a ") + kind_name(target->type) +
                   ", which would run its code");
-    corrupt(std::string("applied to a ") + kind_name(target->type));
+    std::string name = kind_name(target->type);
+    corrupt(std::string("applied to a") + (name[0] == 'i' || name[0] == 'o' ? "n " : " ") + name);
   }
 
   // --- input -------------------------------------------------------------------------
@@ -286,7 +312,14 @@ class machine {
   }
 
   // --- values ------------------------------------------------------------------------
-  value* make(kind k) { return doc_.make(k, where()); }
+  value* make(kind k) {
+    value* v = doc_.make(k, where());
+    if (is_container(k)) {
+      v->integer = 1;  // nesting height, see link()
+      containers_.push_back(v);
+    }
+    return v;
+  }
   value* make_str(std::string text) {
     value* v = make(kind::str);
     v->text = std::move(text);
@@ -338,13 +371,54 @@ class machine {
     v->items.assign(kObjectSlots, nullptr);
     v->items[kCallable] = callable;
     v->items[kArgs] = args;
+    link(v, callable);
+    link(v, args);
     return v;
   }
   value* call(object_op how, value* callable, value* args);
   value* fold_data_constructor(const value* callable, const value* args);
+  // The list/dict that records APPEND/SETITEM calls on an object. Its height is folded
+  // into the object's by grow_owner(), so filling it is not a mutation "after nesting".
   value* object_slot(value* obj, size_t slot, kind k) {
-    if (!obj->items[slot]) obj->items[slot] = make(k);
+    if (!obj->items[slot]) {
+      obj->items[slot] = make(k);
+      grow(obj, 2);
+    }
     return obj->items[slot];
+  }
+  void grow_owner(value* obj, const value* slot) { grow(obj, height(slot) + 1); }
+
+  // --- nesting depth ------------------------------------------------------------------
+  // Every container keeps its nesting height in `integer` while the machine runs (reset
+  // before parse returns): 1 + the height of its deepest container child, updated by link()
+  // as edges appear. As long as no container gains a deeper child after it was itself put
+  // inside another (true of everything CPython's pickler writes, cycles aside), these
+  // heights are exact and max_depth is enforced at the opcode that breaks it, at O(1) per
+  // edge. Otherwise (`late_`), a full pass over the finished graph decides.
+  static constexpr int64_t kNested = int64_t(1) << 40;
+  static uint32_t height(const value* v) { return uint32_t(v->integer & 0xFFFFFFFF); }
+  void grow(value* parent, uint64_t h) {
+    if (late_ || h <= height(parent)) return;
+    if (parent->integer & kNested) {
+      late_ = true;
+      return;
+    }
+    if (h > lim_.max_depth) too_deep(where());
+    parent->integer = (parent->integer & ~int64_t(0xFFFFFFFF)) | int64_t(h);
+  }
+  void link(value* parent, value* child) {
+    if (!is_container(child->type)) return;
+    if (child == parent) {
+      late_ = true;
+      return;
+    }
+    child->integer |= kNested;
+    grow(parent, uint64_t(height(child)) + 1);
+  }
+  [[noreturn]] void too_deep(uint64_t offset) const {
+    throw_limit("pickle nesting deeper than " + std::to_string(lim_.max_depth) +
+                    " (raise with --max-depth)",
+                offset);
   }
 
   // --- container semantics -----------------------------------------------------------
@@ -365,7 +439,8 @@ class machine {
   void set_add(value* s, value* item);
   void append(value* target, value* item);
   void extend(value* target, size_t from);
-  void setitem(value* target, value* key, value* val);
+  value* dict_target(value* target, value** owner);
+  long index_find_or_add(value* container, const value* key, uint32_t pos);
   void build(value* inst, value* state);
   bool falsy(const value* v) const;
 
@@ -385,7 +460,10 @@ class machine {
     push(v);
   }
   uint64_t text_memo_key(bool for_put);
-  void check_depth(const value* root) const;
+  void check_depth(const value* root);
+  void clear_scratch() {
+    for (value* c : containers_) c->integer = 0;
+  }
 
   const uint8_t* data_;
   size_t size_;
@@ -404,7 +482,11 @@ class machine {
   std::vector<size_t> marks_;
   memo_table memo_;
   detail::key_table keys_;
-  std::unordered_map<const value*, std::unordered_map<uint64_t, uint32_t>> indexes_;
+  std::unordered_map<const value*, container_index> indexes_;
+  const value* indexed_ = nullptr;  // the container index_ belongs to
+  container_index* index_ = nullptr;
+  std::vector<value*> containers_;
+  bool late_ = false;
 };
 
 value* machine::make_global(std::string module, std::string name) {
@@ -478,13 +560,21 @@ value* machine::call(object_op how, value* callable, value* args) {
       callable->type != kind::persistent_id)
     corrupt(std::string("calls a ") + kind_name(callable->type) + ", which is not callable");
   if (how == object_op::newobj || how == object_op::newobj_ex) {
-    // cls.__new__(cls) of these leaves an empty container that later opcodes fill; only
-    // OrderedDict is worth folding (REDUCE already covers the rest).
-    if (callable->type == kind::global && callable->is_global("collections", "OrderedDict") &&
-        args->items.empty()) {
-      value* d = make(kind::dict);
-      d->flag = true;
-      return d;
+    // cls.__new__(cls) of the data constructors is their empty value. With arguments,
+    // __new__ means something else for each (set.__new__ ignores them; bytes.__new__ does
+    // not), so those calls stay records.
+    if (callable->type == kind::global && args->items.empty()) {
+      std::string_view m = callable->global_module(), n = callable->global_attr();
+      if (m == "collections" && n == "OrderedDict") {
+        value* d = make(kind::dict);
+        d->flag = true;
+        return d;
+      }
+      if (m == "builtins" && (n == "set" || n == "frozenset" || n == "bytes" || n == "bytearray"))
+        return make(n == "set"         ? kind::set
+                    : n == "frozenset" ? kind::frozenset
+                    : n == "bytes"     ? kind::bytes
+                                       : kind::bytearray);
     }
     return make_object(how, callable, args);
   }
@@ -492,33 +582,51 @@ value* machine::call(object_op how, value* callable, value* args) {
   return make_object(how, callable, args);
 }
 
+// Finds `key` in a large container's index, or records it at `pos`. Returns the position
+// of an equal key already present, or -1. A str equals only a str, so str keys are hashed
+// by their text and never need a key_table id.
+long machine::index_find_or_add(value* container, const value* key, uint32_t pos) {
+  if (container != indexed_) {
+    indexed_ = container;
+    index_ = &indexes_[container];
+  }
+  size_t stride = container->type == kind::dict ? 2 : 1;
+  const std::vector<value*>& items = container->items;
+  if (key->type == kind::str) {
+    uint64_t h = mix(std::hash<std::string_view>()(key->text));
+    return index_->find_or_add(h, pos, [&](uint32_t at) {
+      const value* other = items[stride * at];
+      return other->type == kind::str && other->text == key->text;
+    });
+  }
+  uint64_t id = key_id(key);
+  return index_->find_or_add(mix(id), pos, [&](uint32_t at) {
+    const value* other = items[stride * at];
+    return other->type != kind::str && keys_.id(other) == id;
+  });
+}
+
 void machine::dict_set(value* d, value* key, value* val) {
   size_t n = d->items.size() / 2;
+  long found = -1;
   if (n < kIndexThreshold) {
     check_hashable(key);
-    for (size_t i = 0; i < n; ++i) {
-      if (keys_.equal(d->items[2 * i], key)) {
-        d->items[2 * i + 1] = val;  // Python keeps the first key object and its position
-        return;
-      }
+    for (size_t i = 0; i < n && found < 0; ++i)
+      if (keys_.equal(d->items[2 * i], key)) found = long(i);
+    if (found < 0 && n + 1 == kIndexThreshold) {
+      for (size_t i = 0; i < n; ++i) index_find_or_add(d, d->items[2 * i], uint32_t(i));
+      index_find_or_add(d, key, uint32_t(n));
     }
-    check_container(n + 1);
-    d->items.push_back(key);
-    d->items.push_back(val);
-    if (n + 1 == kIndexThreshold) {
-      auto& index = indexes_[d];
-      index.reserve(2 * kIndexThreshold);
-      for (size_t i = 0; i <= n; ++i) index.emplace(key_id(d->items[2 * i]), uint32_t(i));
-    }
-    return;
+  } else {
+    found = index_find_or_add(d, key, uint32_t(n));
   }
-  auto& index = indexes_[d];
-  auto [it, inserted] = index.try_emplace(key_id(key), uint32_t(n));
-  if (!inserted) {
-    d->items[2 * size_t(it->second) + 1] = val;
+  link(d, val);
+  if (found >= 0) {
+    d->items[2 * size_t(found) + 1] = val;  // Python keeps the first key object and its place
     return;
   }
   check_container(n + 1);
+  link(d, key);
   d->items.push_back(key);
   d->items.push_back(val);
 }
@@ -529,38 +637,52 @@ void machine::set_add(value* s, value* item) {
     check_hashable(item);
     for (size_t i = 0; i < n; ++i)
       if (keys_.equal(s->items[i], item)) return;  // a set keeps the first equal element
-    check_container(n + 1);
-    s->items.push_back(item);
     if (n + 1 == kIndexThreshold) {
-      auto& index = indexes_[s];
-      for (size_t i = 0; i <= n; ++i) index.emplace(key_id(s->items[i]), uint32_t(i));
+      for (size_t i = 0; i < n; ++i) index_find_or_add(s, s->items[i], uint32_t(i));
+      index_find_or_add(s, item, uint32_t(n));
     }
+  } else if (index_find_or_add(s, item, uint32_t(n)) >= 0) {
     return;
   }
-  auto& index = indexes_[s];
-  if (!index.try_emplace(key_id(item), uint32_t(n)).second) return;
   check_container(n + 1);
+  link(s, item);
   s->items.push_back(item);
 }
 
 void machine::append(value* target, value* item) {
-  if (target->type == kind::object) target = object_slot(target, kListItems, kind::list);
+  value* owner = nullptr;
+  if (target->type == kind::object) {
+    owner = target;
+    target = object_slot(target, kListItems, kind::list);
+  }
   if (target->type != kind::list) wrong_target(target);
   check_container(target->items.size() + 1);
+  link(target, item);
   target->items.push_back(item);
+  if (owner) grow_owner(owner, target);
 }
 
 void machine::extend(value* target, size_t from) {
-  if (target->type == kind::object) target = object_slot(target, kListItems, kind::list);
+  value* owner = nullptr;
+  if (target->type == kind::object) {
+    owner = target;
+    target = object_slot(target, kListItems, kind::list);
+  }
   if (target->type != kind::list) wrong_target(target);
   check_container(target->items.size() + (stack_.size() - from));
+  for (size_t i = from; i < stack_.size(); ++i) link(target, stack_[i]);
   target->items.insert(target->items.end(), stack_.begin() + long(from), stack_.end());
+  if (owner) grow_owner(owner, target);
 }
 
-void machine::setitem(value* target, value* key, value* val) {
-  if (target->type == kind::object) target = object_slot(target, kDictItems, kind::dict);
+value* machine::dict_target(value* target, value** owner) {
+  *owner = nullptr;
+  if (target->type == kind::object) {
+    *owner = target;
+    target = object_slot(target, kDictItems, kind::dict);
+  }
   if (target->type != kind::dict) wrong_target(target);
-  dict_set(target, key, val);
+  return target;
 }
 
 // Truth value of a BUILD state as load_build tests it (`if state:` / `if slotstate:`).
@@ -586,6 +708,7 @@ void machine::build(value* inst, value* state) {
   if (inst->type == kind::object || (inst->type == kind::dict && inst->flag)) {
     if (inst->state)
       unsupported("a second BUILD on the same object (its state would be merged by code)");
+    link(inst, state);
     inst->state = state;
     return;
   }
@@ -627,6 +750,7 @@ void machine::load_collection(kind k) {
   } else if (k == kind::frozenset) {
     for (size_t i = from; i < stack_.size(); ++i) set_add(v, stack_[i]);
   } else {
+    for (size_t i = from; i < stack_.size(); ++i) link(v, stack_[i]);
     v->items.assign(stack_.begin() + long(from), stack_.end());
   }
   stack_.resize(from);
@@ -826,6 +950,7 @@ void machine::step() {
       need(n);
       value* t = make(kind::tuple);
       t->items.assign(stack_.end() - long(n), stack_.end());
+      for (value* item : t->items) link(t, item);
       stack_.resize(stack_.size() - n);
       push(t);
       return;
@@ -844,16 +969,20 @@ void machine::step() {
     case SETITEM: {
       value* val = pop();
       value* key = pop();
-      setitem(top(), key, val);
+      value* owner;
+      value* d = dict_target(top(), &owner);
+      dict_set(d, key, val);
+      if (owner) grow_owner(owner, d);
       return;
     }
     case SETITEMS: {
       size_t from = pop_mark();
       value* target = target_below(from);
       if ((stack_.size() - from) % 2) corrupt("odd number of items for SETITEMS");
-      if (target->type == kind::object) target = object_slot(target, kDictItems, kind::dict);
-      if (target->type != kind::dict) wrong_target(target);
-      for (size_t i = from; i < stack_.size(); i += 2) dict_set(target, stack_[i], stack_[i + 1]);
+      value* owner;
+      value* d = dict_target(target, &owner);
+      for (size_t i = from; i < stack_.size(); i += 2) dict_set(d, stack_[i], stack_[i + 1]);
+      if (owner) grow_owner(owner, d);
       stack_.resize(from);
       return;
     }
@@ -891,6 +1020,7 @@ void machine::step() {
       size_t from = pop_mark();
       value* args = make(kind::tuple);
       args->items.assign(stack_.begin() + long(from), stack_.end());
+      for (value* item : args->items) link(args, item);
       stack_.resize(from);
       push(call(object_op::inst, g, args));
       return;
@@ -911,6 +1041,7 @@ void machine::step() {
       value* cls = stack_[from];
       value* args = make(kind::tuple);
       args->items.assign(stack_.begin() + long(from) + 1, stack_.end());
+      for (value* item : args->items) link(args, item);
       stack_.resize(from);
       push(call(object_op::obj, cls, args));
       return;
@@ -939,11 +1070,11 @@ void machine::step() {
         corrupt("expects a tuple and a dict, got " + std::string(kind_name(args->type)) +
                 " and " + kind_name(kwargs->type));
       value* v = call(object_op::newobj_ex, cls, args);
+      if (v->type != kind::object && !kwargs->items.empty())
+        v = make_object(object_op::newobj_ex, cls, args);
       if (v->type == kind::object) {
         v->items[kKwargs] = kwargs;
-      } else if (!kwargs->items.empty()) {
-        v = make_object(object_op::newobj_ex, cls, args);
-        v->items[kKwargs] = kwargs;
+        link(v, kwargs);
       }
       push(v);
       return;
@@ -965,6 +1096,7 @@ void machine::step() {
       value* pid = pop();
       value* v = make(kind::persistent_id);
       v->items = {pid};
+      link(v, pid);
       push(v);
       return;
     }
@@ -982,64 +1114,50 @@ void machine::step() {
   }
 }
 
-// Container nesting, measured once over the finished graph: APPEND and SETITEM through
-// memo references can deepen a container after it was nested, so no per-opcode count
-// can see it. Iterative, so the check itself cannot overflow the C++ stack; back edges
-// of cycles are skipped.
-void machine::check_depth(const value* root) const {
-  auto nests = [](const value* v) {
-    switch (v->type) {
-      case kind::tuple: case kind::list: case kind::dict: case kind::set:
-      case kind::frozenset: case kind::object: case kind::persistent_id: return true;
-      default: return v->state != nullptr;
-    }
-  };
-  if (!nests(root)) return;
-  constexpr uint32_t kOpen = 0xFFFFFFFF;
-  node_marks marks(doc_.node_count());
+// The full depth pass, for graphs where link() could not keep heights exact (a container
+// gained a deeper child after being nested, or a cycle). Iterative, so it cannot overflow
+// the C++ stack; back edges of cycles are skipped; shared sub-graphs are measured once.
+// Marks live in the containers' `integer`: 0 unvisited, kOpen on the current path, else
+// the height.
+void machine::check_depth(const value* root) {
+  for (value* c : containers_) c->integer = 0;
+  if (!is_container(root->type)) return;
+  constexpr int64_t kOpen = -1;
   struct frame {
-    const value* node;
+    value* node;
     size_t next;
-    uint32_t deepest;
+    int64_t deepest;
   };
   std::vector<frame> path;
-  auto too_deep = [&](const value* v) {
-    throw_limit("pickle nesting deeper than " + std::to_string(lim_.max_depth) +
-                    " (raise with --max-depth)",
-                v->offset);
-  };
-  auto enter = [&](const value* v) {
-    if (path.size() >= lim_.max_depth) too_deep(v);
+  auto enter = [&](value* v) {
+    if (path.size() >= lim_.max_depth) too_deep(v->offset);
+    v->integer = kOpen;
     path.push_back({v, 0, 0});
   };
-  bool inserted = false;
-  *marks.find_or_insert(root, &inserted) = kOpen;
-  enter(root);
+  enter(const_cast<value*>(root));
   while (!path.empty()) {
     frame& f = path.back();
-    const value* child = nullptr;
+    value* child = nullptr;
     if (f.next < f.node->items.size()) {
       child = f.node->items[f.next++];
     } else if (f.next == f.node->items.size()) {
       child = f.node->state;
       ++f.next;
     } else {
-      uint32_t height = f.deepest + 1;
-      // A shared sub-graph first measured from a shallow place can still make this
-      // path too deep.
-      if (height > lim_.max_depth) too_deep(f.node);
-      *marks.find_or_insert(f.node, &inserted) = height;
+      int64_t h = f.deepest + 1;
+      // A shared sub-graph first measured from a shallow place can still make this path
+      // too deep.
+      if (uint64_t(h) > lim_.max_depth) too_deep(f.node->offset);
+      f.node->integer = h;
       path.pop_back();
-      if (!path.empty()) path.back().deepest = std::max(path.back().deepest, height);
+      if (!path.empty()) path.back().deepest = std::max(path.back().deepest, h);
       continue;
     }
-    if (!child || !nests(child)) continue;
-    uint32_t* mark = marks.find_or_insert(child, &inserted);
-    if (inserted) {
-      *mark = kOpen;
+    if (!child || !is_container(child->type)) continue;
+    if (child->integer == 0) {
       enter(child);
-    } else if (*mark != kOpen) {
-      f.deepest = std::max(f.deepest, *mark);
+    } else if (child->integer != kOpen) {
+      f.deepest = std::max(f.deepest, child->integer);
     }
   }
 }
@@ -1064,7 +1182,8 @@ document machine::run() {
   if (options_.require_eof && pos_ != size_)
     throw_corrupt(std::to_string(size_ - pos_) + " bytes after the STOP opcode",
                   options_.base_offset + pos_);
-  if (!getenv("NODEPTH")) check_depth(doc_.root);
+  if (late_) check_depth(doc_.root);
+  clear_scratch();
   return std::move(doc_);
 }
 

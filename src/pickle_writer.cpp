@@ -3,10 +3,12 @@
 // generic __reduce__ item iterators, and fix_imports' Python 2 names.
 #include "ckpt/pickle_writer.h"
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
+#include <vector>
 
 #include "ckpt/byteio.h"
 #include "ckpt/error.h"
@@ -224,34 +226,60 @@ class writer {
   void save_global(std::string_view module_name, std::string_view attr) {
     std::string key = std::string(module_name) + '\n' + std::string(attr);
     if (auto it = named_memo_.find(key); it != named_memo_.end()) return get(it->second);
-    size_t dot = attr.rfind('.');
-    if (dot != std::string_view::npos) {
-      // Below protocol 4 a nested name is spelled getattr(parent, 'last').
-      save_global("builtins", "getattr");
-      save_global(module_name, attr.substr(0, dot));
-      save_str(attr.substr(dot + 1));
+    if (attr.find('.') == std::string_view::npos) return save_plain_global(module_name, attr, key);
+    // Below protocol 4 a nested name a.b.c is spelled getattr(getattr(a, 'b'), 'c').
+    // CPython recurses through the parents; this emits the same bytes in a loop, so a
+    // name with a million dots cannot exhaust the stack: one getattr per link not yet in
+    // the memo, the deepest memoized parent (or the top-level name), then each link.
+    std::vector<size_t> dots;
+    for (size_t i = 0; i < attr.size(); ++i)
+      if (attr[i] == '.') dots.push_back(i);
+    size_t base = 0;  // links 0..base-1 are already spelled by a memoized parent
+    for (size_t k = dots.size(); k-- > 0;) {
+      std::string parent = std::string(module_name) + '\n' + std::string(attr.substr(0, dots[k]));
+      if (named_memo_.count(parent)) {
+        base = k + 1;
+        break;
+      }
+    }
+    for (size_t k = base; k < dots.size(); ++k) save_global("builtins", "getattr");
+    std::string_view first = attr.substr(0, base == 0 ? dots[0] : dots[base - 1]);
+    if (base == 0) {
+      save_plain_global(module_name, first,
+                        std::string(module_name) + '\n' + std::string(first));
+    } else {
+      get(named_memo_[std::string(module_name) + '\n' + std::string(first)]);
+    }
+    for (size_t k = base; k < dots.size(); ++k) {
+      size_t end = k + 1 < dots.size() ? dots[k + 1] : attr.size();
+      save_str(attr.substr(dots[k] + 1, end - dots[k] - 1));
       memoize_fresh();
       put(op::TUPLE2);
       memoize_fresh();
       put(op::REDUCE);
-    } else {
-      std::string module(module_name), name(attr);
-      detail::python3_to_2(&module, &name);
-      auto bad = [](const std::string& s) {
-        if (s.empty()) return true;
-        for (char c : s)
-          if (uint8_t(c) >= 0x80 || c == '\n') return true;
-        return false;
-      };
-      if (bad(module) || bad(name))
-        throw_unsupported("cannot write global '" + key.substr(0, key.find('\n')) + "." +
-                          std::string(attr) + "' with protocol 2 (names must be ASCII)");
-      put(op::GLOBAL);
-      put_bytes(module);
-      put('\n');
-      put_bytes(name);
-      put('\n');
+      named_memo_[std::string(module_name) + '\n' + std::string(attr.substr(0, end))] =
+          memoize_fresh();
     }
+  }
+
+  void save_plain_global(std::string_view module_name, std::string_view attr,
+                         const std::string& key) {
+    std::string module(module_name), name(attr);
+    detail::python3_to_2(&module, &name);
+    auto bad = [](const std::string& s) {
+      if (s.empty()) return true;
+      for (char c : s)
+        if (uint8_t(c) >= 0x80 || c == '\n') return true;
+      return false;
+    };
+    if (bad(module) || bad(name))
+      throw_unsupported("cannot write global '" + std::string(module_name) + "." +
+                        std::string(attr) + "' with protocol 2 (names must be ASCII)");
+    put(op::GLOBAL);
+    put_bytes(module);
+    put('\n');
+    put_bytes(name);
+    put('\n');
     named_memo_[key] = memoize_fresh();
   }
 

@@ -345,7 +345,9 @@ class archive_parser {
   }
 
   // The record with a comment: scan back from EOF; only a record whose comment ends exactly at
-  // EOF counts, so trailing junk or a lying comment length is an error, not a guess.
+  // EOF counts, so trailing junk or a lying comment length is an error, not a guess. A comment
+  // that itself holds the signature is refused: readers disagree on which record is real
+  // (Python's zipfile takes the one in the comment).
   uint64_t find_end_with_comment(uint64_t size) {
     uint64_t len = std::min<uint64_t>(size, kEndSize + kMaxCommentSize);
     tail_offset_ = size - len;
@@ -356,7 +358,12 @@ class archive_parser {
       if (load_u32(p) != kEndSig) continue;
       uint64_t comment = load_u16(p + 20);
       uint64_t rest = len - i - kEndSize;
-      if (comment == rest) return tail_offset_ + i;
+      if (comment == rest) {
+        for (uint64_t k = i + kEndSize; k + 4 <= len; ++k)
+          if (load_u32(tail_.data() + k) == kEndSig)
+            corrupt("archive comment contains an end of central directory signature", tail_offset_ + k);
+        return tail_offset_ + i;
+      }
       if (!mismatch) mismatch = tail_offset_ + i;
     }
     if (mismatch) {

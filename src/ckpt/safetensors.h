@@ -22,6 +22,9 @@ constexpr uint64_t kMaxHeaderSize = 100'000'000;
 struct tensor_entry {
   std::string name;
   dtype type;
+  /// torch's shape. For F4 (4-bit, packed two per byte) the type is float4_e2m1fn_x2 and the
+  /// last dimension is half the header's, as safetensors' torch binding loads it; an odd last
+  /// dimension is errc::unsupported. F6_E2M3/F6_E3M2 (no torch dtype) are errc::unsupported.
   std::vector<int64_t> shape;
   uint64_t begin = 0;        // relative to the data buffer
   uint64_t end = 0;

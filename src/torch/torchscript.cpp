@@ -5,6 +5,7 @@
 #include <charconv>
 #include <cstring>
 #include <exception>
+#include <iterator>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -28,9 +29,8 @@ struct byte_range {
   uint64_t end;
 };
 
-// Serves the file to PyTorchStreamReader, except inside the stored data/ and constants/
-// records: there it reports the requested length as read but leaves the destination
-// untouched. LibTorch reads each storage into a fresh CPU allocation and immediately moves
+// Serves the file to PyTorchStreamReader, except for reads of the stored data/ and
+// constants/ records: those it reports as done but leaves the destination untouched. LibTorch reads each storage into a fresh CPU allocation and immediately moves
 // it to meta (unpickler.cpp, BINPERSID), so the bytes are never looked at; the allocation
 // stays untouched virtual memory, and nothing is read from disk. This relies on PyTorch's
 // miniz being built with MINIZ_DISABLE_ZIP_READER_CRC32_CHECKS (it is, in every release
@@ -49,32 +49,29 @@ class skipping_adapter final : public caffe2::serialize::ReadAdapterInterface {
     const uint64_t total = src_.size();
     if (pos >= total) return 0;
     n = size_t(std::min<uint64_t>(n, total - pos));
-    const uint64_t end = pos + n;
-    uint64_t cur = pos;
-    // The first skip range that ends after `cur`; ranges are sorted and disjoint.
-    auto it = std::upper_bound(skip_.begin(), skip_.end(), cur,
-                               [](uint64_t v, const byte_range& r) { return v < r.end; });
-    try {
-      while (cur < end) {
-        if (it != skip_.end() && it->begin <= cur) {
-          uint64_t stop = std::min(end, it->end);
-          skipped_.fetch_add(stop - cur, std::memory_order_relaxed);
-          cur = stop;
-          ++it;
-          continue;
-        }
-        uint64_t stop = it == skip_.end() ? end : std::min(end, it->begin);
-        src_.read_exact(cur, static_cast<uint8_t*>(buf) + (cur - pos), size_t(stop - cur));
-        read_.fetch_add(stop - cur, std::memory_order_relaxed);
-        cur = stop;
+    // Only reads that lie wholly inside one tensor record are skipped: that is how miniz
+    // extracts a stored record (one read of exactly its data), and how chunked or
+    // multi-reader extraction would slice it. Anything straddling a boundary (miniz's scan
+    // of the file's last 4 KiB for the end record) gets the real bytes.
+    auto it = std::upper_bound(skip_.begin(), skip_.end(), pos,
+                               [](uint64_t v, const byte_range& r) { return v < r.begin; });
+    if (it != skip_.begin()) {
+      const byte_range& r = *std::prev(it);
+      if (pos >= r.begin && pos + n <= r.end) {
+        skipped_.fetch_add(n, std::memory_order_relaxed);
+        return n;
       }
+    }
+    try {
+      src_.read_exact(pos, buf, n);
     } catch (...) {
       // Exceptions must not unwind through miniz (C); a short read makes the loader fail,
       // and load_on_meta then reports this error rather than miniz's vaguer one.
       std::lock_guard<std::mutex> lock(error_mutex_);
       if (!error_) error_ = std::current_exception();
-      return size_t(cur - pos);
+      return 0;
     }
+    read_.fetch_add(n, std::memory_order_relaxed);
     return n;
   }
 
@@ -135,6 +132,23 @@ std::string condense(std::string_view msg) {
   return out;
 }
 
+// PyTorch's text for a missing meta kernel is a paragraph about torch.compile fake
+// impls; say instead what it means here.
+std::string explain_missing_meta_kernel(std::string msg) {
+  const size_t pos = msg.find(": attempted to run this operator with Meta tensors");
+  if (pos == std::string::npos) return msg;
+  const std::string op = msg.substr(0, pos);
+  static const char* const kValueDependent[] = {
+      "aten::_local_scalar_dense", "aten::item", "aten::is_nonzero", "aten::equal",
+      "aten::nonzero", "aten::masked_select", "aten::unique", "aten::_unique",
+      "aten::bincount", "aten::repeat_interleave", "aten::histc", "aten::_assert_async"};
+  for (const char* v : kValueDependent)
+    if (starts_with(op, v))
+      return op + " needs tensor values (.item(), bool(tensor), data-dependent control flow "
+                  "or output size), which meta tensors do not have";
+  return op + " has no meta kernel in LibTorch's C++ library";
+}
+
 enum class stage { load, run };
 
 // What LibTorch says is mapped to the error kinds of error.h. A load that fails after our
@@ -151,6 +165,7 @@ errc classify(stage st, std::string_view msg, bool not_implemented) {
     return errc::unsupported;
   }
   if (not_implemented || contains(msg, "'Meta' backend") || contains(msg, "meta tensor") ||
+      contains(msg, "meta kernel") ||
       contains(msg, "meta device") || contains(msg, "Meta device") ||
       contains(msg, "data-dependent") || contains(msg, "data dependent"))
     return errc::unsupported;
@@ -172,17 +187,17 @@ auto translate_errors(const std::string& path, stage st, const std::string& what
     throw;
   } catch (const c10::NotImplementedError& e) {
     adapter_error();
-    std::string m = condense(e.what_without_backtrace());
+    std::string m = explain_missing_meta_kernel(condense(e.what_without_backtrace()));
     throw error(classify(st, m, true), what + m).with_file(path);
   } catch (const c10::Error& e) {
     adapter_error();
-    std::string m = condense(e.what_without_backtrace());
+    std::string m = explain_missing_meta_kernel(condense(e.what_without_backtrace()));
     throw error(classify(st, m, false), what + m).with_file(path);
   } catch (const std::bad_alloc&) {
     throw error(errc::limit, what + "out of memory").with_file(path);
   } catch (const std::exception& e) {
     adapter_error();
-    std::string m = condense(e.what());
+    std::string m = explain_missing_meta_kernel(condense(e.what()));
     throw error(classify(st, m, false), what + m).with_file(path);
   }
 }

@@ -506,36 +506,33 @@ def compare_entries(root, doc, m: Mismatches, extra_holders=()):
         exp_v = entry_value(v)
         if exp_v is not None and e.get("value") != exp_v:
             m.add(show(p), "entries.value", exp_v, e.get("value"))
+        if isinstance(v, float):
+            try:
+                ok = float(e.get("value")) == v
+            except (TypeError, ValueError):
+                ok = False
+            if not ok:
+                m.add(show(p), "entries.value", repr(v), e.get("value"))
         exp_t = entry_type(v)
         if exp_t is not None and e.get("type") != exp_t:
             m.add(show(p), "entries.type", exp_t, e.get("type"))
 
 
 def entry_type(v):
-    if isinstance(v, bool):
-        return "bool"
-    if isinstance(v, int):
-        return "int"
-    if isinstance(v, float):
-        return "float"
-    if isinstance(v, str):
-        return "str"
+    for t, n in ((bool, "bool"), (int, "int"), (float, "float"), (str, "str"), (bytes, "bytes"),
+                 (dict, "dict"), (list, "list"), (tuple, "tuple")):
+        if isinstance(v, t):
+            return n
     if v is None:
         return "None"
     return None
 
 
 def entry_value(v):
-    """Expected "value" string for scalars: Python's own rendering (ints exact)."""
-    if isinstance(v, bool):
-        return "True" if v else "False"
-    if isinstance(v, int):
-        return str(v)
-    if isinstance(v, str):
-        return v
-    if v is None:
-        return "None"
-    return None  # floats: rendering is ckptool's choice; compared numerically below
+    """Expected "value" string: Python's repr for scalars (floats compared numerically)."""
+    if isinstance(v, (bool, int, str)) or v is None:
+        return repr(v)
+    return None
 
 
 def compare_torch_file(fx, doc) -> Mismatches:

@@ -41,7 +41,7 @@ using ckpt::pickle::value;
 class canonical {
  public:
   std::string render(const value* v, int depth = 0) {
-    if (depth > 20000) throw std::runtime_error("value nested too deeply to render");
+    if (depth > 5000) throw std::runtime_error("value nested too deeply to render");
     switch (v->type) {
       case kind::none: return "null";
       case kind::boolean: return v->flag ? "true" : "false";

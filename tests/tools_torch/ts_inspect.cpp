@@ -5,8 +5,8 @@
 //   ts_inspect FILE --run METHOD [SHAPE:DTYPE ...]    -> outputs ("2x3:float32", ":int64" = 0-dim)
 //   ts_inspect FILE --plain-load                      -> torch::jit::load(FILE, meta), for comparison
 //
-// Every mode adds "process": {rchar, max_rss_kb, wall_s} (rchar: /proc/self/io delta over
-// the operation). Errors: {"error": kind, "message": one line}, exit code as the CLI's.
+// Every mode adds "process": {rchar, max_rss_kb, max_rss_before_kb, wall_s} (rchar: the
+// /proc/self/io delta over the operation; max_rss_before_kb: the peak before it started). Errors: {"error": kind, "message": one line}, exit code as the CLI's.
 #include <sys/resource.h>
 
 #include <chrono>
@@ -76,6 +76,7 @@ int main(int argc, char** argv) {
   json out;
   try {
     uint64_t rchar_before = rchar();
+    long rss_before = max_rss_kb();  // LibTorch's own libraries and static initialisation
     auto start = std::chrono::steady_clock::now();
     std::string mode = argc > 2 ? argv[2] : "";
     if (mode == "--plain-load") {
@@ -124,7 +125,10 @@ int main(int argc, char** argv) {
       }
     }
     double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    out["process"] = {{"rchar", rchar() - rchar_before}, {"max_rss_kb", max_rss_kb()}, {"wall_s", wall}};
+    out["process"] = {{"rchar", rchar() - rchar_before},
+                      {"max_rss_kb", max_rss_kb()},
+                      {"max_rss_before_kb", rss_before},
+                      {"wall_s", wall}};
   } catch (const ckpt::error& e) {
     std::cout << json{{"error", ckpt::errc_name(e.kind())}, {"message", e.one_line()}}.dump() << "\n";
     return ckpt::exit_code(e.kind());

@@ -1,0 +1,20 @@
+// The entry point of libckptool_torch.so (see ckpt/torch_plugin.h).
+#include <torch/version.h>
+
+#include "ckpt/torch_plugin.h"
+
+extern "C" __attribute__((visibility("default"))) const ckpt::torch_plugin_api* ckptool_torch_plugin() {
+  static const ckpt::torch_plugin_api api = [] {
+    ckpt::torch_plugin_api a;
+    a.torch_version = TORCH_VERSION;
+#ifdef CKPTOOL_WITH_CUDA
+    a.has_cuda = true;
+#else
+    a.has_cuda = false;
+#endif
+    a.inspect_torchscript = &ckpt::inspect_torchscript;
+    a.run_on_meta = &ckpt::run_on_meta;
+    return a;
+  }();
+  return &api;
+}
