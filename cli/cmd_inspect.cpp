@@ -52,11 +52,16 @@ void run_inspect(const inspect_options& o) {
   std::optional<ckpt::torchscript_info> ts;
   std::vector<ckpt::meta_output> outputs;
   if (c.format == ckpt::file_format::torchscript) {
-    ts = ckpt::torch_plugin().inspect_torchscript(o.file, *c.zip);
-    if (!o.inputs.empty()) {
-      std::vector<ckpt::input_spec> specs;
-      for (const auto& s : o.inputs) specs.push_back(parse_input(s));
-      outputs = ckpt::torch_plugin().run_on_meta(o.file, *c.zip, o.method, specs);
+    try {
+      ts = ckpt::torch_plugin().inspect_torchscript(o.file, *c.zip);
+      if (!o.inputs.empty()) {
+        std::vector<ckpt::input_spec> specs;
+        for (const auto& s : o.inputs) specs.push_back(parse_input(s));
+        outputs = ckpt::torch_plugin().run_on_meta(o.file, *c.zip, o.method, specs);
+      }
+    } catch (ckpt::error& e) {
+      e.with_file(o.file);
+      throw;
     }
   } else if (!o.inputs.empty()) {
     throw ckpt::error(ckpt::errc::usage, "--input needs a TorchScript model; " + o.file + " is " +
@@ -111,7 +116,7 @@ void run_inspect(const inspect_options& o) {
       }
     }
     // Keys may hold invalid UTF-8 (bytes decoded leniently): replace rather than fail.
-    std::cout << doc.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+    std::cout << ckpt::json_text(doc) << "\n";
   } else {
     print_inspect_text(std::cout, c, ts ? &*ts : nullptr, o.text);
     if (!o.inputs.empty()) print_meta_outputs(std::cout, o.method, outputs);

@@ -214,7 +214,9 @@ void print_inspect_text(std::ostream& out, const ckpt::checkpoint& c, const ckpt
   }
 
   out << "\n";
-  if (c.unsafe_globals.empty()) {
+  if (c.format == ckpt::file_format::safetensors) {
+    out << "no pickle: safetensors files hold no code\n";
+  } else if (c.unsafe_globals.empty()) {
     out << "unsafe globals: none (torch.load(weights_only=True) would accept the pickle's globals)\n";
   } else {
     out << "UNSAFE globals (torch.load(weights_only=False) would import and may run them):\n";

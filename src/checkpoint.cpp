@@ -157,7 +157,7 @@ void find_state_dict(checkpoint& c) {
 
 void summarize_entries(checkpoint& c) {
   const value* root = c.pickle ? c.pickle->root : nullptr;
-  if (!root || root->type != kind::dict || root == c.state_dict_node) return;
+  if (!root || root->type != kind::dict) return;
   std::unordered_set<const value*> tensor_nodes;
   for (const auto& t : c.tensors) tensor_nodes.insert(t.node);
   auto add_entries = [&](const value* d, value_path prefix) {
@@ -254,25 +254,37 @@ void read_safetensors(checkpoint& c, const open_options& opt) {
   c.state_dict = value_path{};
 }
 
-[[noreturn]] void refuse_bare_pickle(checkpoint& c, const open_options& opt) {
-  std::string globals;
+[[noreturn]] void refuse_bare_pickle(checkpoint& c, const open_options& opt, bool certain) {
+  std::vector<std::string> seen;
+  std::string parse_problem;
   try {
     uint64_t n = std::min<uint64_t>(c.source->size(), opt.pickle_limits.max_pickle_bytes);
     auto bytes = c.source->read_vector(0, size_t(n));
     pickle::parse_options po;
     po.lim = opt.pickle_limits;
     po.require_eof = false;
-    auto doc = pickle::parse(bytes.data(), bytes.size(), po);
-    std::set<std::string> names;
-    for (const value& v : doc.nodes())
-      if (v.type == kind::global) names.insert(v.global_name());
-    for (const auto& n : names) globals += (globals.empty() ? "" : ", ") + n;
-  } catch (const error&) {
-    // A broken pickle is still refused below; the globals are only a courtesy.
+    po.globals_seen = &seen;
+    pickle::parse(bytes.data(), bytes.size(), po);
+  } catch (const error& e) {
+    // A broken pickle is refused all the same; what it imported before the break is the
+    // useful part (security.md P5).
+    parse_problem = e.message();
   }
-  throw error(errc::unsupported,
-              "bare pickle stream, not a PyTorch checkpoint (torch.load refuses it; unpickling it can run code)" +
-                  (globals.empty() ? std::string() : "; globals: " + globals));
+  if (!certain && seen.empty() && !parse_problem.empty()) detail::throw_unrecognized(*c.source);
+  std::set<std::string> unsafe, safe;
+  for (const auto& g : seen) {
+    size_t dot = g.rfind('.');
+    bool ok = dot != std::string::npos && is_weights_only_safe_global(g.substr(0, dot), g.substr(dot + 1));
+    (ok ? safe : unsafe).insert(g);
+  }
+  std::string msg = "bare pickle stream, not a PyTorch checkpoint (torch.load refuses it; unpickling it can run code)";
+  if (!unsafe.empty()) {
+    msg += "; unsafe globals: ";
+    size_t i = 0;
+    for (const auto& g : unsafe) msg += (i++ ? ", " : "") + g;
+  }
+  if (!parse_problem.empty()) msg += "; the pickle is also malformed: " + parse_problem;
+  throw error(errc::unsupported, msg);
 }
 
 }  // namespace
@@ -340,7 +352,9 @@ checkpoint open_checkpoint(std::unique_ptr<byte_source> src, const open_options&
         read_safetensors(c, options);
         break;
       case detail::sniffed::bare_pickle:
-        refuse_bare_pickle(c, options);
+        refuse_bare_pickle(c, options, true);
+      case detail::sniffed::maybe_pickle:
+        refuse_bare_pickle(c, options, false);
     }
     if (c.format != file_format::safetensors && c.format != file_format::torchscript) {
       find_state_dict(c);

@@ -29,15 +29,10 @@ bool starts_with(const uint8_t* p, size_t n, const char* magic, size_t m) {
   return n >= m && std::memcmp(p, magic, m) == 0;
 }
 
-// Protocol 0/1 pickles have no PROTO opcode; the usual malicious ones open with a GLOBAL
-// ("cos\nsystem\n") or a MARK then INST/GLOBAL. Only these shapes are claimed as pickles.
-bool looks_like_protocol0_pickle(const uint8_t* p, size_t n) {
-  size_t i = 0;
-  while (i < n && p[i] == '(') ++i;
-  if (i >= n || (p[i] != 'c' && p[i] != 'i')) return false;
-  size_t start = ++i;
-  while (i < n && (std::isalnum(p[i]) || p[i] == '_' || p[i] == '.')) ++i;
-  return i > start && i < n && p[i] == '\n';
+// Protocol 0/1 pickles have no PROTO opcode and may start with almost any opcode.
+bool starts_like_protocol0_pickle(const uint8_t* p, size_t n) {
+  static const char kFirstOpcodes[] = "(cdilpgqtIFLSVNUX}])0GJKMTBC";
+  return n > 0 && p[0] != 0 && std::strchr(kFirstOpcodes, p[0]) != nullptr;
 }
 
 }  // namespace
@@ -74,7 +69,14 @@ sniffed sniff_format(const byte_source& src) {
   if (starts_with(head, n, "\x93NUMPY", 6))
     throw error(errc::unsupported, "NumPy .npy array, not a PyTorch checkpoint");
   if (head[0] == 0x80 && n >= 2 && head[1] <= 5) return sniffed::bare_pickle;
-  if (looks_like_protocol0_pickle(head, n)) return sniffed::bare_pickle;
+  if (starts_like_protocol0_pickle(head, n)) return sniffed::maybe_pickle;
+  throw_unrecognized(src);
+}
+
+void throw_unrecognized(const byte_source& src) {
+  uint8_t head[8] = {};
+  size_t n = size_t(std::min<uint64_t>(sizeof head, src.size()));
+  src.read_exact(0, head, n);
   throw error(errc::unsupported, "unrecognized format (first bytes: " + hex_prefix(head, n) +
                                      "): not a torch.save, TorchScript or safetensors file");
 }

@@ -494,6 +494,7 @@ value* machine::make_global(std::string module, std::string name) {
   // names are legal; torch's UnpicklerWrapper always maps its moved module.
   if (proto_ < 3) detail::python2_to_3(&module, &name);
   if (module == "torch.tensor") module = "torch._tensor";
+  if (options_.globals_seen) options_.globals_seen->push_back(module + "." + name);
   value* g = make(kind::global);
   g->items = {make_str(std::move(module)), make_str(std::move(name))};
   return g;

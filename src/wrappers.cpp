@@ -43,8 +43,10 @@ std::map<std::string, size_t> count_wrappers(const std::vector<std::string>& key
   for (const auto& key : keys) {
     auto segments = split_key(key);
     std::set<std::string_view> seen;
+    // A leading "model." is counted nowhere: it is as often the model's own attribute name
+    // (Hugging Face's LlamaForCausalLM.model) as a LightningModule's.
     for (size_t i = 0; i < segments.size(); ++i)
-      if (is_wrapper_segment(segments, i)) seen.insert(segments[i]);
+      if (is_wrapper_segment(segments, i) && segments[i] != "model") seen.insert(segments[i]);
     for (auto s : seen) counts[std::string(s) + "."]++;
   }
   return counts;

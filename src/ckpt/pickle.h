@@ -112,6 +112,10 @@ struct parse_options {
   uint64_t base_offset = 0;
   /// Require that STOP is the last byte (true for data.pkl; false when pickles are stacked).
   bool require_eof = true;
+  /// When set, receives "module.name" of every global as it is met, so a caller can still
+  /// name what a pickle imports when the pickle breaks later: CPython would already have
+  /// imported (and maybe run) those before reaching the break (security.md P5).
+  std::vector<std::string>* globals_seen = nullptr;
 };
 
 /// Decodes one pickle from `data`. Throws ckpt::error (corrupt / unsupported / limit) with

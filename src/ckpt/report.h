@@ -20,3 +20,12 @@ nlohmann::json path_json(const value_path& path);
 std::vector<std::string> tensor_keys(const checkpoint& c);
 
 }  // namespace ckpt
+
+namespace ckpt {
+
+/// Serializes `doc` as JSON text. Strings from pickles may hold lone surrogates (kept as
+/// WTF-8, as CPython keeps them in str); they come out as "\udcXX" escapes, which is how
+/// Python's json module writes such strings, instead of being replaced.
+std::string json_text(const nlohmann::json& doc, int indent = 2);
+
+}  // namespace ckpt

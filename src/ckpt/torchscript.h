@@ -82,9 +82,15 @@ struct meta_output {
 };
 
 /// Loads on meta, calls `method` with meta tensors of the given shapes and dtypes, and
-/// reports what it returns. Throws ckpt::error: usage when the method does not exist or
-/// rejects the inputs (wrong count, mismatched shapes); unsupported when an operator has
-/// no meta kernel or needs tensor values (data-dependent control flow, .item()).
+/// reports what it returns. The module runs in the mode it was saved in (its training
+/// flag), without autograd. `method` may also name a TorchScript overload set
+/// ("forward" of a scripted nn.LSTM is stored as forward__0/forward__1): the first
+/// overload that takes the given tensors is used. Operators whose meta kernels exist only
+/// in Python are supplied by src/torch/meta_kernels.cpp (convolution, batch norm,
+/// index_select, where, relu, ...). Throws ckpt::error: usage when the method does not
+/// exist or rejects the inputs (wrong count, mismatched shapes); unsupported when an
+/// operator still has no meta kernel or needs tensor values (data-dependent control
+/// flow, .item(), nonzero).
 std::vector<meta_output> run_on_meta(const std::string& path, const zip::archive& ar,
                                      const std::string& method,
                                      const std::vector<input_spec>& inputs);

@@ -21,7 +21,7 @@ std::vector<std::string_view> split_key(std::string_view key);
 bool is_wrapper_segment(const std::vector<std::string_view>& segments, size_t i);
 
 /// For each wrapper segment ("_orig_mod.", ...), how many keys contain it. Zero counts are
-/// left out.
+/// left out, and so is a leading "model." (ambiguous: see count_wrappers).
 std::map<std::string, size_t> count_wrappers(const std::vector<std::string>& keys);
 
 }  // namespace ckpt

@@ -30,11 +30,12 @@ struct byte_range {
 };
 
 // Serves the file to PyTorchStreamReader, except for reads of the stored data/ and
-// constants/ records: those it reports as done but leaves the destination untouched. LibTorch reads each storage into a fresh CPU allocation and immediately moves
-// it to meta (unpickler.cpp, BINPERSID), so the bytes are never looked at; the allocation
-// stays untouched virtual memory, and nothing is read from disk. This relies on PyTorch's
-// miniz being built with MINIZ_DISABLE_ZIP_READER_CRC32_CHECKS (it is, in every release
-// since 1.x), otherwise the loader would checksum the garbage and refuse it.
+// constants/ records: those it reports as done but leaves the destination untouched.
+// LibTorch reads each storage into a fresh CPU allocation and immediately moves it to meta
+// (unpickler.cpp, BINPERSID), so the bytes are never looked at; the allocation stays
+// untouched virtual memory, and nothing is read from disk. This relies on PyTorch's miniz
+// being built with MINIZ_DISABLE_ZIP_READER_CRC32_CHECKS (it is, in every release since
+// 1.x); otherwise the loader would checksum the skipped bytes and refuse them.
 class skipping_adapter final : public caffe2::serialize::ReadAdapterInterface {
  public:
   skipping_adapter(const byte_source& src, std::vector<byte_range> skip)
@@ -101,8 +102,9 @@ bool contains(std::string_view s, std::string_view part) {
 
 // LibTorch messages span many lines (TorchScript tracebacks, source excerpts, suggestions);
 // the CLI prints one. The interpreter wraps an operator's failure as
-// "The following operation failed ...\nTraceback ...\n<Class>Error: <message>", so the
-// line that matters is the last "...Error: " one; otherwise it is the first line.
+// "The following operation failed ...\nTraceback ...\n<Class>Error: <message>", where the
+// traceback lines are indented, so the line that matters is the first unindented
+// "...Error: " one; otherwise it is the first line.
 std::string condense(std::string_view msg) {
   constexpr size_t kMaxChars = 400;
   std::string_view line;
@@ -110,7 +112,8 @@ std::string condense(std::string_view msg) {
     size_t pos = 0;
     while (pos < msg.size()) {
       size_t nl = msg.find('\n', pos);
-      std::string_view l = msg.substr(pos, nl == std::string_view::npos ? std::string_view::npos : nl - pos);
+      std::string_view l =
+          msg.substr(pos, nl == std::string_view::npos ? std::string_view::npos : nl - pos);
       size_t colon = l.find("Error: ");
       if (colon != std::string_view::npos && l.find(' ') > colon) {
         line = l.substr(colon + 7);
@@ -375,11 +378,13 @@ void flatten(const c10::IValue& v, const std::string& path, std::vector<meta_out
   if (v.isTuple()) {
     const auto& elems = v.toTupleRef().elements();
     if (elems.empty()) return leaf();
-    for (size_t i = 0; i < elems.size(); ++i) flatten(elems[i], join_path(path, std::to_string(i)), out);
+    for (size_t i = 0; i < elems.size(); ++i)
+      flatten(elems[i], join_path(path, std::to_string(i)), out);
   } else if (v.isList()) {
     auto list = v.toList();
     if (list.empty()) return leaf();
-    for (size_t i = 0; i < list.size(); ++i) flatten(list.get(i), join_path(path, std::to_string(i)), out);
+    for (size_t i = 0; i < list.size(); ++i)
+      flatten(list.get(i), join_path(path, std::to_string(i)), out);
   } else if (v.isGenericDict()) {
     auto dict = v.toGenericDict();
     if (dict.empty()) return leaf();
@@ -512,17 +517,17 @@ std::vector<meta_output> run_on_meta(const std::string& path, const zip::archive
                                  (names.empty() ? std::string("none") : names) + ")")
         .with_file(path);
   }
-  std::vector<c10::IValue> args;
-  args.reserve(inputs.size());
-  for (const auto& in : inputs) {
+  for (const auto& in : inputs)
     for (int64_t d : in.shape)
-      if (d < 0) throw error(errc::usage, "negative input dimension " + std::to_string(d));
-    args.emplace_back(at::empty(in.shape, at::TensorOptions()
-                                              .dtype(to_scalar_type(in.type))
-                                              .device(c10::kMeta)));
-  }
+      if (d < 0)
+        throw error(errc::usage, "negative input dimension " + std::to_string(d)).with_file(path);
   detail::ensure_meta_kernels();
   return translate_errors(path, stage::run, method + " on meta inputs: ", nullptr, [&]() {
+    std::vector<c10::IValue> args;
+    args.reserve(inputs.size());
+    for (const auto& in : inputs)
+      args.emplace_back(at::empty(
+          in.shape, at::TensorOptions().dtype(to_scalar_type(in.type)).device(c10::kMeta)));
     torch::NoGradGuard no_grad;
     // The optimizing executor profiles and specializes graphs for real devices; on meta
     // inputs that is wasted work at best, so run the plain interpreter.

