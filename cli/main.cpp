@@ -9,6 +9,7 @@
 
 #include "ckpt/error.h"
 #include "cmd_inspect.h"
+#include "cmd_rekey.h"
 #include "common.h"
 
 int main(int argc, char** argv) {
@@ -21,6 +22,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.fallthrough(false);
   cli::setup_inspect(app);
+  cli::setup_rekey(app);
 
   try {
     app.parse(argc, argv);

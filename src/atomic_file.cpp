@@ -11,6 +11,8 @@
 #include <cstring>
 #include <mutex>
 #include <random>
+#include <vector>
+#include <algorithm>
 
 #include "ckpt/error.h"
 
@@ -86,6 +88,10 @@ int rename(const char* from, const char* to) {
   if (inject(kRename)) return -1;
   return ::rename(from, to);
 }
+ssize_t copy_file_range(int fd_in, off_t* off_in, int fd_out, off_t* off_out, size_t n) {
+  if (inject(kWrite)) return -1;
+  return ::copy_file_range(fd_in, off_in, fd_out, off_out, n, 0);
+}
 int close(int fd) {
   if (inject(kClose)) {
     ::close(fd);  // the descriptor is gone either way, as with a real failed close
@@ -146,6 +152,39 @@ void write_all(int fd, const void* buf, size_t n, const std::string& what) {
     }
     p += w;
     n -= size_t(w);
+  }
+}
+
+void copy_range(int in_fd, uint64_t offset, uint64_t n, int out_fd, const std::string& what) {
+  bool kernel = true;
+  std::vector<uint8_t> buf;
+  while (n > 0) {
+    size_t chunk = size_t(std::min<uint64_t>(n, 64ull << 20));
+    if (kernel) {
+      off_t in = off_t(offset);
+      ssize_t got = sys::copy_file_range(in_fd, &in, out_fd, nullptr, chunk);
+      if (got > 0) {
+        offset += uint64_t(got);
+        n -= uint64_t(got);
+        continue;
+      }
+      if (got < 0 && errno == EINTR) continue;
+      if (got < 0 && errno != EXDEV && errno != EINVAL && errno != ENOSYS && errno != EOPNOTSUPP &&
+          errno != EBADF && errno != EPERM)
+        io_fail("copy failed", what, errno);
+      kernel = false;  // not supported here, or the source ended: let the buffered path tell
+    }
+    if (buf.empty()) buf.resize(1 << 20);
+    size_t want = std::min(chunk, buf.size());
+    ssize_t got = ::pread(in_fd, buf.data(), want, off_t(offset));
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      io_fail("read failed", what, errno);
+    }
+    if (got == 0) throw error(errc::corrupt, "input ended while copying", offset).with_file(what);
+    write_all(out_fd, buf.data(), size_t(got), what);
+    offset += uint64_t(got);
+    n -= uint64_t(got);
   }
 }
 

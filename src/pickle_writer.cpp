@@ -21,6 +21,7 @@ namespace {
 
 constexpr size_t kBatchSize = 1000;  // pickle.py _BATCHSIZE
 constexpr int kMaxDepth = 10000;
+constexpr size_t kMaxNameLinks = 100;  // dots in one global's qualified name
 
 // Kinds CPython never memoizes (immutable; identity does not matter to Python code). A
 // node of these kinds gets a memo slot only when the tree shares it, so sharing that a
@@ -228,12 +229,17 @@ class writer {
     if (auto it = named_memo_.find(key); it != named_memo_.end()) return get(it->second);
     if (attr.find('.') == std::string_view::npos) return save_plain_global(module_name, attr, key);
     // Below protocol 4 a nested name a.b.c is spelled getattr(getattr(a, 'b'), 'c').
-    // CPython recurses through the parents; this emits the same bytes in a loop, so a
-    // name with a million dots cannot exhaust the stack: one getattr per link not yet in
-    // the memo, the deepest memoized parent (or the top-level name), then each link.
+    // CPython recurses through the parents; this emits the same bytes in a loop: one
+    // getattr per link not yet in the memo, the deepest memoized parent (or the top-level
+    // name), then each link.
     std::vector<size_t> dots;
     for (size_t i = 0; i < attr.size(); ++i)
       if (attr[i] == '.') dots.push_back(i);
+    // Every link is memoized under its own prefix, so the names cost quadratic memory.
+    if (dots.size() > kMaxNameLinks)
+      throw_unsupported("cannot write global '" + std::string(module_name) + "." +
+                        std::string(attr.substr(0, 80)) + "...': nested more than " +
+                        std::to_string(kMaxNameLinks) + " levels");
     size_t base = 0;  // links 0..base-1 are already spelled by a memoized parent
     for (size_t k = dots.size(); k-- > 0;) {
       std::string parent = std::string(module_name) + '\n' + std::string(attr.substr(0, dots[k]));

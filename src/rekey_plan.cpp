@@ -87,10 +87,32 @@ std::string apply_op(const key_op& op, const std::string& key) {
       return std::regex_replace(key, *op.pattern, op.replacement);
     case key_op::map: {
       auto it = op.mapping.find(key);
-      return it == op.mapping.end() ? key : it->second;
+      if (it != op.mapping.end()) return it->second;
+      size_t dot = key.rfind('.');
+      auto mod = op.module_mapping.find(dot == std::string::npos ? std::string() : key.substr(0, dot));
+      if (mod == op.module_mapping.end()) return key;
+      std::string leaf = dot == std::string::npos ? key : key.substr(dot + 1);
+      return mod->second.empty() ? leaf : mod->second + "." + leaf;
     }
   }
   return key;
+}
+
+key_op make_map_op(std::map<std::string, std::string> mapping, std::string origin) {
+  key_op op{key_op::map, std::move(origin), {}, nullptr, std::move(mapping), {}};
+  auto module_of = [](const std::string& k) {
+    size_t dot = k.rfind('.');
+    return dot == std::string::npos ? std::string() : k.substr(0, dot);
+  };
+  std::set<std::string> conflicting;
+  for (const auto& [old_key, new_key] : op.mapping) {
+    std::string from = module_of(old_key), to = module_of(new_key);
+    auto [it, fresh] = op.module_mapping.emplace(from, to);
+    if (!fresh && it->second != to) conflicting.insert(from);
+  }
+  // A module whose tensors went to different places has no single new path.
+  for (const auto& m : conflicting) op.module_mapping.erase(m);
+  return op;
 }
 
 std::string apply_op_to_module_path(const key_op& op, const std::string& path) {
@@ -98,7 +120,10 @@ std::string apply_op_to_module_path(const key_op& op, const std::string& path) {
   // leaf again, so "_orig_mod" becomes "" under --strip-compiled, as
   // torch.nn.modules.utils.consume_prefix_in_state_dict_if_present does.
   static const std::string kLeaf = "\x01leaf";
-  if (op.kind == key_op::map) return path;  // a key map names tensors, not modules
+  if (op.kind == key_op::map) {
+    auto it = op.module_mapping.find(path);
+    return it == op.module_mapping.end() ? path : it->second;
+  }
   std::string edited = apply_op(op, path.empty() ? kLeaf : path + "." + kLeaf);
   if (edited.size() < kLeaf.size() || edited.compare(edited.size() - kLeaf.size(), kLeaf.size(), kLeaf) != 0)
     return path;  // the edit consumed the leaf: leave the module path alone

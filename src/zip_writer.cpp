@@ -3,6 +3,8 @@
 // torch.save archive copied record by record comes out byte-identical.
 #include "ckpt/zip_writer.h"
 
+#include "ckpt/sys_io.h"
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -165,9 +167,9 @@ void writer::add_record_copy(std::string_view record, int src_fd, uint64_t src_o
 // cross-device on old kernels, special files, unsupported file systems).
 void writer::copy_range_in_kernel(int src_fd, uint64_t& src_offset, uint64_t& left) {
   while (left > 0) {
-    loff_t in = loff_t(src_offset);
+    off_t in = off_t(src_offset);
     const ssize_t n =
-        ::copy_file_range(src_fd, &in, fd_, nullptr, size_t(std::min<uint64_t>(left, kCopyChunk)), 0);
+        sys::copy_file_range(src_fd, &in, fd_, nullptr, size_t(std::min<uint64_t>(left, kCopyChunk)));
     if (n < 0) {
       if (errno == EINTR) continue;
       if (errno == EXDEV || errno == EINVAL || errno == ENOSYS || errno == EOPNOTSUPP ||
@@ -314,7 +316,7 @@ void writer::flush() {
 void writer::write_fully(const void* data, size_t n) {
   const auto* p = static_cast<const uint8_t*>(data);
   while (n > 0) {
-    const ssize_t w = ::write(fd_, p, n);
+    const ssize_t w = sys::write(fd_, p, n);
     if (w < 0) {
       if (errno == EINTR) continue;
       fail_io("write failed", errno);

@@ -14,27 +14,19 @@
 #include <cstdint>
 #include <string>
 
+#include "ckpt/sys_io.h"
+
 namespace ckpt {
 
-/// The system calls the writers make, in one place so failures can be injected.
-namespace sys {
-int open(const char* path, int flags, mode_t mode);
-ssize_t write(int fd, const void* buf, size_t n);
-ssize_t pwrite(int fd, const void* buf, size_t n, off_t offset);
-int fsync(int fd);
-int rename(const char* from, const char* to);
-int close(int fd);
-/// The next fsync() is the directory's (so "dirfsync" faults can target it).
-void mark_next_fsync_as_directory();
-/// Counts calls per operation and fails the Nth of one kind with the given errno, when
-/// CKPTOOL_FAULT_INJECT="OP:N:ERRNO" is set (OP: open, write, fsync, rename, dirfsync,
-/// close; ERRNO: ENOSPC, EIO, ...). Read once, at first use.
-void load_fault_injection_from_env();
-}  // namespace sys
 
 /// Writes `buf` fully to `fd` (retrying short writes and EINTR) or throws errc::io naming
 /// `what`.
 void write_all(int fd, const void* buf, size_t n, const std::string& what);
+
+/// Copies `n` bytes at `offset` of `in_fd` to the current position of `out_fd`, in the
+/// kernel where it can (copy_file_range), else through a buffer. Throws errc::io naming
+/// `what`, or errc::corrupt when the input ends early.
+void copy_range(int in_fd, uint64_t offset, uint64_t n, int out_fd, const std::string& what);
 
 class atomic_output {
  public:

@@ -21,6 +21,9 @@ struct key_op {
   std::string replacement; // rename: the replacement (ECMAScript $1 syntax)
   std::shared_ptr<std::regex> pattern;        // rename
   std::map<std::string, std::string> mapping; // map: old -> new
+  // map: module path -> module path, derived from `mapping` (derive_module_mapping), so keys
+  // that are not tensors (`_extra_state`) and `_metadata` entries follow their tensors.
+  std::map<std::string, std::string> module_mapping;
   /// "--strip-compiled", "--rename 'a=b'": how the user spelled it, for reports.
   std::string describe() const;
 };
@@ -28,6 +31,9 @@ struct key_op {
 /// Parses "--rename REGEX=REPLACEMENT" (split at the first '=' not inside the regex's
 /// brackets is not attempted: the first '=' separates). Throws errc::usage on a bad regex.
 key_op make_rename_op(const std::string& spec);
+
+/// A map operation from old -> new key pairs, with its module mapping derived.
+key_op make_map_op(std::map<std::string, std::string> mapping, std::string origin);
 
 /// Applies one operation to a state-dict key. Returns the key unchanged when the
 /// operation does not apply to it.

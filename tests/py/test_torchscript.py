@@ -8,7 +8,6 @@ prints ckpt::inspect_torchscript / ckpt::run_on_meta results as JSON.
 import json
 import os
 import subprocess
-import warnings
 import zipfile
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
@@ -21,11 +20,13 @@ import torch.nn.functional as F
 BUILD_DIR = os.environ.get("CKPTOOL_BUILD_DIR")
 TOOL = Path(BUILD_DIR) / "tests" / "ts_inspect" if BUILD_DIR else None
 
-pytestmark = pytest.mark.skipif(TOOL is None, reason="CKPTOOL_BUILD_DIR not set (run through ctest)")
-
-warnings.filterwarnings("ignore", category=UserWarning)
-warnings.filterwarnings("ignore", category=DeprecationWarning)
-warnings.filterwarnings("ignore", category=FutureWarning)
+pytestmark = [
+    pytest.mark.skipif(TOOL is None, reason="CKPTOOL_BUILD_DIR not set (run through ctest)"),
+    # torch.jit.load is deprecated in favour of torch.export; scripting warns about style.
+    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+    pytest.mark.filterwarnings("ignore::UserWarning"),
+    pytest.mark.filterwarnings("ignore::FutureWarning"),
+]
 
 
 def run_tool(*args: str, expect_rc: int = 0) -> dict:

@@ -6,7 +6,8 @@
 //   ts_inspect FILE --plain-load                      -> torch::jit::load(FILE, meta), for comparison
 //
 // Every mode adds "process": {rchar, max_rss_kb, max_rss_before_kb, wall_s} (rchar: the
-// /proc/self/io delta over the operation; max_rss_before_kb: the peak before it started). Errors: {"error": kind, "message": one line}, exit code as the CLI's.
+// /proc/self/io delta over the operation; max_rss_before_kb: the peak before it started).
+// Errors: {"error": kind, "message": one line}, exit code as the CLI's.
 #include <sys/resource.h>
 
 #include <chrono>

@@ -1,0 +1,220 @@
+#include "cmd_rekey.h"
+
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <memory>
+#include <sstream>
+
+#include <spdlog/spdlog.h>
+
+#include "ckpt/atomic_file.h"
+#include "ckpt/error.h"
+#include "ckpt/rekey_file.h"
+#include "ckpt/report.h"
+#include "ckpt/torch_plugin.h"
+#include "common.h"
+
+namespace cli {
+namespace {
+
+struct rekey_options {
+  std::string input, output;
+  bool dry_run = false, json = false, force = false, keep_unsafe = false, drop_unsafe = false;
+  std::string save_map;
+  ckpt::open_options reader;
+  CLI::App* cmd = nullptr;
+  // Option objects whose occurrences, in command-line order, are the operations.
+  CLI::Option *strip_compiled, *strip_wrappers, *strip_prefix, *add_prefix, *add_compiled, *rename, *map, *match;
+};
+
+std::string read_text_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw ckpt::error(ckpt::errc::io, "cannot read").with_file(path);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+std::vector<ckpt::keyed_tensor> keyed_tensors(const ckpt::checkpoint& c) {
+  std::vector<ckpt::keyed_tensor> out;
+  for (auto& [key, i] : c.state_dict_tensors()) out.push_back({key, c.tensors[i].type, c.tensors[i].shape});
+  return out;
+}
+
+// --match TARGET: the TorchScript model's parameters and buffers, or another checkpoint's
+// state dict.
+std::vector<ckpt::keyed_tensor> target_tensors(const std::string& path, const ckpt::open_options& reader) {
+  ckpt::checkpoint t = ckpt::open_checkpoint(path, reader);
+  if (t.format != ckpt::file_format::torchscript) {
+    if (!t.state_dict) throw ckpt::error(ckpt::errc::unsupported, "--match: no state dict found").with_file(path);
+    return keyed_tensors(t);
+  }
+  ckpt::torchscript_info ts;
+  try {
+    ts = ckpt::torch_plugin().inspect_torchscript(path, *t.zip);
+  } catch (ckpt::error& e) {
+    e.with_file(path);
+    throw;
+  }
+  std::vector<ckpt::keyed_tensor> out;
+  for (const auto* list : {&ts.parameters, &ts.buffers})
+    for (const auto& p : *list) {
+      auto type = ckpt::dtype_from_name(p.dtype);
+      if (type) out.push_back({p.name, *type, p.shape});
+    }
+  return out;
+}
+
+ckpt::key_op match_op(const ckpt::checkpoint& c, const std::string& target, const std::vector<ckpt::key_op>& so_far,
+                      const ckpt::open_options& reader) {
+  std::vector<ckpt::keyed_tensor> source = keyed_tensors(c);
+  for (auto& t : source)
+    for (const auto& op : so_far) t.key = ckpt::apply_op(op, t.key);
+  ckpt::match_result m = ckpt::match_keys(source, target_tensors(target, reader));
+  auto first = [](const std::vector<std::string>& v) {
+    std::string s;
+    for (size_t i = 0; i < v.size() && i < 5; ++i) s += (i ? ", " : "") + v[i];
+    return v.size() > 5 ? s + ", ..." : s;
+  };
+  if (!m.ambiguity.empty())
+    throw ckpt::error(ckpt::errc::check_failed, "--match " + target + ": ambiguous, refusing: " + m.ambiguity).with_file(c.path);
+  if (!m.ok)
+    throw ckpt::error(ckpt::errc::check_failed,
+                      "--match " + target + ": no wrapper-segment edit makes the keys equal (" +
+                          std::to_string(m.missing.size()) + " model keys unmatched: " + first(m.missing) + "; " +
+                          std::to_string(m.unexpected.size()) + " checkpoint keys unmatched: " + first(m.unexpected) + ")")
+        .with_file(c.path);
+  if (!m.shape_mismatches.empty())
+    throw ckpt::error(ckpt::errc::check_failed, "--match " + target + ": keys align but shapes differ: " + first(m.shape_mismatches))
+        .with_file(c.path);
+  for (const auto& d : m.dtype_mismatches) spdlog::warn("--match: dtype differs: {}", d);
+  spdlog::info("--match {}: edit chosen: {}", target, m.edit);
+  std::map<std::string, std::string> mapping(m.mapping.begin(), m.mapping.end());
+  return ckpt::make_map_op(std::move(mapping), "--match " + target + " (" + m.edit + ")");
+}
+
+std::vector<ckpt::key_op> ops_in_order(const rekey_options& o, const ckpt::checkpoint& c) {
+  std::vector<ckpt::key_op> ops;
+  std::map<const CLI::Option*, size_t> used;
+  for (const CLI::Option* opt : o.cmd->parse_order()) {
+    size_t i = used[opt]++;
+    auto arg = [&] { return opt->results().at(i); };
+    if (opt == o.strip_compiled) ops.push_back({ckpt::key_op::strip_compiled});
+    else if (opt == o.strip_wrappers) ops.push_back({ckpt::key_op::strip_wrappers});
+    else if (opt == o.strip_prefix) ops.push_back({ckpt::key_op::strip_prefix, arg()});
+    else if (opt == o.add_prefix) ops.push_back({ckpt::key_op::add_prefix, arg()});
+    else if (opt == o.add_compiled) ops.push_back({ckpt::key_op::add_compiled, arg()});
+    else if (opt == o.rename) ops.push_back(ckpt::make_rename_op(arg()));
+    else if (opt == o.map) ops.push_back(ckpt::make_map_op(ckpt::mapping_from_json(read_text_file(arg()), arg()), arg()));
+    else if (opt == o.match) ops.push_back(match_op(c, arg(), ops, o.reader));
+  }
+  return ops;
+}
+
+void run_rekey(const rekey_options& o) {
+  if (!o.dry_run && o.output.empty()) throw ckpt::error(ckpt::errc::usage, "rekey needs -o OUT (or --dry-run)");
+  if (o.keep_unsafe && o.drop_unsafe) throw ckpt::error(ckpt::errc::usage, "--keep-unsafe and --drop-unsafe exclude each other");
+  if (!o.dry_run) ckpt::refuse_overwriting_input(o.input, o.output, o.force);
+
+  ckpt::checkpoint c = ckpt::open_checkpoint(o.input, o.reader);
+  ckpt::rekey_request req;
+  req.ops = ops_in_order(o, c);
+  if (req.ops.empty()) throw ckpt::error(ckpt::errc::usage, "no operation given (see ckptool rekey --help)");
+  req.dry_run = o.dry_run;
+  req.output = o.output;
+  req.unsafe = o.keep_unsafe ? ckpt::unsafe_policy::keep : o.drop_unsafe ? ckpt::unsafe_policy::drop : ckpt::unsafe_policy::refuse;
+  ckpt::rekey_result r = ckpt::rekey_file(c, req);
+
+  for (const auto& op : r.plan.unused_ops) spdlog::warn("{} changed no key (a typo?)", op);
+  for (const auto& d : r.dropped) spdlog::warn("--drop-unsafe removed entry {}", d);
+  if (!o.save_map.empty()) {
+    ckpt::atomic_output map_out(o.save_map);
+    std::string text = ckpt::mapping_to_json(r.plan.mapping);
+    map_out.write(text.data(), text.size());
+    map_out.commit();
+  }
+
+  if (o.json) {
+    nlohmann::json doc;
+    doc["input"] = o.input;
+    doc["output"] = o.dry_run ? nlohmann::json(nullptr) : nlohmann::json(o.output);
+    doc["dry_run"] = o.dry_run;
+    nlohmann::json ops = nlohmann::json::array();
+    for (const auto& op : req.ops) ops.push_back(op.describe());
+    doc["operations"] = ops;
+    nlohmann::json mapping = nlohmann::json::array();
+    for (auto& [from, to] : r.plan.mapping) mapping.push_back({{"old", from}, {"new", to}});
+    doc["mapping"] = mapping;
+    doc["changed"] = r.plan.changed;
+    doc["unused_operations"] = r.plan.unused_ops;
+    doc["mirrored_dicts"] = r.mirrored_dicts;
+    doc["metadata_renamed"] = r.metadata_renamed;
+    doc["dropped"] = r.dropped;
+    doc["bytes_written"] = r.bytes_written;
+    std::cout << ckpt::json_text(doc) << "\n";
+  } else {
+    size_t width = 3;
+    for (auto& [from, to] : r.plan.mapping)
+      if (from != to) width = std::max(width, std::min<size_t>(from.size(), 60));
+    if (o.dry_run || r.plan.changed <= 50) {
+      for (auto& [from, to] : r.plan.mapping)
+        if (from != to) std::cout << "  " << std::left << std::setw(int(width)) << from << "  ->  " << to << "\n";
+    }
+    std::cout << r.plan.changed << " of " << r.plan.mapping.size() << " keys renamed";
+    if (r.metadata_renamed) std::cout << ", " << r.metadata_renamed << " _metadata module paths";
+    if (!r.mirrored_dicts.empty()) std::cout << ", also in " << r.mirrored_dicts.size() << " mirroring dict(s)";
+    if (o.dry_run)
+      std::cout << " (dry run: nothing written)\n";
+    else
+      std::cout << "; wrote " << o.output << " (" << human_bytes(r.bytes_written) << ")\n";
+  }
+}
+
+}  // namespace
+
+void setup_rekey(CLI::App& app) {
+  auto o = std::make_shared<rekey_options>();
+  CLI::App* cmd = app.add_subcommand(
+      "rekey", "Strip, add or rename key segments (_orig_mod., module., ...) so compiled and uncompiled "
+               "checkpoints load into each other; everything else is kept exactly");
+  o->cmd = cmd;
+  cmd->add_option("IN", o->input, "torch.save zip archive or safetensors file")->required();
+  cmd->add_option("-o,--output", o->output, "Where to write the result (same format as IN)");
+  auto ops = "Operations (applied in the order given)";
+  o->strip_compiled = cmd->add_flag("--strip-compiled", "Remove every '_orig_mod.' segment (torch.compile)")
+                          ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)->group(ops);
+  o->strip_wrappers = cmd->add_flag("--strip-wrappers",
+                                    "Remove every wrapper segment: _orig_mod., a leading module. (DDP), "
+                                    "_fsdp_wrapped_module., _checkpoint_wrapped_module., _forward_module.")
+                          ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)->group(ops);
+  o->strip_prefix = cmd->add_option("--strip-prefix", "Remove this leading prefix where present")
+                        ->type_name("P")->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)->group(ops);
+  o->add_prefix = cmd->add_option("--add-prefix", "Add this prefix to every key")
+                      ->type_name("P")->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)->group(ops);
+  o->add_compiled = cmd->add_option("--add-compiled",
+                                    "Insert '_orig_mod.' after module path PATH ('' for the root), for a model "
+                                    "whose submodule PATH is compiled")
+                        ->type_name("PATH")->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)->group(ops);
+  o->rename = cmd->add_option("--rename", "ECMAScript regex replacement over whole keys ($1 for groups)")
+                  ->type_name("REGEX=REPLACEMENT")->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)->group(ops);
+  o->match = cmd->add_option("--match",
+                             "Align the keys to a TorchScript model or another checkpoint: find the wrapper-segment "
+                             "edit that makes the key sets equal, check shapes, apply it")
+                 ->type_name("TARGET")->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)->group(ops);
+  o->map = cmd->add_option("--map", "Apply a key map written by --save-map")
+               ->type_name("FILE")->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)->group(ops);
+  cmd->add_option("--save-map", o->save_map, "Write the applied old->new mapping as JSON")->type_name("FILE");
+  cmd->add_flag("--dry-run", o->dry_run, "Print the old -> new table and write nothing");
+  cmd->add_flag("--json", o->json, "Print the result as JSON");
+  cmd->add_flag("--force", o->force, "Allow OUT to be the input itself (still replaced atomically)");
+  cmd->add_flag("--keep-unsafe", o->keep_unsafe, "Keep entries naming unsafe globals as they are (never run)");
+  cmd->add_flag("--drop-unsafe", o->drop_unsafe, "Remove the top-level entries naming unsafe globals");
+  add_reader_flags(*cmd, o->reader);
+  cmd->callback([o] {
+    run_rekey(*o);
+    set_exit_code(0);
+  });
+}
+
+}  // namespace cli

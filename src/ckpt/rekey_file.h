@@ -1,0 +1,41 @@
+// `ckptool rekey` on a file: renames the state dict's keys (and, consistently, its
+// `_metadata` module paths and any other dict whose keys mirror the state-dict keys, such
+// as FQN-keyed optimizer state) and writes a new file of the same format. Everything else
+// is kept exactly: non-tensor entries, opaque objects, shared storages, strides, offsets,
+// and the tensor records, which are copied verbatim (copy_file_range) with their CRCs.
+// The output is written through atomic_output and re-read before it replaces anything.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "ckpt/checkpoint.h"
+#include "ckpt/rekey.h"
+
+namespace ckpt {
+
+enum class unsafe_policy { refuse, keep, drop };
+
+struct rekey_request {
+  std::vector<key_op> ops;
+  unsafe_policy unsafe = unsafe_policy::refuse;
+  bool dry_run = false;
+  std::string output;  // ignored for dry runs
+};
+
+struct rekey_result {
+  rekey_plan plan;                            // the state dict's keys, old -> new
+  std::vector<std::string> mirrored_dicts;    // other dicts renamed with it (paths)
+  size_t metadata_renamed = 0;                // `_metadata` module paths changed
+  std::vector<std::string> dropped;           // entries removed by --drop-unsafe (paths)
+  uint64_t bytes_written = 0;
+};
+
+/// Plans the renaming over `c` (opened with open_checkpoint) and, unless dry_run, writes
+/// the output. Throws ckpt::error: check_failed when two keys would get one name (the
+/// plan's collisions are listed in the message; nothing is written); unsafe when the pickle
+/// names unsafe globals and the policy is refuse; unsupported for TorchScript (names live
+/// in its code) and legacy files; io when writing fails (the output is left untouched).
+rekey_result rekey_file(checkpoint& c, const rekey_request& request);
+
+}  // namespace ckpt

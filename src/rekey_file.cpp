@@ -1,0 +1,331 @@
+#include "ckpt/rekey_file.h"
+
+#include <sys/stat.h>
+
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "ckpt/atomic_file.h"
+#include "ckpt/byteio.h"
+#include "ckpt/error.h"
+#include "ckpt/pickle_writer.h"
+#include "ckpt/zip_writer.h"
+
+namespace ckpt {
+namespace {
+
+using pickle::kind;
+using pickle::value;
+using renamer = std::function<std::string(const std::string&)>;
+
+struct renamers {
+  renamer key;
+  renamer module;
+};
+
+renamers from_ops(const std::vector<key_op>& ops) {
+  return {[&ops](const std::string& k) {
+            std::string out = k;
+            for (const auto& op : ops) out = apply_op(op, out);
+            return out;
+          },
+          [&ops](const std::string& m) {
+            std::string out = m;
+            for (const auto& op : ops) out = apply_op_to_module_path(op, out);
+            return out;
+          }};
+}
+
+std::vector<std::string> str_keys(const value* d) {
+  std::vector<std::string> keys;
+  for (size_t i = 0; i < d->dict_size(); ++i)
+    if (d->dict_key(i)->type == kind::str) keys.push_back(d->dict_key(i)->text);
+  return keys;
+}
+
+// Renames the str keys of dict `d` in place. New key nodes are made rather than edited:
+// a key's str node may be shared through the memo with other places in the pickle. When
+// two keys meet (only possible for `_metadata`), the later value wins in the earlier
+// position, as consume_prefix_in_state_dict_if_present does.
+size_t rename_keys(pickle::document& doc, value* d, const renamer& f) {
+  std::vector<value*> items;
+  std::unordered_map<std::string, size_t> position;
+  size_t changed = 0;
+  for (size_t i = 0; i < d->dict_size(); ++i) {
+    value* k = d->dict_key(i);
+    value* v = d->dict_value(i);
+    if (k->type == kind::str) {
+      std::string renamed = f(k->text);
+      if (renamed != k->text) {
+        ++changed;
+        value* fresh = doc.make(kind::str, k->offset);
+        fresh->text = renamed;
+        k = fresh;
+      }
+      auto [it, inserted] = position.emplace(k->text, items.size());
+      if (!inserted) {
+        items[it->second + 1] = v;
+        continue;
+      }
+    }
+    items.push_back(k);
+    items.push_back(v);
+  }
+  d->items = std::move(items);
+  return changed;
+}
+
+value* metadata_of(value* state_dict) {
+  value* st = state_dict->state;
+  if (!st || st->type != kind::dict) return nullptr;
+  for (size_t i = 0; i < st->dict_size(); ++i)
+    if (st->dict_key(i)->type == kind::str && st->dict_key(i)->text == "_metadata" &&
+        st->dict_value(i)->type == kind::dict)
+      return st->dict_value(i);
+  return nullptr;
+}
+
+// Other dicts keyed by the same names as the state dict (FQN-keyed optimizer state).
+void find_mirrors(value* v, const std::unordered_set<std::string>& sd_keys, const value* skip_a,
+                  const value* skip_b, std::unordered_set<const value*>& seen, std::string path,
+                  std::vector<std::pair<value*, std::string>>& out, int depth) {
+  if (!v || depth > 200 || !seen.insert(v).second) return;
+  auto child_path = [&](const value* k, size_t i) {
+    std::string step = k && k->type == kind::str ? k->text : std::to_string(i);
+    return path.empty() ? step : path + "/" + step;
+  };
+  switch (v->type) {
+    case kind::dict: {
+      if (v != skip_a && v != skip_b && v->dict_size() > 0) {
+        bool mirror = true;
+        for (size_t i = 0; i < v->dict_size() && mirror; ++i)
+          mirror = v->dict_key(i)->type == kind::str && sd_keys.count(v->dict_key(i)->text);
+        if (mirror) out.emplace_back(v, path);
+      }
+      for (size_t i = 0; i < v->dict_size(); ++i)
+        find_mirrors(v->dict_value(i), sd_keys, skip_a, skip_b, seen, child_path(v->dict_key(i), i), out, depth + 1);
+      if (v->state) find_mirrors(v->state, sd_keys, skip_a, skip_b, seen, path, out, depth + 1);
+      break;
+    }
+    case kind::list:
+    case kind::tuple:
+      for (size_t i = 0; i < v->items.size(); ++i)
+        find_mirrors(v->items[i], sd_keys, skip_a, skip_b, seen, child_path(nullptr, i), out, depth + 1);
+      break;
+    case kind::object:
+      if (v->state) find_mirrors(v->state, sd_keys, skip_a, skip_b, seen, path, out, depth + 1);
+      for (value* slot : v->items)
+        if (slot) find_mirrors(slot, sd_keys, skip_a, skip_b, seen, path, out, depth + 1);
+      break;
+    default:
+      break;
+  }
+}
+
+bool subtree_has_unsafe(const value* v, std::unordered_set<const value*>& seen, int depth) {
+  if (!v || depth > 10000 || !seen.insert(v).second) return false;
+  if (v->type == kind::global) return !is_weights_only_safe_global(v->global_module(), v->global_attr());
+  for (const value* c : v->items)
+    if (subtree_has_unsafe(c, seen, depth + 1)) return true;
+  return subtree_has_unsafe(v->state, seen, depth + 1);
+}
+
+std::vector<std::string> drop_unsafe_entries(checkpoint& c) {
+  std::vector<std::string> dropped;
+  auto drop_from = [&](value* d, const std::string& prefix) {
+    if (!d || d->type != kind::dict) return;
+    std::vector<value*> kept;
+    for (size_t i = 0; i < d->dict_size(); ++i) {
+      std::unordered_set<const value*> seen;
+      if (subtree_has_unsafe(d->dict_value(i), seen, 0)) {
+        dropped.push_back(prefix + pickle::repr(d->dict_key(i), 120));
+      } else {
+        kept.push_back(d->dict_key(i));
+        kept.push_back(d->dict_value(i));
+      }
+    }
+    d->items = std::move(kept);
+  };
+  drop_from(c.pickle->root, "");
+  if (c.state_dict_node && c.state_dict_node != c.pickle->root)
+    drop_from(const_cast<value*>(c.state_dict_node), path_to_string(*c.state_dict) + "/");
+  std::unordered_set<const value*> seen;
+  if (subtree_has_unsafe(c.pickle->root, seen, 0))
+    throw error(errc::unsafe, "--drop-unsafe: unsafe globals remain outside droppable top-level entries");
+  return dropped;
+}
+
+std::string join_names(const std::vector<std::string>& names, size_t max) {
+  std::string out;
+  for (size_t i = 0; i < names.size() && i < max; ++i) out += (i ? ", " : "") + names[i];
+  if (names.size() > max) out += ", ... (" + std::to_string(names.size() - max) + " more)";
+  return out;
+}
+
+const file_source& file_of(const checkpoint& c) {
+  auto* fs = dynamic_cast<const file_source*>(c.source.get());
+  if (!fs) throw error(errc::usage, "rekey needs a checkpoint opened from a file");
+  return *fs;
+}
+
+mode_t output_mode(const checkpoint& c) {
+  struct stat st;
+  if (::fstat(file_of(c).fd(), &st) == 0) return st.st_mode & 0666;
+  return 0644;
+}
+
+uint64_t storage_alignment(const zip::archive& ar) {
+  const zip::entry* e = ar.find(".storage_alignment");
+  if (!e || e->uncompressed_size == 0 || e->uncompressed_size > 20) return 64;
+  auto bytes = ar.read_record(*e);
+  uint64_t v = 0;
+  for (uint8_t b : bytes) {
+    if (b < '0' || b > '9') return 64;
+    v = v * 10 + (b - '0');
+  }
+  return v == 0 || v > (1u << 20) ? 64 : v;
+}
+
+// The written file must read back as what we meant to write before it replaces anything.
+void verify_output(const std::string& temp, const checkpoint& in, const std::vector<std::string>& expected_keys) {
+  checkpoint out = open_checkpoint(temp);
+  if (out.tensors.size() != in.tensors.size() || out.storages.size() != in.storages.size())
+    throw error(errc::io, "the written file does not read back with the same tensors (internal error; nothing replaced)");
+  std::vector<std::string> got;
+  if (out.format == file_format::safetensors) {
+    for (const auto& t : out.st_header->tensors) got.push_back(t.name);
+  } else if (out.state_dict_node) {
+    got = str_keys(out.state_dict_node);
+  }
+  if (got != expected_keys)
+    throw error(errc::io, "the written file does not read back with the new keys (internal error; nothing replaced)");
+}
+
+void write_torch_zip(checkpoint& c, const rekey_request& req, rekey_result& result,
+                     const std::vector<std::string>& new_keys) {
+  std::vector<uint8_t> pkl = pickle::write(c.pickle->root, 2);
+  const file_source& src = file_of(c);
+  atomic_output out(req.output, output_mode(c));
+  zip::writer w(out.fd(), c.zip->prefix(), storage_alignment(*c.zip));
+  // Records in their original order; only data.pkl changes.
+  for (const zip::entry& e : c.zip->entries()) {
+    if (e.record == "data.pkl") {
+      w.add_record("data.pkl", pkl);
+    } else if (e.method == 0) {
+      w.add_record_copy(e.record, src.fd(), e.data_offset, e.compressed_size, e.crc32);
+    } else {
+      w.add_record(e.record, c.zip->read_record(e));
+    }
+  }
+  w.finish();
+  result.bytes_written = w.offset();
+  verify_output(out.temp_path(), c, new_keys);
+  out.commit();
+}
+
+void write_safetensors(checkpoint& c, const rekey_request& req, rekey_result& result, const renamer& rename,
+                       std::vector<std::string>& new_names) {
+  const safetensors::header& h = *c.st_header;
+  auto raw = c.source->read_vector(8, size_t(h.header_size));
+  nlohmann::ordered_json in = nlohmann::ordered_json::parse(raw.begin(), raw.end());
+  nlohmann::ordered_json out_json = nlohmann::ordered_json::object();
+  // __metadata__ first, then the tensors in their original order with their original
+  // dtype, shape and offsets: the data buffer is copied unchanged.
+  if (in.contains("__metadata__")) out_json["__metadata__"] = in["__metadata__"];
+  for (auto& [name, entry] : in.items()) {
+    if (name == "__metadata__") continue;
+    std::string renamed = rename(name);
+    new_names.push_back(renamed);
+    out_json[renamed] = entry;
+  }
+  std::string text = out_json.dump();
+  // The reference writer pads the header with spaces so the data starts 8-aligned.
+  while ((8 + text.size()) % 8 != 0) text += ' ';
+  atomic_output out(req.output, output_mode(c));
+  uint8_t len[8];
+  store_u64(len, text.size());
+  out.write(len, 8);
+  out.write(text.data(), text.size());
+  copy_range(file_of(c).fd(), h.data_start, c.file_size - h.data_start, out.fd(), req.output);
+  result.bytes_written = 8 + text.size() + (c.file_size - h.data_start);
+  verify_output(out.temp_path(), c, new_names);
+  out.commit();
+}
+
+}  // namespace
+
+rekey_result rekey_file(checkpoint& c, const rekey_request& req) {
+  rekey_result result;
+  if (c.format == file_format::torchscript)
+    throw error(errc::unsupported,
+                "TorchScript archive: its parameter names live in its code, so they cannot be renamed; "
+                "load the weights into it with `ckptool materialize --model` instead")
+        .with_file(c.path);
+  if (c.format == file_format::torch_legacy)
+    throw error(errc::unsupported, "legacy (pre-1.6) torch file: re-save it with torch.save to rekey it").with_file(c.path);
+
+  if (c.format != file_format::safetensors && !c.unsafe_globals.empty()) {
+    if (req.unsafe == unsafe_policy::refuse)
+      throw error(errc::unsafe, "the pickle names globals that torch.load would run: " +
+                                    join_names(c.unsafe_globals, 8) +
+                                    " (rekey --keep-unsafe keeps them as they are, --drop-unsafe removes the entries holding them)")
+          .with_file(c.path);
+    if (req.unsafe == unsafe_policy::drop) result.dropped = drop_unsafe_entries(c);
+  }
+
+  renamers names = from_ops(req.ops);
+  std::vector<std::string> old_keys;
+  if (c.format == file_format::safetensors) {
+    for (const auto& t : c.st_header->tensors) old_keys.push_back(t.name);
+  } else {
+    if (!c.state_dict_node)
+      throw error(errc::unsupported, "no state dict found to rekey (inspect shows where the tensors are)").with_file(c.path);
+    old_keys = str_keys(c.state_dict_node);
+  }
+  result.plan = plan_rekey(old_keys, req.ops);
+  if (!result.plan.collisions.empty()) {
+    std::vector<std::string> lines;
+    for (auto& [to, from] : result.plan.collisions) lines.push_back("'" + to + "' <- " + join_names(from, 4));
+    throw error(errc::check_failed, std::to_string(result.plan.collisions.size()) +
+                                        " new key(s) would be claimed by several keys; nothing written: " +
+                                        join_names(lines, 5))
+        .with_file(c.path);
+  }
+
+  if (c.format != file_format::safetensors) {
+    value* sd = const_cast<value*>(c.state_dict_node);
+    value* meta = metadata_of(sd);
+    std::unordered_set<std::string> sd_keys(old_keys.begin(), old_keys.end());
+    std::unordered_set<const value*> seen;
+    std::vector<std::pair<value*, std::string>> mirrors;
+    find_mirrors(c.pickle->root, sd_keys, sd, meta, seen, "", mirrors, 0);
+    if (!req.dry_run) {
+      rename_keys(*c.pickle, sd, names.key);
+      if (meta) result.metadata_renamed = rename_keys(*c.pickle, meta, names.module);
+      for (auto& [d, path] : mirrors)
+        if (rename_keys(*c.pickle, d, names.key)) result.mirrored_dicts.push_back(path);
+    } else {
+      for (auto& [d, path] : mirrors) result.mirrored_dicts.push_back(path);
+    }
+  }
+  if (req.dry_run) return result;
+
+  std::vector<std::string> new_keys;
+  for (auto& [from, to] : result.plan.mapping) new_keys.push_back(to);
+  try {
+    if (c.format == file_format::safetensors) {
+      std::vector<std::string> written;
+      write_safetensors(c, req, result, names.key, written);
+    } else {
+      write_torch_zip(c, req, result, new_keys);
+    }
+  } catch (error& e) {
+    e.with_file(req.output);
+    throw;
+  }
+  return result;
+}
+
+}  // namespace ckpt
