@@ -8,6 +8,7 @@
 #include "ckpt/report.h"
 #include "ckpt/torch_plugin.h"
 #include "common.h"
+#include "input_spec.h"
 #include "inspect_text.h"
 
 namespace cli {
@@ -22,31 +23,6 @@ struct inspect_options {
   ckpt::open_options reader;
 };
 
-// "4x5:int64", "3x224x224" (float32), "():float64" for a 0-d tensor.
-ckpt::input_spec parse_input(const std::string& spec) {
-  ckpt::input_spec in;
-  std::string shape = spec;
-  size_t colon = spec.rfind(':');
-  if (colon != std::string::npos) {
-    shape = spec.substr(0, colon);
-    auto t = ckpt::dtype_from_name(spec.substr(colon + 1));
-    if (!t) throw ckpt::error(ckpt::errc::usage, "--input " + spec + ": unknown dtype '" + spec.substr(colon + 1) + "'");
-    in.type = *t;
-  }
-  if (shape == "()" || shape.empty()) return in;
-  size_t start = 0;
-  while (start <= shape.size()) {
-    size_t x = shape.find_first_of("x,", start);
-    std::string dim = shape.substr(start, x == std::string::npos ? std::string::npos : x - start);
-    if (dim.empty() || dim.find_first_not_of("0123456789") != std::string::npos || dim.size() > 18)
-      throw ckpt::error(ckpt::errc::usage, "--input " + spec + ": expected a shape like 4x5 or 4x5:int64");
-    in.shape.push_back(std::stoll(dim));
-    if (x == std::string::npos) break;
-    start = x + 1;
-  }
-  return in;
-}
-
 void run_inspect(const inspect_options& o) {
   ckpt::checkpoint c = ckpt::open_checkpoint(o.file, o.reader);
   std::optional<ckpt::torchscript_info> ts;
@@ -56,7 +32,7 @@ void run_inspect(const inspect_options& o) {
       ts = ckpt::torch_plugin().inspect_torchscript(o.file, *c.zip);
       if (!o.inputs.empty()) {
         std::vector<ckpt::input_spec> specs;
-        for (const auto& s : o.inputs) specs.push_back(parse_input(s));
+        for (const auto& s : o.inputs) specs.push_back(parse_input_spec(s));
         outputs = ckpt::torch_plugin().run_on_meta(o.file, *c.zip, o.method, specs);
       }
     } catch (ckpt::error& e) {

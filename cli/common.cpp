@@ -17,6 +17,10 @@ void add_reader_flags(CLI::App& cmd, ckpt::open_options& opts) {
       ->capture_default_str()->group("Limits");
   cmd.add_option("--max-string", lim.max_string, "Longest string or bytes value")
       ->capture_default_str()->group("Limits");
+  cmd.add_option("--max-stack", lim.max_stack, "Most values on the pickle stack at once")
+      ->capture_default_str()->group("Limits");
+  cmd.add_option("--max-long-bytes", lim.max_long_bytes, "Longest pickle integer, in bytes")
+      ->capture_default_str()->group("Limits");
   cmd.add_option("--max-tensors", opts.safetensors_limits.max_tensors, "Most tensors in a safetensors header")
       ->capture_default_str()->group("Limits");
   cmd.add_flag("--verify-crc", opts.verify_crc, "Check the CRC-32 of every zip record (reads all data)");

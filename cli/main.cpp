@@ -9,6 +9,7 @@
 
 #include "ckpt/error.h"
 #include "cmd_inspect.h"
+#include "cmd_materialize.h"
 #include "cmd_rekey.h"
 #include "common.h"
 
@@ -23,6 +24,7 @@ int main(int argc, char** argv) {
   app.fallthrough(false);
   cli::setup_inspect(app);
   cli::setup_rekey(app);
+  cli::setup_materialize(app);
 
   try {
     app.parse(argc, argv);

@@ -12,11 +12,16 @@ namespace {
 
 const char* type_name(kind k) {
   switch (k) {
-    case kind::list: return "list";
-    case kind::dict: return "dict";
-    case kind::set: return "set";
-    case kind::bytearray: return "bytearray";
-    default: return "object";
+    case kind::list:
+      return "list";
+    case kind::dict:
+      return "dict";
+    case kind::set:
+      return "set";
+    case kind::bytearray:
+      return "bytearray";
+    default:
+      return "object";
   }
 }
 
@@ -34,7 +39,8 @@ uint64_t key_table::intern(std::unordered_map<std::string, uint64_t>* table, std
 
 uint64_t key_table::scalar_id(const value* v) {
   switch (v->type) {
-    case kind::none: return 1;
+    case kind::none:
+      return 1;
     case kind::boolean:
     case kind::integer: {
       int64_t i = v->type == kind::boolean ? int64_t(v->flag) : v->integer;
@@ -64,7 +70,8 @@ uint64_t key_table::scalar_id(const value* v) {
       if (inserted) ++next_;
       return it->second;
     }
-    case kind::big_integer: return intern(&others_, "I" + v->text);
+    case kind::big_integer:
+      return intern(&others_, "I" + v->text);
     case kind::str: {
       auto [it, inserted] = strs_.try_emplace(v->text, next_);
       if (inserted) ++next_;

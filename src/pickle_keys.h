@@ -37,7 +37,7 @@ class key_table {
   // str and bytes keys point into node text, which never changes after creation.
   std::unordered_map<std::string_view, uint64_t> strs_;
   std::unordered_map<std::string_view, uint64_t> bytes_;
-  std::unordered_map<std::string, uint64_t> others_;  // big ints, globals, tuples, frozensets
+  std::unordered_map<std::string, uint64_t> others_;    // big ints, globals, tuples, frozensets
   std::unordered_map<const value*, uint64_t> by_node_;  // identity ids and composite cache
 };
 

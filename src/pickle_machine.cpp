@@ -17,39 +17,6 @@
 
 namespace ckpt::pickle {
 
-const char* op::name(uint8_t code) {
-  switch (code) {
-#define CKPT_OPCODE_NAME(x) \
-  case op::x: return #x;
-    CKPT_OPCODE_NAME(MARK) CKPT_OPCODE_NAME(STOP) CKPT_OPCODE_NAME(POP)
-    CKPT_OPCODE_NAME(POP_MARK) CKPT_OPCODE_NAME(DUP) CKPT_OPCODE_NAME(FLOAT)
-    CKPT_OPCODE_NAME(INT) CKPT_OPCODE_NAME(BININT) CKPT_OPCODE_NAME(BININT1)
-    CKPT_OPCODE_NAME(LONG) CKPT_OPCODE_NAME(BININT2) CKPT_OPCODE_NAME(NONE)
-    CKPT_OPCODE_NAME(PERSID) CKPT_OPCODE_NAME(BINPERSID) CKPT_OPCODE_NAME(REDUCE)
-    CKPT_OPCODE_NAME(STRING) CKPT_OPCODE_NAME(BINSTRING) CKPT_OPCODE_NAME(SHORT_BINSTRING)
-    CKPT_OPCODE_NAME(UNICODE) CKPT_OPCODE_NAME(BINUNICODE) CKPT_OPCODE_NAME(APPEND)
-    CKPT_OPCODE_NAME(BUILD) CKPT_OPCODE_NAME(GLOBAL) CKPT_OPCODE_NAME(DICT)
-    CKPT_OPCODE_NAME(EMPTY_DICT) CKPT_OPCODE_NAME(APPENDS) CKPT_OPCODE_NAME(GET)
-    CKPT_OPCODE_NAME(BINGET) CKPT_OPCODE_NAME(INST) CKPT_OPCODE_NAME(LONG_BINGET)
-    CKPT_OPCODE_NAME(LIST) CKPT_OPCODE_NAME(EMPTY_LIST) CKPT_OPCODE_NAME(OBJ)
-    CKPT_OPCODE_NAME(PUT) CKPT_OPCODE_NAME(BINPUT) CKPT_OPCODE_NAME(LONG_BINPUT)
-    CKPT_OPCODE_NAME(SETITEM) CKPT_OPCODE_NAME(TUPLE) CKPT_OPCODE_NAME(EMPTY_TUPLE)
-    CKPT_OPCODE_NAME(SETITEMS) CKPT_OPCODE_NAME(BINFLOAT) CKPT_OPCODE_NAME(PROTO)
-    CKPT_OPCODE_NAME(NEWOBJ) CKPT_OPCODE_NAME(EXT1) CKPT_OPCODE_NAME(EXT2)
-    CKPT_OPCODE_NAME(EXT4) CKPT_OPCODE_NAME(TUPLE1) CKPT_OPCODE_NAME(TUPLE2)
-    CKPT_OPCODE_NAME(TUPLE3) CKPT_OPCODE_NAME(NEWTRUE) CKPT_OPCODE_NAME(NEWFALSE)
-    CKPT_OPCODE_NAME(LONG1) CKPT_OPCODE_NAME(LONG4) CKPT_OPCODE_NAME(BINBYTES)
-    CKPT_OPCODE_NAME(SHORT_BINBYTES) CKPT_OPCODE_NAME(SHORT_BINUNICODE)
-    CKPT_OPCODE_NAME(BINUNICODE8) CKPT_OPCODE_NAME(BINBYTES8) CKPT_OPCODE_NAME(EMPTY_SET)
-    CKPT_OPCODE_NAME(ADDITEMS) CKPT_OPCODE_NAME(FROZENSET) CKPT_OPCODE_NAME(NEWOBJ_EX)
-    CKPT_OPCODE_NAME(STACK_GLOBAL) CKPT_OPCODE_NAME(MEMOIZE) CKPT_OPCODE_NAME(FRAME)
-    CKPT_OPCODE_NAME(BYTEARRAY8) CKPT_OPCODE_NAME(NEXT_BUFFER)
-    CKPT_OPCODE_NAME(READONLY_BUFFER)
-#undef CKPT_OPCODE_NAME
-    default: return nullptr;
-  }
-}
-
 namespace {
 
 using detail::python_int;
@@ -78,22 +45,37 @@ std::string quoted(std::string_view s) {
 
 const char* kind_name(kind k) {
   switch (k) {
-    case kind::none: return "None";
-    case kind::boolean: return "bool";
+    case kind::none:
+      return "None";
+    case kind::boolean:
+      return "bool";
     case kind::integer:
-    case kind::big_integer: return "int";
-    case kind::floating: return "float";
-    case kind::str: return "str";
-    case kind::bytes: return "bytes";
-    case kind::bytearray: return "bytearray";
-    case kind::tuple: return "tuple";
-    case kind::list: return "list";
-    case kind::dict: return "dict";
-    case kind::set: return "set";
-    case kind::frozenset: return "frozenset";
-    case kind::global: return "global";
-    case kind::object: return "object";
-    case kind::persistent_id: return "persistent object";
+    case kind::big_integer:
+      return "int";
+    case kind::floating:
+      return "float";
+    case kind::str:
+      return "str";
+    case kind::bytes:
+      return "bytes";
+    case kind::bytearray:
+      return "bytearray";
+    case kind::tuple:
+      return "tuple";
+    case kind::list:
+      return "list";
+    case kind::dict:
+      return "dict";
+    case kind::set:
+      return "set";
+    case kind::frozenset:
+      return "frozenset";
+    case kind::global:
+      return "global";
+    case kind::object:
+      return "object";
+    case kind::persistent_id:
+      return "persistent object";
   }
   return "value";
 }
@@ -151,9 +133,16 @@ class memo_table {
 
 bool is_container(kind k) {
   switch (k) {
-    case kind::tuple: case kind::list: case kind::dict: case kind::set: case kind::frozenset:
-    case kind::object: case kind::persistent_id: return true;
-    default: return false;
+    case kind::tuple:
+    case kind::list:
+    case kind::dict:
+    case kind::set:
+    case kind::frozenset:
+    case kind::object:
+    case kind::persistent_id:
+      return true;
+    default:
+      return false;
   }
 }
 
@@ -246,8 +235,8 @@ class machine {
   // (security.md P4), never silently read from beyond the frame.
   [[noreturn]] void truncated(uint64_t need) const {
     if (in_frame_)
-      corrupt("operand runs past the end of its FRAME (needs " + std::to_string(need) +
-              " bytes, " + std::to_string(limit_ - pos_) + " left in the frame)");
+      corrupt("operand runs past the end of its FRAME (needs " + std::to_string(need) + " bytes, " +
+              std::to_string(limit_ - pos_) + " left in the frame)");
     corrupt("truncated pickle (operand needs " + std::to_string(need) + " bytes, " +
             std::to_string(limit_ - pos_) + " left)");
   }
@@ -260,7 +249,8 @@ class machine {
   uint8_t take_u8() { return *take(1); }
   std::string_view take_string(uint64_t n) {
     if (n > limit_ - pos_) truncated(n);
-    if (n > lim_.max_string) over_limit("string operand longer than", lim_.max_string, "--max-string");
+    if (n > lim_.max_string)
+      over_limit("string operand longer than", lim_.max_string, "--max-string");
     return {reinterpret_cast<const char*>(take(n)), size_t(n)};
   }
   std::string_view line() {
@@ -278,7 +268,8 @@ class machine {
   // --- stack -------------------------------------------------------------------------
   size_t fence() const { return marks_.empty() ? 0 : marks_.back(); }
   void push(value* v) {
-    if (stack_.size() >= lim_.max_stack) over_limit("pickle stack holds more than", lim_.max_stack, "--max-stack");
+    if (stack_.size() >= lim_.max_stack)
+      over_limit("pickle stack holds more than", lim_.max_stack, "--max-stack");
     stack_.push_back(v);
   }
   value* pop() {
@@ -307,8 +298,9 @@ class machine {
     return stack_[k - 1];
   }
   void check_container(size_t n) const {
-    if (n > lim_.max_container)
-      over_limit("container with more elements than", lim_.max_container, "--max-container");
+    // Container indexes hold 32-bit positions, whatever the configured limit.
+    uint64_t cap = std::min<uint64_t>(lim_.max_container, 0xFFFFFFF0u);
+    if (n > cap) over_limit("container with more elements than", cap, "--max-container");
   }
 
   // --- values ------------------------------------------------------------------------
@@ -346,8 +338,10 @@ class machine {
   python_int parse_int(std::string_view text, bool with_prefixes, size_t max_bytes) {
     python_int out;
     switch (detail::parse_int_literal(text, with_prefixes, max_bytes, &out)) {
-      case detail::int_parse::ok: return out;
-      case detail::int_parse::invalid: corrupt("invalid integer literal " + quoted(text));
+      case detail::int_parse::ok:
+        return out;
+      case detail::int_parse::invalid:
+        corrupt("invalid integer literal " + quoted(text));
       case detail::int_parse::too_many_digits:
         unsupported("integer literal with more than 4300 digits (CPython refuses it too)");
       case detail::int_parse::too_large:
@@ -430,9 +424,16 @@ class machine {
   // Scalars are always hashable; containers need a look (a tuple may hold a list).
   void check_hashable(const value* key) {
     switch (key->type) {
-      case kind::tuple: case kind::frozenset: case kind::list: case kind::dict:
-      case kind::set: case kind::bytearray: key_id(key); return;
-      default: return;
+      case kind::tuple:
+      case kind::frozenset:
+      case kind::list:
+      case kind::dict:
+      case kind::set:
+      case kind::bytearray:
+        key_id(key);
+        return;
+      default:
+        return;
     }
   }
   void dict_set(value* d, value* key, value* val);
@@ -689,19 +690,26 @@ value* machine::dict_target(value* target, value** owner) {
 // Truth value of a BUILD state as load_build tests it (`if state:` / `if slotstate:`).
 bool machine::falsy(const value* v) const {
   switch (v->type) {
-    case kind::none: return true;
-    case kind::boolean: return !v->flag;
-    case kind::integer: return v->integer == 0;
-    case kind::floating: return v->floating == 0;
+    case kind::none:
+      return true;
+    case kind::boolean:
+      return !v->flag;
+    case kind::integer:
+      return v->integer == 0;
+    case kind::floating:
+      return v->floating == 0;
     case kind::str:
     case kind::bytes:
-    case kind::bytearray: return v->text.empty();
+    case kind::bytearray:
+      return v->text.empty();
     case kind::tuple:
     case kind::list:
     case kind::dict:
     case kind::set:
-    case kind::frozenset: return v->items.empty();
-    default: return false;
+    case kind::frozenset:
+      return v->items.empty();
+    default:
+      return false;
   }
 }
 
@@ -727,9 +735,13 @@ uint64_t machine::text_memo_key(bool for_put) {
   std::string_view text = line();
   python_int i;
   switch (detail::parse_int_literal(text, false, 4096, &i)) {
-    case detail::int_parse::ok: break;
-    case detail::int_parse::invalid: corrupt("invalid memo key " + quoted(text));
-    default: i.is_small = false; i.big = "\x01";  // a huge positive key
+    case detail::int_parse::ok:
+      break;
+    case detail::int_parse::invalid:
+      corrupt("invalid memo key " + quoted(text));
+    default:
+      i.is_small = false;
+      i.big = "\x01";  // a huge positive key
   }
   if (i.is_small && i.small >= 0) return uint64_t(i.small);
   bool negative = i.is_small || uint8_t(i.big.back()) >= 0x80;
@@ -783,7 +795,8 @@ void machine::step() {
       doc_.protocol = std::max(doc_.protocol, int(p));
       return;
     }
-    case FRAME: return load_frame();
+    case FRAME:
+      return load_frame();
     case STOP: {
       doc_.root = pop();
       stopped_ = true;
@@ -804,10 +817,16 @@ void machine::step() {
         underflow();
       }
       return;
-    case POP_MARK: stack_.resize(pop_mark()); return;
-    case DUP: push(top()); return;
+    case POP_MARK:
+      stack_.resize(pop_mark());
+      return;
+    case DUP:
+      push(top());
+      return;
     // --- scalars
-    case NONE: push(make(kind::none)); return;
+    case NONE:
+      push(make(kind::none));
+      return;
     case NEWTRUE:
     case NEWFALSE: {
       value* v = make(kind::boolean);
@@ -936,14 +955,26 @@ void machine::step() {
       return;
     }
     // --- containers
-    case EMPTY_TUPLE: push(make(kind::tuple)); return;
-    case EMPTY_LIST: push(make(kind::list)); return;
-    case EMPTY_DICT: push(make(kind::dict)); return;
-    case EMPTY_SET: push(make(kind::set)); return;
-    case TUPLE: return load_collection(kind::tuple);
-    case LIST: return load_collection(kind::list);
-    case DICT: return load_collection(kind::dict);
-    case FROZENSET: return load_collection(kind::frozenset);
+    case EMPTY_TUPLE:
+      push(make(kind::tuple));
+      return;
+    case EMPTY_LIST:
+      push(make(kind::list));
+      return;
+    case EMPTY_DICT:
+      push(make(kind::dict));
+      return;
+    case EMPTY_SET:
+      push(make(kind::set));
+      return;
+    case TUPLE:
+      return load_collection(kind::tuple);
+    case LIST:
+      return load_collection(kind::list);
+    case DICT:
+      return load_collection(kind::dict);
+    case FROZENSET:
+      return load_collection(kind::frozenset);
     case TUPLE1:
     case TUPLE2:
     case TUPLE3: {
@@ -998,23 +1029,32 @@ void machine::step() {
       return;
     }
     // --- memo
-    case PUT: return memo_put(text_memo_key(true));
-    case BINPUT: return memo_put(take_u8());
-    case LONG_BINPUT: return memo_put(load_u32(take(4)));
-    case MEMOIZE: return memo_put(memo_.size());
-    case GET: return memo_get(text_memo_key(false));
-    case BINGET: return memo_get(take_u8());
-    case LONG_BINGET: return memo_get(load_u32(take(4)));
+    case PUT:
+      return memo_put(text_memo_key(true));
+    case BINPUT:
+      return memo_put(take_u8());
+    case LONG_BINPUT:
+      return memo_put(load_u32(take(4)));
+    case MEMOIZE:
+      return memo_put(memo_.size());
+    case GET:
+      return memo_get(text_memo_key(false));
+    case BINGET:
+      return memo_get(take_u8());
+    case LONG_BINGET:
+      return memo_get(load_u32(take(4)));
     // --- globals and calls
     case GLOBAL:
     case INST: {
       std::string_view module = line();
       std::string_view name = line();
       // GLOBAL decodes its names as UTF-8, INST as ASCII (pickle.py load_global/load_inst).
-      bool ok = code_ == GLOBAL ? detail::valid_utf8(module, false) && detail::valid_utf8(name, false)
-                                : ascii_only(module) && ascii_only(name);
-      if (!ok) corrupt("module or attribute name is not valid " +
-                       std::string(code_ == GLOBAL ? "UTF-8" : "ASCII"));
+      bool ok = code_ == GLOBAL
+                    ? detail::valid_utf8(module, false) && detail::valid_utf8(name, false)
+                    : ascii_only(module) && ascii_only(name);
+      if (!ok)
+        corrupt("module or attribute name is not valid " +
+                std::string(code_ == GLOBAL ? "UTF-8" : "ASCII"));
       if (module.empty() || name.empty()) corrupt("empty module or attribute name");
       value* g = make_global(std::string(module), std::string(name));
       if (code_ == GLOBAL) return push(g);
@@ -1068,8 +1108,8 @@ void machine::step() {
       value* args = pop();
       value* cls = pop();
       if (args->type != kind::tuple || kwargs->type != kind::dict)
-        corrupt("expects a tuple and a dict, got " + std::string(kind_name(args->type)) +
-                " and " + kind_name(kwargs->type));
+        corrupt("expects a tuple and a dict, got " + std::string(kind_name(args->type)) + " and " +
+                kind_name(kwargs->type));
       value* v = call(object_op::newobj_ex, cls, args);
       if (v->type != kind::object && !kwargs->items.empty())
         v = make_object(object_op::newobj_ex, cls, args);
@@ -1104,9 +1144,11 @@ void machine::step() {
     // --- refused
     case EXT1:
     case EXT2:
-    case EXT4: unsupported("the copyreg extension registry is not supported");
+    case EXT4:
+      unsupported("the copyreg extension registry is not supported");
     case NEXT_BUFFER:
-    case READONLY_BUFFER: unsupported("out-of-band buffers are not supported");
+    case READONLY_BUFFER:
+      unsupported("out-of-band buffers are not supported");
     default: {
       static const char kHex[] = "0123456789abcdef";
       throw_corrupt(std::string("invalid opcode 0x") + kHex[code_ >> 4] + kHex[code_ & 15],

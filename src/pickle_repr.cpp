@@ -66,7 +66,7 @@ void append_hex(std::string* out, const char* prefix, uint32_t v, int digits) {
 
 char pick_quote(std::string_view s) {
   return s.find('\'') != std::string_view::npos && s.find('"') == std::string_view::npos ? '"'
-                                                                                          : '\'';
+                                                                                         : '\'';
 }
 
 class printer {
@@ -107,18 +107,30 @@ class printer {
 
   void put_value(const value* v, int depth) {
     switch (v->type) {
-      case kind::none: out_ += "None"; return;
-      case kind::boolean: out_ += v->flag ? "True" : "False"; return;
-      case kind::integer: out_ += std::to_string(v->integer); return;
+      case kind::none:
+        out_ += "None";
+        return;
+      case kind::boolean:
+        out_ += v->flag ? "True" : "False";
+        return;
+      case kind::integer:
+        out_ += std::to_string(v->integer);
+        return;
       case kind::big_integer:
         if (v->text.size() <= kMaxDecimalBytes)
           out_ += detail::twos_to_decimal(v->text);
         else
           out_ += "<int of " + std::to_string(v->text.size()) + " bytes>";
         return;
-      case kind::floating: out_ += float_repr(v->floating); return;
-      case kind::str: put_str(v->text); return;
-      case kind::bytes: put_bytes(v->text); return;
+      case kind::floating:
+        out_ += float_repr(v->floating);
+        return;
+      case kind::str:
+        put_str(v->text);
+        return;
+      case kind::bytes:
+        put_bytes(v->text);
+        return;
       case kind::bytearray:
         out_ += "bytearray(";
         put_bytes(v->text);
@@ -161,7 +173,9 @@ class printer {
         out_ += '.';
         out_ += v->global_attr();
         return;
-      case kind::object: put_object(v, depth); return;
+      case kind::object:
+        put_object(v, depth);
+        return;
       case kind::persistent_id:
         out_ += "persistent_id(";
         if (!v->items.empty()) put(v->items[0], depth + 1);

@@ -123,8 +123,7 @@ int_parse parse_int_literal(std::string_view text, bool with_prefixes, size_t ma
   size_t significant = digits.size() - first;
   // Bits per digit rounded up; the +1 byte is the sign byte two's complement may need.
   double bits_per_digit = base == 16 ? 4 : base == 8 ? 3 : base == 2 ? 1 : 3.3219280948873626;
-  if (double(significant) * bits_per_digit / 8 > double(max_bytes) + 1)
-    return int_parse::too_large;
+  if (double(significant) * bits_per_digit / 8 > double(max_bytes) + 1) return int_parse::too_large;
 
   limbs m;
   if (base == 10) {
@@ -219,8 +218,8 @@ bool parse_float_literal(std::string_view text, double* out) {
   }
   if (i != s.size()) return false;
   double v = 0;
-  auto res = std::from_chars(clean.data(), clean.data() + clean.size(), v,
-                             std::chars_format::general);
+  auto res =
+      std::from_chars(clean.data(), clean.data() + clean.size(), v, std::chars_format::general);
   if (res.ptr != clean.data() + clean.size()) return false;
   if (res.ec == std::errc::result_out_of_range) {
     // from_chars leaves v alone here. Decide between overflow and underflow from the
@@ -256,18 +255,46 @@ const char* escape_decode(std::string_view in, std::string* out) {
     if (i == in.size()) return "Trailing \\ in string";
     c = in[i++];
     switch (c) {
-      case '\n': break;
-      case '\\': out->push_back('\\'); break;
-      case '\'': out->push_back('\''); break;
-      case '"': out->push_back('"'); break;
-      case 'b': out->push_back('\b'); break;
-      case 'f': out->push_back('\f'); break;
-      case 't': out->push_back('\t'); break;
-      case 'n': out->push_back('\n'); break;
-      case 'r': out->push_back('\r'); break;
-      case 'v': out->push_back('\v'); break;
-      case 'a': out->push_back('\a'); break;
-      case '0': case '1': case '2': case '3': case '4': case '5': case '6': case '7': {
+      case '\n':
+        break;
+      case '\\':
+        out->push_back('\\');
+        break;
+      case '\'':
+        out->push_back('\'');
+        break;
+      case '"':
+        out->push_back('"');
+        break;
+      case 'b':
+        out->push_back('\b');
+        break;
+      case 'f':
+        out->push_back('\f');
+        break;
+      case 't':
+        out->push_back('\t');
+        break;
+      case 'n':
+        out->push_back('\n');
+        break;
+      case 'r':
+        out->push_back('\r');
+        break;
+      case 'v':
+        out->push_back('\v');
+        break;
+      case 'a':
+        out->push_back('\a');
+        break;
+      case '0':
+      case '1':
+      case '2':
+      case '3':
+      case '4':
+      case '5':
+      case '6':
+      case '7': {
         unsigned v = unsigned(c - '0');
         for (int k = 0; k < 2 && i < in.size() && in[i] >= '0' && in[i] <= '7'; ++k)
           v = v * 8 + unsigned(in[i++] - '0');
@@ -347,13 +374,13 @@ bool valid_utf8(std::string_view s, bool allow_surrogates) {
     } else if (c >= 0xE0 && c <= 0xEF) {
       if (!cont(1) || !cont(2)) return false;
       uint8_t c1 = p[i + 1];
-      if (c == 0xE0 && c1 < 0xA0) return false;                      // overlong
+      if (c == 0xE0 && c1 < 0xA0) return false;                        // overlong
       if (c == 0xED && c1 >= 0xA0 && !allow_surrogates) return false;  // surrogate
       i += 3;
     } else if (c >= 0xF0 && c <= 0xF4) {
       if (!cont(1) || !cont(2) || !cont(3)) return false;
       uint8_t c1 = p[i + 1];
-      if (c == 0xF0 && c1 < 0x90) return false;  // overlong
+      if (c == 0xF0 && c1 < 0x90) return false;   // overlong
       if (c == 0xF4 && c1 >= 0x90) return false;  // above U+10FFFF
       i += 4;
     } else {
@@ -404,8 +431,8 @@ uint32_t next_code_point(std::string_view s, size_t* i) {
     *i += 3;
     return cp;
   }
-  uint32_t cp = ((c & 0x07) << 18) | ((at(1) & 0x3F) << 12) | ((at(2) & 0x3F) << 6) |
-                (at(3) & 0x3F);
+  uint32_t cp =
+      ((c & 0x07) << 18) | ((at(1) & 0x3F) << 12) | ((at(2) & 0x3F) << 6) | (at(3) & 0x3F);
   *i += 4;
   return cp;
 }

@@ -28,10 +28,17 @@ constexpr size_t kMaxNameLinks = 100;  // dots in one global's qualified name
 // hand-made pickle expressed survives, and CPython's own output is reproduced exactly.
 bool memo_only_if_shared(const value* v) {
   switch (v->type) {
-    case kind::none: case kind::boolean: case kind::integer: case kind::big_integer:
-    case kind::floating: case kind::persistent_id: return true;
-    case kind::tuple: return v->items.empty();
-    default: return false;
+    case kind::none:
+    case kind::boolean:
+    case kind::integer:
+    case kind::big_integer:
+    case kind::floating:
+    case kind::persistent_id:
+      return true;
+    case kind::tuple:
+      return v->items.empty();
+    default:
+      return false;
   }
 }
 
@@ -138,18 +145,31 @@ class writer {
     depth_guard guard(&depth_);
     if (const uint32_t* idx = memo_of(v)) return get(*idx);
     switch (v->type) {
-      case kind::none: put(op::NONE); break;
-      case kind::boolean: put(v->flag ? op::NEWTRUE : op::NEWFALSE); break;
-      case kind::integer: save_int(v->integer); break;
-      case kind::big_integer: save_long_bytes(v->text); break;
-      case kind::floating: save_float(v->floating); break;
+      case kind::none:
+        put(op::NONE);
+        break;
+      case kind::boolean:
+        put(v->flag ? op::NEWTRUE : op::NEWFALSE);
+        break;
+      case kind::integer:
+        save_int(v->integer);
+        break;
+      case kind::big_integer:
+        save_long_bytes(v->text);
+        break;
+      case kind::floating:
+        save_float(v->floating);
+        break;
       case kind::str:
         save_str(v->text);
         memoize(v);
         return;
-      case kind::bytes: return save_bytes(v);
-      case kind::bytearray: return save_bytearray(v);
-      case kind::tuple: return save_tuple(v);
+      case kind::bytes:
+        return save_bytes(v);
+      case kind::bytearray:
+        return save_bytearray(v);
+      case kind::tuple:
+        return save_tuple(v);
       case kind::list:
         put(op::EMPTY_LIST);
         memoize(v);
@@ -160,9 +180,12 @@ class writer {
         memoize(v);
         return batch_setitems(v->items, true);
       case kind::set:
-      case kind::frozenset: return save_set(v);
-      case kind::global: return save_global(v->global_module(), v->global_attr());
-      case kind::object: return save_object(v);
+      case kind::frozenset:
+        return save_set(v);
+      case kind::global:
+        return save_global(v->global_module(), v->global_attr());
+      case kind::object:
+        return save_object(v);
       case kind::persistent_id:
         if (v->items.empty()) throw_unsupported("cannot write a persistent id without a pid");
         save(v->items[0]);
@@ -240,21 +263,23 @@ class writer {
       throw_unsupported("cannot write global '" + std::string(module_name) + "." +
                         std::string(attr.substr(0, 80)) + "...': nested more than " +
                         std::to_string(kMaxNameLinks) + " levels");
-    size_t base = 0;  // links 0..base-1 are already spelled by a memoized parent
-    for (size_t k = dots.size(); k-- > 0;) {
-      std::string parent = std::string(module_name) + '\n' + std::string(attr.substr(0, dots[k]));
-      if (named_memo_.count(parent)) {
-        base = k + 1;
-        break;
+    // Link k appends the component after dots[k] to the prefix attr[0, dots[k]).
+    auto prefix_key = [&](size_t end) {
+      return std::string(module_name) + '\n' + std::string(attr.substr(0, end));
+    };
+    size_t base = 0;  // the first link to spell; its prefix is memoized when `found`
+    bool found = false;
+    for (size_t k = dots.size(); k-- > 0 && !found;) {
+      if (named_memo_.count(prefix_key(dots[k]))) {
+        base = k;
+        found = true;
       }
     }
     for (size_t k = base; k < dots.size(); ++k) save_global("builtins", "getattr");
-    std::string_view first = attr.substr(0, base == 0 ? dots[0] : dots[base - 1]);
-    if (base == 0) {
-      save_plain_global(module_name, first,
-                        std::string(module_name) + '\n' + std::string(first));
+    if (found) {
+      get(named_memo_[prefix_key(dots[base])]);
     } else {
-      get(named_memo_[std::string(module_name) + '\n' + std::string(first)]);
+      save_global(module_name, attr.substr(0, dots[0]));  // may be builtins.getattr itself
     }
     for (size_t k = base; k < dots.size(); ++k) {
       size_t end = k + 1 < dots.size() ? dots[k + 1] : attr.size();
@@ -263,8 +288,7 @@ class writer {
       put(op::TUPLE2);
       memoize_fresh();
       put(op::REDUCE);
-      named_memo_[std::string(module_name) + '\n' + std::string(attr.substr(0, end))] =
-          memoize_fresh();
+      named_memo_[prefix_key(end)] = memoize_fresh();
     }
   }
 
@@ -280,7 +304,8 @@ class writer {
     };
     if (bad(module) || bad(name))
       throw_unsupported("cannot write global '" + std::string(module_name) + "." +
-                        std::string(attr) + "' with protocol 2 (names must be ASCII)");
+                        std::string(attr) +
+                        "' with protocol 2 (names must be non-empty ASCII, one line each)");
     put(op::GLOBAL);
     put_bytes(module);
     put('\n');

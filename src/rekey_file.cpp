@@ -20,22 +20,12 @@ using pickle::kind;
 using pickle::value;
 using renamer = std::function<std::string(const std::string&)>;
 
-struct renamers {
-  renamer key;
-  renamer module;
-};
-
-renamers from_ops(const std::vector<key_op>& ops) {
-  return {[&ops](const std::string& k) {
-            std::string out = k;
-            for (const auto& op : ops) out = apply_op(op, out);
-            return out;
-          },
-          [&ops](const std::string& m) {
-            std::string out = m;
-            for (const auto& op : ops) out = apply_op_to_module_path(op, out);
-            return out;
-          }};
+renamer from_ops(const std::vector<key_op>& ops) {
+  return [&ops](const std::string& k) {
+    std::string out = k;
+    for (const auto& op : ops) out = apply_op(op, out);
+    return out;
+  };
 }
 
 std::vector<std::string> str_keys(const value* d) {
@@ -74,6 +64,34 @@ size_t rename_keys(pickle::document& doc, value* d, const renamer& f) {
     items.push_back(v);
   }
   d->items = std::move(items);
+  return changed;
+}
+
+// `_metadata` follows the keys (module_rules); wrappers that an edit adds get the entry
+// nn.Module.state_dict() would give them, {'version': 1}, just before the module they wrap.
+size_t rename_metadata(pickle::document& doc, value* meta, const module_rules& rules) {
+  size_t changed = rename_keys(doc, meta, [&](const std::string& p) { return map_module_path(rules, p); });
+  for (const auto& [wrapper, before] : added_wrapper_paths(rules)) {
+    bool present = false;
+    size_t position = meta->dict_size();
+    for (size_t i = 0; i < meta->dict_size(); ++i) {
+      const value* k = meta->dict_key(i);
+      if (k->type != kind::str) continue;
+      if (k->text == wrapper) present = true;
+      if (k->text == before && position == meta->dict_size()) position = i;
+    }
+    if (present) continue;
+    value* key = doc.make(kind::str, 0);
+    key->text = wrapper;
+    value* entry = doc.make(kind::dict, 0);
+    value* version_key = doc.make(kind::str, 0);
+    version_key->text = "version";
+    value* version = doc.make(kind::integer, 0);
+    version->integer = 1;
+    entry->items = {version_key, version};
+    meta->items.insert(meta->items.begin() + long(2 * position), {key, entry});
+    ++changed;
+  }
   return changed;
 }
 
@@ -275,7 +293,7 @@ rekey_result rekey_file(checkpoint& c, const rekey_request& req) {
     if (req.unsafe == unsafe_policy::drop) result.dropped = drop_unsafe_entries(c);
   }
 
-  renamers names = from_ops(req.ops);
+  renamer rename = from_ops(req.ops);
   std::vector<std::string> old_keys;
   if (c.format == file_format::safetensors) {
     for (const auto& t : c.st_header->tensors) old_keys.push_back(t.name);
@@ -302,10 +320,10 @@ rekey_result rekey_file(checkpoint& c, const rekey_request& req) {
     std::vector<std::pair<value*, std::string>> mirrors;
     find_mirrors(c.pickle->root, sd_keys, sd, meta, seen, "", mirrors, 0);
     if (!req.dry_run) {
-      rename_keys(*c.pickle, sd, names.key);
-      if (meta) result.metadata_renamed = rename_keys(*c.pickle, meta, names.module);
+      rename_keys(*c.pickle, sd, rename);
+      if (meta) result.metadata_renamed = rename_metadata(*c.pickle, meta, derive_module_rules(result.plan.mapping));
       for (auto& [d, path] : mirrors)
-        if (rename_keys(*c.pickle, d, names.key)) result.mirrored_dicts.push_back(path);
+        if (rename_keys(*c.pickle, d, rename)) result.mirrored_dicts.push_back(path);
     } else {
       for (auto& [d, path] : mirrors) result.mirrored_dicts.push_back(path);
     }
@@ -317,7 +335,7 @@ rekey_result rekey_file(checkpoint& c, const rekey_request& req) {
   try {
     if (c.format == file_format::safetensors) {
       std::vector<std::string> written;
-      write_safetensors(c, req, result, names.key, written);
+      write_safetensors(c, req, result, rename, written);
     } else {
       write_torch_zip(c, req, result, new_keys);
     }

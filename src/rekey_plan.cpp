@@ -115,23 +115,6 @@ key_op make_map_op(std::map<std::string, std::string> mapping, std::string origi
   return op;
 }
 
-std::string apply_op_to_module_path(const key_op& op, const std::string& path) {
-  // A module path is a key without its last segment: edit "path.<leaf>" and drop the
-  // leaf again, so "_orig_mod" becomes "" under --strip-compiled, as
-  // torch.nn.modules.utils.consume_prefix_in_state_dict_if_present does.
-  static const std::string kLeaf = "\x01leaf";
-  if (op.kind == key_op::map) {
-    auto it = op.module_mapping.find(path);
-    return it == op.module_mapping.end() ? path : it->second;
-  }
-  std::string edited = apply_op(op, path.empty() ? kLeaf : path + "." + kLeaf);
-  if (edited.size() < kLeaf.size() || edited.compare(edited.size() - kLeaf.size(), kLeaf.size(), kLeaf) != 0)
-    return path;  // the edit consumed the leaf: leave the module path alone
-  edited.resize(edited.size() - kLeaf.size());
-  if (!edited.empty() && edited.back() == '.') edited.pop_back();
-  return edited;
-}
-
 rekey_plan plan_rekey(const std::vector<std::string>& keys, const std::vector<key_op>& ops) {
   rekey_plan plan;
   std::vector<std::string> current = keys;
@@ -157,6 +140,97 @@ rekey_plan plan_rekey(const std::vector<std::string>& keys, const std::vector<ke
     if (olds.size() > 1 && olds.front() == old_key) plan.collisions.emplace_back(new_key, olds);
   }
   return plan;
+}
+
+namespace {
+
+std::string module_of(const std::string& key) {
+  size_t dot = key.rfind('.');
+  return dot == std::string::npos ? std::string() : key.substr(0, dot);
+}
+std::string leaf_of(const std::string& key) {
+  size_t dot = key.rfind('.');
+  return dot == std::string::npos ? key : key.substr(dot + 1);
+}
+// `path` is `ancestor` or lies below it ("" is above everything).
+bool within(const std::string& path, const std::string& ancestor) {
+  if (ancestor.empty()) return true;
+  return path == ancestor || (path.size() > ancestor.size() && path.compare(0, ancestor.size(), ancestor) == 0 &&
+                              path[ancestor.size()] == '.');
+}
+std::string join_path(const std::string& a, const std::string& b) {
+  if (a.empty()) return b;
+  if (b.empty()) return a;
+  return a + "." + b;
+}
+// The longest common leading path of two module paths.
+std::string common_prefix(const std::string& a, const std::string& b) {
+  auto sa = split_key(a), sb = split_key(b);
+  std::vector<std::string_view> common;
+  for (size_t i = 0; i < sa.size() && i < sb.size() && sa[i] == sb[i] && !sa[i].empty(); ++i) common.push_back(sa[i]);
+  return join(common);
+}
+
+}  // namespace
+
+module_rules derive_module_rules(const std::vector<std::pair<std::string, std::string>>& key_mapping) {
+  std::map<std::string, std::string> rules;
+  std::set<std::string> conflicting;
+  for (const auto& [old_key, new_key] : key_mapping) {
+    if (old_key == new_key || leaf_of(old_key) != leaf_of(new_key)) continue;
+    std::string mo = module_of(old_key), mn = module_of(new_key);
+    auto so = split_key(mo), sn = split_key(mn);
+    if (mo.empty()) so.clear();
+    if (mn.empty()) sn.clear();
+    while (!so.empty() && !sn.empty() && so.back() == sn.back()) {
+      so.pop_back();
+      sn.pop_back();
+    }
+    std::string from = join(so), to = join(sn);
+    if (from == to) continue;
+    auto [it, fresh] = rules.emplace(from, to);
+    if (!fresh && it->second != to) conflicting.insert(from);
+  }
+  module_rules out;
+  for (auto& [from, to] : rules)
+    if (!conflicting.count(from)) out.rules.emplace_back(from, to);
+  // Longest old prefix first: the most specific rule wins.
+  std::sort(out.rules.begin(), out.rules.end(),
+            [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
+  return out;
+}
+
+std::string map_module_path(const module_rules& m, const std::string& path) {
+  for (const auto& [from, to] : m.rules) {
+    if (within(path, from)) {
+      std::string rest = path.size() > from.size() ? path.substr(from.empty() ? 0 : from.size() + 1) : std::string();
+      return join_path(to, rest);
+    }
+  }
+  for (const auto& [from, to] : m.rules) {
+    std::string keep = common_prefix(from, to);
+    // `path` is a wrapper between the unchanged part and the removed segments.
+    if (within(from, path) && within(path, keep) && path.size() >= keep.size()) return to;
+  }
+  return path;
+}
+
+std::vector<std::pair<std::string, std::string>> added_wrapper_paths(const module_rules& m) {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& [from, to] : m.rules) {
+    std::string keep = common_prefix(from, to);
+    // New segments between `keep` and `to`: each level is a new wrapper module.
+    auto segments = split_key(to);
+    if (to.empty()) continue;
+    std::string current;
+    size_t kept = keep.empty() ? 0 : split_key(keep).size();
+    for (size_t i = 0; i < kept; ++i) current = join_path(current, std::string(segments[i]));
+    for (size_t i = kept; i < segments.size(); ++i) {
+      out.emplace_back(current, to);
+      current = join_path(current, std::string(segments[i]));
+    }
+  }
+  return out;
 }
 
 match_result match_keys(const std::vector<keyed_tensor>& source, const std::vector<keyed_tensor>& target) {

@@ -39,9 +39,6 @@ key_op make_map_op(std::map<std::string, std::string> mapping, std::string origi
 /// operation does not apply to it.
 std::string apply_op(const key_op& op, const std::string& key);
 
-/// Applies one operation to a module path (a `_metadata` key: "" is the root, "enc.0").
-std::string apply_op_to_module_path(const key_op& op, const std::string& path);
-
 struct rekey_plan {
   std::vector<std::pair<std::string, std::string>> mapping;  // old -> new, input order
   std::vector<std::string> unused_ops;  // operations that changed no key (likely typos)
@@ -52,6 +49,24 @@ struct rekey_plan {
 
 /// Runs the operations in order over `keys`.
 rekey_plan plan_rekey(const std::vector<std::string>& keys, const std::vector<key_op>& ops);
+
+/// How module paths move, learned from a key mapping: for each renamed key whose last
+/// segment is unchanged, its module path with the common trailing segments removed gives
+/// a rule "old prefix -> new prefix" ("model._orig_mod.enc.w" -> "enc.w" teaches
+/// "model._orig_mod" -> ""). Rules that contradict each other are dropped.
+struct module_rules {
+  std::vector<std::pair<std::string, std::string>> rules;  // old prefix -> new prefix
+};
+module_rules derive_module_rules(const std::vector<std::pair<std::string, std::string>>& key_mapping);
+
+/// Where module path `path` (a `_metadata` key) goes: below a rule's old prefix it is
+/// rewritten; a wrapper between the rule's unchanged part and its old prefix collapses into
+/// the new prefix (as consume_prefix_in_state_dict_if_present merges them); else unchanged.
+std::string map_module_path(const module_rules& rules, const std::string& path);
+
+/// Module paths that a rule adds as new wrappers (the root and "module" when a rule maps ""
+/// to "module._orig_mod"), each with the path it must precede.
+std::vector<std::pair<std::string, std::string>> added_wrapper_paths(const module_rules& rules);
 
 /// A tensor's identity for matching: name, dtype, shape.
 struct keyed_tensor {

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "ckpt/materialize.h"
 #include "ckpt/torchscript.h"
 #include "ckpt/zip_reader.h"
 
@@ -17,7 +18,7 @@ namespace ckpt {
 
 /// Bumped whenever a function is added or changes signature; the loader refuses a plugin
 /// built for another version.
-constexpr int kTorchPluginAbi = 1;
+constexpr int kTorchPluginAbi = 2;
 
 struct torch_plugin_api {
   int abi = kTorchPluginAbi;
@@ -26,6 +27,7 @@ struct torch_plugin_api {
   torchscript_info (*inspect_torchscript)(const std::string& path, const zip::archive& ar);
   std::vector<meta_output> (*run_on_meta)(const std::string& path, const zip::archive& ar,
                                           const std::string& method, const std::vector<input_spec>& inputs);
+  materialize_report (*materialize)(const checkpoint& c, const materialize_request& request);
 };
 
 /// The plugin's entry points, loading it on first call from $CKPTOOL_TORCH_PLUGIN, else

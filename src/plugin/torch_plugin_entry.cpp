@@ -14,6 +14,7 @@ extern "C" __attribute__((visibility("default"))) const ckpt::torch_plugin_api* 
 #endif
     a.inspect_torchscript = &ckpt::inspect_torchscript;
     a.run_on_meta = &ckpt::run_on_meta;
+    a.materialize = &ckpt::materialize;
     return a;
   }();
   return &api;

@@ -43,9 +43,12 @@ class canonical {
   std::string render(const value* v, int depth = 0) {
     if (depth > 5000) throw std::runtime_error("value nested too deeply to render");
     switch (v->type) {
-      case kind::none: return "null";
-      case kind::boolean: return v->flag ? "true" : "false";
-      case kind::integer: return "{\"int\":\"" + std::to_string(v->integer) + "\"}";
+      case kind::none:
+        return "null";
+      case kind::boolean:
+        return v->flag ? "true" : "false";
+      case kind::integer:
+        return "{\"int\":\"" + std::to_string(v->integer) + "\"}";
       case kind::big_integer:
         return "{\"int\":\"" + ckpt::pickle::detail::twos_to_decimal(v->text) + "\"}";
       case kind::floating: {
@@ -55,15 +58,21 @@ class canonical {
         std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(bits));
         return std::string("{\"float\":\"") + buf + "\"}";
       }
-      case kind::str: return str(v->text);
-      case kind::bytes: return "{\"bytes\":\"" + hex(v->text) + "\"}";
-      case kind::tuple: return "{\"tuple\":" + array(v->items, depth) + "}";
-      case kind::frozenset: return "{\"frozenset\":" + sorted(v->items, depth) + "}";
+      case kind::str:
+        return str(v->text);
+      case kind::bytes:
+        return "{\"bytes\":\"" + hex(v->text) + "\"}";
+      case kind::tuple:
+        return "{\"tuple\":" + array(v->items, depth) + "}";
+      case kind::frozenset:
+        return "{\"frozenset\":" + sorted(v->items, depth) + "}";
       case kind::global:
         return "{\"global\":[" + str(std::string(v->global_module())) + "," +
                str(std::string(v->global_attr())) + "]}";
-      case kind::persistent_id: return "{\"persid\":" + render(v->items.at(0), depth + 1) + "}";
-      default: break;
+      case kind::persistent_id:
+        return "{\"persid\":" + render(v->items.at(0), depth + 1) + "}";
+      default:
+        break;
     }
     // Identity-bearing (mutable) values.
     auto seen = ids_.find(v);
@@ -73,12 +82,14 @@ class canonical {
     switch (v->type) {
       case kind::bytearray:
         return "{\"bytearray\":\"" + hex(v->text) + "\",\"id\":" + id + "}";
-      case kind::list: return "{\"id\":" + id + ",\"list\":" + array(v->items, depth) + "}";
-      case kind::set: return "{\"id\":" + id + ",\"set\":" + sorted(v->items, depth) + "}";
+      case kind::list:
+        return "{\"id\":" + id + ",\"list\":" + array(v->items, depth) + "}";
+      case kind::set:
+        return "{\"id\":" + id + ",\"set\":" + sorted(v->items, depth) + "}";
       case kind::dict: {
         std::string items = pairs(v->items, depth);
-        std::string out = "{\"dict\":" + items + ",\"id\":" + id +
-                          ",\"ordered\":" + (v->flag ? "true" : "false");
+        std::string out =
+            "{\"dict\":" + items + ",\"id\":" + id + ",\"ordered\":" + (v->flag ? "true" : "false");
         if (v->state) out += ",\"state\":" + render(v->state, depth + 1);
         return out + "}";
       }
@@ -90,25 +101,32 @@ class canonical {
         if (const value* d = slot(ckpt::pickle::kDictItems))
           out += ",\"dictitems\":" + pairs(d->items, depth);
         out += ",\"id\":" + id;
-        if (const value* k = slot(ckpt::pickle::kKwargs)) out += ",\"kwargs\":" + render(k, depth + 1);
+        if (const value* k = slot(ckpt::pickle::kKwargs))
+          out += ",\"kwargs\":" + render(k, depth + 1);
         if (const value* l = slot(ckpt::pickle::kListItems))
           out += ",\"listitems\":" + array(l->items, depth);
         out += std::string(",\"op\":\"") + op_name(v->op) + "\"";
         if (v->state) out += ",\"state\":" + render(v->state, depth + 1);
         return out + "}";
       }
-      default: throw std::runtime_error("unknown node kind");
+      default:
+        throw std::runtime_error("unknown node kind");
     }
   }
 
  private:
   static const char* op_name(ckpt::pickle::object_op op) {
     switch (op) {
-      case ckpt::pickle::object_op::reduce: return "reduce";
-      case ckpt::pickle::object_op::newobj: return "newobj";
-      case ckpt::pickle::object_op::newobj_ex: return "newobj_ex";
-      case ckpt::pickle::object_op::inst: return "inst";
-      case ckpt::pickle::object_op::obj: return "obj";
+      case ckpt::pickle::object_op::reduce:
+        return "reduce";
+      case ckpt::pickle::object_op::newobj:
+        return "newobj";
+      case ckpt::pickle::object_op::newobj_ex:
+        return "newobj_ex";
+      case ckpt::pickle::object_op::inst:
+        return "inst";
+      case ckpt::pickle::object_op::obj:
+        return "obj";
     }
     return "?";
   }
@@ -136,14 +154,29 @@ class canonical {
     for (size_t i = 0; i < text.size();) {
       uint32_t cp = ckpt::pickle::detail::next_code_point(text, &i);
       switch (cp) {
-        case '"': out += "\\\""; continue;
-        case '\\': out += "\\\\"; continue;
-        case '\n': out += "\\n"; continue;
-        case '\r': out += "\\r"; continue;
-        case '\t': out += "\\t"; continue;
-        case '\b': out += "\\b"; continue;
-        case '\f': out += "\\f"; continue;
-        default: break;
+        case '"':
+          out += "\\\"";
+          continue;
+        case '\\':
+          out += "\\\\";
+          continue;
+        case '\n':
+          out += "\\n";
+          continue;
+        case '\r':
+          out += "\\r";
+          continue;
+        case '\t':
+          out += "\\t";
+          continue;
+        case '\b':
+          out += "\\b";
+          continue;
+        case '\f':
+          out += "\\f";
+          continue;
+        default:
+          break;
       }
       if (cp >= 0x20 && cp < 0x7f) {
         out.push_back(char(cp));
@@ -199,15 +232,20 @@ int main(int argc, char** argv) {
   std::string path;
   ckpt::pickle::parse_options options;
   for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--repr")) as_repr = true;
-    else if (!std::strcmp(argv[i], "--no-eof")) options.require_eof = false;
+    if (!std::strcmp(argv[i], "--repr"))
+      as_repr = true;
+    else if (!std::strcmp(argv[i], "--no-eof"))
+      options.require_eof = false;
     else if (!std::strcmp(argv[i], "--max-depth") && i + 1 < argc)
       options.lim.max_depth = std::strtoull(argv[++i], nullptr, 10);
-    else if (!std::strcmp(argv[i], "--time") && i + 1 < argc) repeat = std::atoi(argv[++i]);
-    else path = argv[i];
+    else if (!std::strcmp(argv[i], "--time") && i + 1 < argc)
+      repeat = std::atoi(argv[++i]);
+    else
+      path = argv[i];
   }
   if (path.empty()) {
-    std::fprintf(stderr, "usage: pickle_dump [--repr] [--no-eof] [--max-depth N] [--time N] FILE\n");
+    std::fprintf(stderr,
+                 "usage: pickle_dump [--repr] [--no-eof] [--max-depth N] [--time N] FILE\n");
     return 2;
   }
   std::ifstream in(path, std::ios::binary);
@@ -215,7 +253,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "pickle_dump: cannot open %s\n", path.c_str());
     return 4;
   }
-  std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)),
+                             std::istreambuf_iterator<char>());
   try {
     if (repeat > 0) {
       // Wall time, and this thread's CPU time, which a busy machine disturbs far less.

@@ -22,7 +22,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "pickle_roundtrip: cannot open %s\n", argv[1]);
     return 4;
   }
-  std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)),
+                             std::istreambuf_iterator<char>());
   try {
     ckpt::pickle::document doc = ckpt::pickle::parse(bytes.data(), bytes.size());
     std::vector<uint8_t> out = ckpt::pickle::write(doc.root);

@@ -755,7 +755,11 @@ TEST_CASE("pickle: a 20,000-tensor state dict parses quickly") {
     CHECK(d.root->dict_size() == 20000);
   }
   MESSAGE("20,000-tensor data.pkl (" << bytes.size() << " bytes) parsed in " << best << " ms");
-  CHECK(best < 500);  // generous: sanitizer builds and busy machines; see the Python test
+#if defined(NDEBUG) && !defined(__SANITIZE_ADDRESS__)
+  CHECK(best < 500);  // generous for busy machines; the Python test holds the 50 ms line
+#else
+  CHECK(best < 5000);  // debug and sanitizer builds
+#endif
 }
 
 }  // TEST_SUITE

@@ -1,0 +1,266 @@
+#!/usr/bin/env python3
+"""Regenerates the committed fuzz seeds under fuzz/seeds/<target>/ with the real reference
+libraries (torch, safetensors from the project venv):
+
+    .venv/bin/python fuzz/make_seeds.py            # rewrites fuzz/seeds/
+
+Every file is small (tensors of a few elements) so the whole tree stays well under 2 MB.
+torch.save records a random serialization id, so regenerated files differ byte-for-byte
+from the committed ones; their structure is the same.
+
+The shared corpora (../shared/corpora/: picklescan, ziplinter) and samples/ are NOT copied
+here: fuzz/run.sh passes them to the fuzzers as extra read-only corpus directories.
+"""
+import collections
+import datetime
+import decimal
+import io
+import os
+import pickle
+import shutil
+import struct
+import sys
+import zipfile
+
+import torch
+import torch.nn as nn
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SEEDS = os.path.join(HERE, "seeds")
+SPLIT = b"\n--ckpt-fuzz-constants.pkl--\n"  # fuzz/targets.h kPickleSplit
+
+torch.manual_seed(0)
+
+
+def out(target, name, data):
+    d = os.path.join(SEEDS, target)
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, name), "wb") as f:
+        f.write(data)
+
+
+def saved(obj, **kw):
+    buf = io.BytesIO()
+    torch.save(obj, buf, **kw)
+    return buf.getvalue()
+
+
+def records(data):
+    """{record name without the archive folder: bytes} of a torch zip."""
+    z = zipfile.ZipFile(io.BytesIO(data))
+    return {n.split("/", 1)[1]: z.read(n) for n in z.namelist()}
+
+
+class TinyNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(4, 3)
+        self.hidden = nn.Linear(3, 3)
+        self.norm = nn.LayerNorm(3)
+        self.head = nn.Linear(3, 2)
+
+    def forward(self, x):
+        return self.head(self.norm(torch.relu(self.hidden(self.embed(x)))))
+
+
+# ---- torch.save files (zip format) -------------------------------------------------------
+
+def torch_files():
+    files = {}
+    net = TinyNet()
+    files["state_dict.pt"] = saved(net.state_dict())
+
+    dtypes = [torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.uint8,
+              torch.int16, torch.int32, torch.int64, torch.bool, torch.complex64, torch.complex128,
+              torch.uint16, torch.uint32, torch.uint64, torch.float8_e4m3fn, torch.float8_e5m2,
+              torch.float8_e4m3fnuz, torch.float8_e5m2fnuz, torch.float8_e8m0fnu]
+    sd = collections.OrderedDict()
+    for dt in dtypes:
+        name = str(dt).replace("torch.", "")
+        sd[name] = torch.zeros(2, 2).to(dt) if dt != torch.bool else torch.tensor([True, False])
+    sd["complex32"] = torch.zeros(2, dtype=torch.complex32)
+    files["dtypes.pt"] = saved(sd)
+
+    base = torch.arange(24, dtype=torch.float32).reshape(4, 6)
+    files["views.pt"] = saved({
+        "base": base,
+        "slice": base[1:3, 2:5],            # storage offset, non-contiguous
+        "transposed": base.t(),
+        "column": base[:, 3],
+        "expanded": torch.ones(1, 3).expand(4, 3),  # stride 0
+        "scalar": torch.tensor(3.5),
+        "empty": torch.empty(0, 5),
+        "strided": base[::2, ::3],
+    })
+
+    lin = nn.Linear(3, 3)
+    tied = collections.OrderedDict(encoder=lin.weight, decoder=lin.weight, bias=lin.bias,
+                                   params=[nn.Parameter(torch.ones(2), requires_grad=False)])
+    files["tied.pt"] = saved(tied)
+
+    opt = torch.optim.Adam(net.parameters(), lr=1e-3)
+    net(torch.tensor([[0, 1]])).sum().backward()
+    opt.step()
+    files["lightning.ckpt"] = saved({
+        "epoch": 1, "global_step": 2, "pytorch-lightning_version": "2.6.6",
+        "state_dict": collections.OrderedDict(("model._orig_mod." + k, v) for k, v in net.state_dict().items()),
+        "loops": {"fit_loop": {"state_dict": {}, "epoch_progress": {"total": {"ready": 1}}}},
+        "callbacks": {"ModelCheckpoint{'monitor': None}": {"best_model_score": None, "dirpath": "/tmp/x"}},
+        "optimizer_states": [opt.state_dict()],
+        "lr_schedulers": [],
+        "hyper_parameters": {"lr": 1e-3, "layers": [3, 3], "name": "tiny", "flag": True, "none": None},
+    })
+    files["ddp_module.pt"] = saved({"model": collections.OrderedDict(
+        ("module." + k, v) for k, v in net.state_dict().items()), "iteration": 7})
+    files["nested.pt"] = saved({1: [torch.ones(2), (torch.zeros(1), {"x": torch.arange(3)})],
+                                "s": {1, 2, 3}, "b": b"\x00\x01", "f": 1.5, "big": 2 ** 70,
+                                "neg": -5, "u": "\u00e9\u4e2d", "fs": frozenset([1])})
+    files["meta.pt"] = saved({"w": torch.empty(3, 4, device="meta"), "b": torch.empty(2, device="meta")})
+    q = torch.quantize_per_tensor(torch.tensor([0.5, 1.0, -1.0]), 0.1, 10, torch.quint8)
+    files["quantized.pt"] = saved({"q": q})
+
+    class Sub(torch.Tensor):
+        pass
+    t = torch.ones(2)
+    t.note = "attr"
+    files["from_type.pt"] = saved({"attr": t})
+    files["module_pickled.pt"] = saved(nn.Linear(2, 2))  # full nn.Module: unsafe globals
+    files["sparse.pt"] = saved({"sp": torch.eye(2).to_sparse()})
+    files["proto4.pt"] = saved(net.state_dict(), pickle_protocol=4)
+    files["proto5.pt"] = saved({"w": torch.ones(2, 2)}, pickle_protocol=5)
+    files["empty_dict.pt"] = saved({})
+    files["list_root.pt"] = saved([torch.ones(1), torch.zeros(2)])
+    return files
+
+
+# ---- other formats -----------------------------------------------------------------------
+
+def legacy_files():
+    net = TinyNet()
+    base = torch.arange(6, dtype=torch.float32)
+    return {
+        "legacy_state_dict.pt": saved(net.state_dict(), _use_new_zipfile_serialization=False),
+        "legacy_views.pt": saved({"base": base, "view": base[2:4], "t": base.reshape(2, 3).t()},
+                                 _use_new_zipfile_serialization=False),
+    }
+
+
+class Scripted(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(3, 2)
+        self.register_buffer("running", torch.zeros(2))
+        self.names: list = ["a", "b"]
+        self.scale = 2.0
+
+    def forward(self, x):
+        return self.fc(x) * self.scale + torch.tensor([1.0, 2.0]) + self.running
+
+
+def torchscript_files():
+    files = {}
+    for name, mod in [("scripted.pt", torch.jit.script(Scripted())),
+                      ("traced.pt", torch.jit.trace(nn.Sequential(nn.Linear(2, 2), nn.ReLU()), torch.ones(1, 2)))]:
+        buf = io.BytesIO()
+        torch.jit.save(mod, buf)
+        files[name] = buf.getvalue()
+    return files
+
+
+def safetensors_files():
+    from safetensors.torch import save
+    files = {}
+    files["mixed.safetensors"] = save({"a": torch.ones(2, 3), "b": torch.zeros(4, dtype=torch.bfloat16),
+                                       "c": torch.arange(3), "d": torch.tensor([True, False])},
+                                      metadata={"format": "pt", "note": "fuzz seed"})
+    files["empty_tensor.safetensors"] = save({"e": torch.empty(0, 4), "s": torch.tensor(1.0)})
+    files["f8.safetensors"] = save({"x": torch.zeros(4, dtype=torch.float8_e4m3fn),
+                                    "y": torch.zeros(2, dtype=torch.float8_e5m2),
+                                    "u": torch.zeros(2, dtype=torch.uint16), "i": torch.zeros(2, dtype=torch.int8)})
+    files["nothing.safetensors"] = save({})
+    files["f64_c64.safetensors"] = save({"d": torch.zeros(1, dtype=torch.float64),
+                                         "z": torch.zeros(1, dtype=torch.complex64)})
+    # Hand-written header: whitespace padding the way the reference writer aligns.
+    hdr = b'{"t":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}'
+    hdr += b" " * (-(8 + len(hdr)) % 8)
+    files["padded.safetensors"] = struct.pack("<Q", len(hdr)) + hdr + b"\x00" * 4
+    return files
+
+
+# ---- plain pickles -----------------------------------------------------------------------
+
+def plain_pickles():
+    shared = [1, 2]
+    rec = []
+    rec.append(rec)
+    objects = {
+        "scalars": [None, True, False, 0, 1, -1, 255, 256, 65535, 2 ** 31, -2 ** 31, 2 ** 63, 2 ** 100, -2 ** 100,
+                    1.5, float("inf"), -0.0, "", "abc", "\u00e9\u4e2d\U0001F600", "\ud800", b"", b"\x00\xff",
+                    bytearray(b"xy")],
+        "containers": {"t": (1, 2, 3), "t0": (), "t1": (1,), "l": [[], {}], "s": {1, 2}, "f": frozenset([3]),
+                       1: "int key", (1, 2): "tuple key", "shared": (shared, shared)},
+        "ordered": collections.OrderedDict([("b", 1), ("a", 2)]),
+        "recursive": rec,
+        "objects": [datetime.date(2020, 1, 2), decimal.Decimal("1.5"), complex(1, 2), range(3), slice(1, 5, 2)],
+    }
+    files = {}
+    for name, obj in objects.items():
+        for proto in range(0, 6):
+            files[f"{name}.p{proto}.pkl"] = pickle.dumps(obj, protocol=proto)
+    # Protocol 5 out-of-band-free buffer and a bytearray.
+    files["bytearray8.p5.pkl"] = pickle.dumps(bytearray(b"z" * 10), protocol=5)
+    return files
+
+
+def main():
+    if os.path.isdir(SEEDS):
+        shutil.rmtree(SEEDS)
+    torch_zip = torch_files()
+    legacy = legacy_files()
+    ts = torchscript_files()
+    st = safetensors_files()
+
+    for name, data in {**torch_zip, **legacy, **ts, **st}.items():
+        out("torch_archive", name, data)
+    for name, data in {**torch_zip, **ts}.items():
+        out("rewrite_roundtrip", name, data)
+    for name in ["state_dict.pt", "views.pt", "lightning.ckpt", "nested.pt", "dtypes.pt"]:
+        out("zip_index", name, torch_zip[name])
+    out("zip_index", "scripted.pt", ts["scripted.pt"])  # deflated code/ records
+    # Python's zipfile: deflate, data descriptors (streamed), a directory, ZIP64 extras.
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_DEFLATED) as z:
+        z.writestr("archive/data.pkl", pickle.dumps({"a": 1}, protocol=2))
+        with z.open("archive/data/0", "w", force_zip64=True) as f:
+            f.write(b"\x00" * 64)
+        z.writestr("archive/version", "3\n")
+    out("zip_index", "python_zipfile_deflate.zip", buf.getvalue())
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_STORED) as z:
+        z.writestr("archive/data.pkl", pickle.dumps([], protocol=2))
+    out("zip_index", "python_zipfile_stored.zip", buf.getvalue())
+
+    for name, data in st.items():
+        out("safetensors", name, data)
+
+    for name, data in {**ts}.items():
+        out("torchscript_meta", name, data)
+        r = records(data)
+        out("torchscript_meta", name.replace(".pt", ".split"), r["data.pkl"] + SPLIT + r.get("constants.pkl", b""))
+
+    for name, data in {**torch_zip, **ts}.items():
+        r = records(data)
+        out("pickle", name.rsplit(".", 1)[0] + ".data.pkl", r["data.pkl"])
+        if "constants.pkl" in r:
+            out("pickle", name.rsplit(".", 1)[0] + ".constants.pkl", r["constants.pkl"])
+    out("pickle", "legacy_views.stream.pkl", legacy["legacy_views.pt"])
+    for name, data in plain_pickles().items():
+        out("pickle", name, data)
+
+    total = sum(os.path.getsize(os.path.join(dp, f)) for dp, _, fs in os.walk(SEEDS) for f in fs)
+    count = sum(len(fs) for _, _, fs in os.walk(SEEDS))
+    print(f"make_seeds: {count} files, {total} bytes under {SEEDS}")
+
+
+if __name__ == "__main__":
+    main()

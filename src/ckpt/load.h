@@ -1,0 +1,72 @@
+// Loading a checkpoint's tensors onto a device for C++ services that embed LibTorch:
+// every storage is read once from the file straight into its destination (parallel pread
+// into at::empty on the CPU; a small ring of pinned buffers and asynchronous copies for
+// CUDA), one allocation per storage, so views and tied weights stay views and tied.
+// Nothing is ever randomly initialized.
+//
+//   #include <ckpt/load.h>
+//   auto tensors = ckpt::load_tensors("model.pt", {c10::Device("cuda:0")});
+//   torch::jit::Module m = ckpt::load_module("scripted.pt", "last.ckpt", {c10::Device("cuda:0")});
+//
+// Link ckpt_torch and LibTorch. Errors are ckpt::error (ckpt/error.h).
+#pragma once
+
+#include <torch/script.h>
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ckpt/checkpoint.h"
+
+namespace ckpt {
+
+struct load_options {
+  c10::Device device = c10::Device(c10::kCPU);
+  /// Cast floating-point tensors to this type on the device, after the copy.
+  std::optional<c10::ScalarType> dtype;
+  /// CPU only: tensors backed by a private (copy-on-write) mapping of the file, as
+  /// torch.load(mmap=True) does; nothing is read until touched.
+  bool mmap = false;
+  /// Reader threads (0: a sensible default for the machine).
+  int threads = 0;
+  /// CUDA: pinned buffers in the ring and the size of each.
+  int ring_slots = 4;
+  uint64_t chunk_bytes = 64ull << 20;
+  /// Called with (bytes done, bytes total) as data arrives; from reader threads.
+  std::function<void(uint64_t, uint64_t)> progress;
+};
+
+/// The tensors of `c` by name, in file order: state-dict keys for the tensors of the state
+/// dict that was found, '/'-joined paths for the others (optimizer state, ...).
+std::vector<std::pair<std::string, at::Tensor>> load_tensors(const checkpoint& c, const load_options& options);
+std::vector<std::pair<std::string, at::Tensor>> load_tensors(const std::string& path, const load_options& options);
+
+struct module_load_report {
+  std::string key_edit;                        // the wrapper-segment edit applied
+  std::vector<std::string> missing;            // model tensors the checkpoint lacks
+  std::vector<std::string> unexpected;         // checkpoint tensors the model lacks
+  std::vector<std::string> shape_mismatched;   // "name: checkpoint [..] vs model [..]"
+  std::vector<std::string> dtype_converted;    // "name: float32 -> bfloat16"
+  std::vector<std::string> filled_from_model;  // missing ones taken from the model file (non-strict)
+  uint64_t bytes = 0;                          // bytes read from the checkpoint
+};
+
+/// Builds the TorchScript model in `model_path` on the meta device (its weights are not
+/// read), aligns `c`'s state dict to its parameters and buffers (wrapper segments such as
+/// `_orig_mod.`, `module.`, a Lightning `model.` are solved for), and fills every one of
+/// them, allocated empty on the device, from the checkpoint. Strict: a model tensor the
+/// checkpoint lacks is errc::check_failed; non-strict: it is filled from the model file.
+torch::jit::Module load_module(const std::string& model_path, const checkpoint& c, const load_options& options,
+                               bool strict = true, module_load_report* report = nullptr);
+torch::jit::Module load_module(const std::string& model_path, const std::string& checkpoint_path,
+                               const load_options& options, bool strict = true,
+                               module_load_report* report = nullptr);
+
+/// Writes tensors as a torch.save archive (what torch.load reads; tensors sharing a
+/// storage keep sharing it) to `path`, atomically.
+void save_tensors(const std::vector<std::pair<std::string, at::Tensor>>& tensors, const std::string& path);
+
+}  // namespace ckpt

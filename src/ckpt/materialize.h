@@ -1,0 +1,49 @@
+// `ckptool materialize` as plain structs, so the CLI can drive it through the LibTorch
+// plugin (ckpt/torch_plugin.h) without including LibTorch. Embedders use ckpt/load.h.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ckpt/checkpoint.h"
+#include "ckpt/torchscript.h"
+
+namespace ckpt {
+
+struct materialize_request {
+  std::string device = "cpu";            // cpu, cuda, cuda:N, meta
+  std::string model;                     // TorchScript model to fill; empty: just the tensors
+  std::string dtype;                     // cast floating tensors; empty: keep
+  bool strict = true;
+  bool mmap = false;
+  int threads = 0;
+  std::string output;                    // -o: TorchScript (with model) or torch.save archive
+  std::string run_method;                // --run
+  std::vector<input_spec> run_inputs;
+  bool check_finite = false;
+  std::function<void(uint64_t, uint64_t)> progress;
+};
+
+struct materialize_report {
+  std::string device;
+  bool cuda_build = false;
+  size_t tensors = 0;
+  size_t storages = 0;
+  uint64_t bytes = 0;                    // bytes copied from the file
+  double seconds = 0;                    // file -> device, synchronized
+  std::string key_edit;
+  std::vector<std::string> missing, unexpected, shape_mismatched, dtype_converted, filled_from_model;
+  std::vector<std::string> non_finite;   // --check-finite: tensors with NaN or Inf
+  std::vector<meta_output> outputs;      // --run: output shapes (path, dtype, shape)
+  std::vector<double> checksums;         // --run: sum of each tensor output, as float64
+  std::string run_method;
+};
+
+/// Throws ckpt::error: device (exit 4) for an unavailable device; check_failed (exit 1)
+/// for missing keys in strict mode and shape mismatches; the reader's errors otherwise.
+materialize_report materialize(const checkpoint& c, const materialize_request& request);
+
+}  // namespace ckpt

@@ -1,0 +1,162 @@
+#include "ckpt/materialize.h"
+
+#include <chrono>
+#include <sstream>
+
+#include <torch/cuda.h>
+
+#include "aten_types.h"
+#include "ckpt/atomic_file.h"
+#include "ckpt/error.h"
+#include "ckpt/load.h"
+
+namespace ckpt {
+namespace {
+
+c10::Device parse_device(const std::string& s) {
+  try {
+    return c10::Device(s);
+  } catch (const c10::Error&) {
+    throw error(errc::usage, "--device " + s + ": expected cpu, cuda, cuda:N or meta");
+  }
+}
+
+void synchronize(const c10::Device& d) {
+#ifdef CKPTOOL_WITH_CUDA
+  if (d.is_cuda()) torch::cuda::synchronize(d.index());
+#endif
+}
+
+std::string shape_of(const at::Tensor& t) {
+  std::string s = "[";
+  for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
+  return s + "]";
+}
+
+// --run: deterministic inputs (fixed seed; integer inputs are zeros, valid as class
+// indices), so checksums compare across runs and devices.
+void run_method(torch::jit::Module& m, const materialize_request& req, const c10::Device& dev, materialize_report& r) {
+  std::vector<c10::IValue> inputs;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(0);
+  for (const auto& in : req.run_inputs) {
+    c10::ScalarType st = detail::scalar_type(in.type);
+    at::Tensor t = at::isFloatingType(st) ? at::randn(in.shape, gen, at::TensorOptions().dtype(at::kFloat)).to(st)
+                                          : at::zeros(in.shape, at::TensorOptions().dtype(st));
+    inputs.push_back(t.to(dev));
+  }
+  auto method = m.find_method(req.run_method);
+  if (!method) throw error(errc::usage, "--run: the model has no method '" + req.run_method + "'");
+  torch::NoGradGuard no_grad;
+  c10::IValue out;
+  try {
+    out = (*method)(inputs);
+  } catch (const c10::Error& e) {
+    std::string msg = e.what_without_backtrace();
+    msg = msg.substr(0, msg.find('\n'));
+    throw error(errc::usage, "--run " + req.run_method + " failed: " + msg);
+  }
+  synchronize(dev);
+  r.run_method = req.run_method;
+  std::function<void(const c10::IValue&, const std::string&)> flatten = [&](const c10::IValue& v, const std::string& path) {
+    if (v.isTensor()) {
+      at::Tensor t = v.toTensor();
+      meta_output o;
+      o.path = path;
+      o.is_tensor = true;
+      o.type = "Tensor";
+      o.dtype = c10::getDtypeNames(t.scalar_type()).first;
+      o.shape = t.sizes().vec();
+      r.outputs.push_back(o);
+      r.checksums.push_back(t.numel() ? t.to(at::kDouble).sum().item<double>() : 0.0);
+    } else if (v.isTuple() || v.isList()) {
+      auto elems = v.isTuple() ? v.toTupleRef().elements().vec() : v.toListRef().vec();
+      for (size_t i = 0; i < elems.size(); ++i) flatten(elems[i], path.empty() ? std::to_string(i) : path + "." + std::to_string(i));
+    } else {
+      meta_output o;
+      o.path = path;
+      o.type = v.tagKind();
+      std::ostringstream s;
+      s << v;
+      o.value = s.str().substr(0, 80);
+      r.outputs.push_back(o);
+      r.checksums.push_back(0.0);
+    }
+  };
+  flatten(out, "");
+}
+
+std::vector<std::string> non_finite(const std::vector<std::pair<std::string, at::Tensor>>& tensors) {
+  std::vector<std::string> bad;
+  for (const auto& [name, t] : tensors)
+    if (!t.is_meta() && at::isFloatingType(t.scalar_type()) && t.numel() && !at::isfinite(t).all().item<bool>())
+      bad.push_back(name);
+  return bad;
+}
+
+}  // namespace
+
+materialize_report materialize(const checkpoint& c, const materialize_request& req) {
+  materialize_report r;
+#ifdef CKPTOOL_WITH_CUDA
+  r.cuda_build = true;
+#endif
+  load_options o;
+  o.device = parse_device(req.device);
+  r.device = o.device.str();
+  if (!req.dtype.empty()) {
+    auto d = dtype_from_name(req.dtype);
+    if (!d || !info(*d).is_floating) throw error(errc::usage, "--dtype " + req.dtype + ": expected a floating type such as bfloat16");
+    o.dtype = detail::scalar_type(*d);
+  }
+  o.mmap = req.mmap;
+  o.threads = req.threads;
+  o.progress = req.progress;
+  if (!req.run_method.empty() && req.model.empty()) throw error(errc::usage, "--run needs --model");
+  if (!req.output.empty() && o.device.is_meta()) throw error(errc::usage, "-o cannot write meta tensors' data; use a real device");
+
+  try {
+    if (!req.model.empty()) {
+      module_load_report mr;
+      auto t0 = std::chrono::steady_clock::now();
+      torch::jit::Module m = load_module(req.model, c, o, req.strict, &mr);
+      synchronize(o.device);
+      r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      r.key_edit = mr.key_edit;
+      r.missing = mr.missing;
+      r.unexpected = mr.unexpected;
+      r.shape_mismatched = mr.shape_mismatched;
+      r.dtype_converted = mr.dtype_converted;
+      r.filled_from_model = mr.filled_from_model;
+      r.bytes = mr.bytes;
+      std::vector<std::pair<std::string, at::Tensor>> all;
+      for (const auto& p : m.named_parameters(true)) all.emplace_back(p.name, p.value);
+      for (const auto& b : m.named_buffers(true)) all.emplace_back(b.name, b.value);
+      r.tensors = all.size();
+      if (req.check_finite) r.non_finite = non_finite(all);
+      if (!req.run_method.empty()) run_method(m, req, o.device, r);
+      if (!req.output.empty()) {
+        atomic_output out(req.output);
+        m.save(out.temp_path());
+        out.commit();
+      }
+    } else {
+      auto t0 = std::chrono::steady_clock::now();
+      auto tensors = load_tensors(c, o);
+      synchronize(o.device);
+      r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      r.tensors = tensors.size();
+      for (const auto& s : c.storages) r.bytes += o.device.is_meta() ? 0 : s.nbytes;
+      r.storages = c.storages.size();
+      if (req.check_finite) r.non_finite = non_finite(tensors);
+      if (!req.output.empty()) save_tensors(tensors, req.output);
+    }
+  } catch (const c10::Error& e) {
+    std::string msg = e.what_without_backtrace();
+    msg = msg.substr(0, msg.find('\n'));
+    bool oom = msg.find("out of memory") != std::string::npos;
+    throw error(oom ? errc::device : errc::io, (oom ? "out of memory on " + r.device + ": " : "LibTorch: ") + msg);
+  }
+  return r;
+}
+
+}  // namespace ckpt

@@ -1,0 +1,146 @@
+// save_tensors: a torch.save archive written with ckptool's own pickle and zip writers, in
+// the layout torch.save itself produces (formats.md §2, §8.5): data.pkl holding an
+// OrderedDict of _rebuild_tensor_v2 calls (v3 with UntypedStorage for dtypes that have no
+// typed storage class), .format_version, .storage_alignment, byteorder, data/0..n-1 in
+// key order, version.
+#include <map>
+#include <unordered_map>
+
+#include "aten_types.h"
+#include "ckpt/atomic_file.h"
+#include "ckpt/error.h"
+#include "ckpt/load.h"
+#include "ckpt/pickle_writer.h"
+#include "ckpt/zip_writer.h"
+
+namespace ckpt {
+namespace {
+
+using pickle::kind;
+using pickle::value;
+
+struct builder {
+  pickle::document doc;
+  std::map<std::string, value*> globals;
+
+  value* str(const std::string& s) {
+    value* v = doc.make(kind::str, 0);
+    v->text = s;
+    return v;
+  }
+  value* integer(int64_t i) {
+    value* v = doc.make(kind::integer, 0);
+    v->integer = i;
+    return v;
+  }
+  value* boolean(bool b) {
+    value* v = doc.make(kind::boolean, 0);
+    v->flag = b;
+    return v;
+  }
+  value* tuple(std::vector<value*> items) {
+    value* v = doc.make(kind::tuple, 0);
+    v->items = std::move(items);
+    return v;
+  }
+  value* ints(at::IntArrayRef xs) {
+    std::vector<value*> items;
+    for (int64_t x : xs) items.push_back(integer(x));
+    return tuple(std::move(items));
+  }
+  value* global(const std::string& module, const std::string& name) {
+    value*& g = globals[module + "\n" + name];
+    if (!g) {
+      g = doc.make(kind::global, 0);
+      g->items = {str(module), str(name)};
+    }
+    return g;
+  }
+  value* ordered_dict() {
+    value* d = doc.make(kind::dict, 0);
+    d->flag = true;
+    return d;
+  }
+  value* call(value* fn, value* args) {
+    value* o = doc.make(kind::object, 0);
+    o->op = pickle::object_op::reduce;
+    o->items.assign(pickle::kObjectSlots, nullptr);
+    o->items[pickle::kCallable] = fn;
+    o->items[pickle::kArgs] = args;
+    return o;
+  }
+};
+
+}  // namespace
+
+void save_tensors(const std::vector<std::pair<std::string, at::Tensor>>& tensors, const std::string& path) {
+  builder b;
+  value* root = b.ordered_dict();
+  b.doc.root = root;
+
+  // One record per distinct storage, numbered in the order first met, as torch.save does.
+  struct storage_out {
+    at::Storage storage;
+    dtype type;
+    std::string key;
+  };
+  std::vector<storage_out> storages;
+  std::unordered_map<const void*, size_t> index_of;
+  for (const auto& [name, t0] : tensors) {
+    at::Tensor t = t0.is_meta() ? t0 : t0.detach();
+    dtype dt = detail::from_scalar_type(t.scalar_type());
+    const dtype_info& di = info(dt);
+    value* rebuilt;
+    if (t.is_meta()) {
+      rebuilt = b.call(b.global("torch._utils", "_rebuild_meta_tensor_no_storage"),
+                       b.tuple({b.global("torch", di.name), b.ints(t.sizes()), b.ints(t.strides()), b.boolean(false)}));
+    } else {
+      const void* id = t.storage().unsafeGetStorageImpl();
+      auto [it, fresh] = index_of.emplace(id, storages.size());
+      if (fresh) storages.push_back({t.storage(), dt, std::to_string(storages.size())});
+      storage_out& s = storages[it->second];
+      if (s.type != dt)
+        throw error(errc::unsupported, "tensors " + name + " and another share a storage with different dtypes; torch.save refuses that too");
+      bool typed = di.legacy_storage != nullptr;
+      uint64_t nbytes = s.storage.nbytes();
+      value* pid_tuple = b.tuple({b.str("storage"),
+                                  typed ? b.global("torch", di.legacy_storage) : b.global("torch.storage", "UntypedStorage"),
+                                  b.str(s.key), b.str("cpu"),
+                                  b.integer(int64_t(typed ? nbytes / di.element_size : nbytes))});
+      value* pid = b.doc.make(kind::persistent_id, 0);
+      pid->items = {pid_tuple};
+      std::vector<value*> args = {pid, b.integer(t.storage_offset()), b.ints(t.sizes()), b.ints(t.strides()),
+                                  b.boolean(false), b.ordered_dict()};
+      if (!typed) args.push_back(b.global("torch", di.name));
+      rebuilt = b.call(b.global("torch._utils", typed ? "_rebuild_tensor_v2" : "_rebuild_tensor_v3"), b.tuple(args));
+    }
+    root->items.push_back(b.str(name));
+    root->items.push_back(rebuilt);
+  }
+
+  std::vector<uint8_t> pkl = pickle::write(b.doc.root, 2);
+  atomic_output out(path);
+  zip::writer w(out.fd(), "archive");
+  w.add_record("data.pkl", pkl);
+  w.add_record(".format_version", "1", 1);
+  w.add_record(".storage_alignment", "64", 2);
+  w.add_record("byteorder", "little", 6);
+  for (const auto& s : storages) {
+    uint64_t nbytes = s.storage.nbytes();
+    w.begin_record("data/" + s.key, nbytes);
+    if (nbytes) {
+      at::Tensor bytes = at::empty({0}, at::TensorOptions().dtype(at::kByte).device(s.storage.device()))
+                             .set_(s.storage, 0, {int64_t(nbytes)}, {1});
+      // Device storages come back to the host one at a time: host memory stays bounded by
+      // the largest storage, not the checkpoint.
+      if (!bytes.is_cpu()) bytes = bytes.cpu();
+      w.write(bytes.data_ptr<uint8_t>(), size_t(nbytes));
+    }
+    w.end_record();
+  }
+  w.add_record("version", "3\n", 2);
+  w.finish();
+  out.commit();
+}
+
+}  // namespace ckpt

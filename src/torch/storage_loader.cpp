@@ -1,0 +1,171 @@
+#include "storage_loader.h"
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <memory>
+#include <thread>
+
+#include <torch/cuda.h>
+
+#include "aten_types.h"
+#include "ckpt/error.h"
+
+namespace ckpt::detail {
+namespace {
+
+int reader_threads(const load_options& o) {
+  if (o.threads > 0) return o.threads;
+  unsigned hw = std::thread::hardware_concurrency();
+  return int(std::clamp(hw == 0 ? 4u : hw, 1u, 8u));
+}
+
+// Work list: storages cut into chunks, so one big storage is read by several threads.
+struct chunk {
+  size_t storage;
+  uint64_t begin;  // within the storage
+  uint64_t size;
+};
+
+std::vector<chunk> plan_chunks(const checkpoint& c, const std::vector<bool>& needed, uint64_t chunk_bytes) {
+  std::vector<size_t> order;
+  for (size_t i = 0; i < c.storages.size(); ++i)
+    if (needed[i] && c.storages[i].file_offset && c.storages[i].nbytes) order.push_back(i);
+  // File order: sequential reads, what the page cache and read-ahead like best.
+  std::sort(order.begin(), order.end(),
+            [&](size_t a, size_t b) { return *c.storages[a].file_offset < *c.storages[b].file_offset; });
+  std::vector<chunk> out;
+  for (size_t i : order)
+    for (uint64_t b = 0; b < c.storages[i].nbytes; b += chunk_bytes)
+      out.push_back({i, b, std::min(chunk_bytes, c.storages[i].nbytes - b)});
+  return out;
+}
+
+void byteswap_in_place(uint8_t* p, uint64_t nbytes, uint32_t width) {
+  if (width <= 1) return;
+  for (uint64_t i = 0; i + width <= nbytes; i += width) std::reverse(p + i, p + i + width);
+}
+
+std::vector<at::Tensor> load_cpu(const checkpoint& c, const std::vector<bool>& needed, const load_options& o) {
+  std::vector<at::Tensor> bytes(c.storages.size());
+  uint64_t total = 0;
+  for (size_t i = 0; i < c.storages.size(); ++i) {
+    if (!needed[i]) continue;
+    bytes[i] = at::empty({int64_t(c.storages[i].nbytes)}, at::TensorOptions().dtype(at::kByte));
+    total += c.storages[i].nbytes;
+  }
+  std::vector<chunk> chunks = plan_chunks(c, needed, 16ull << 20);
+  std::atomic<size_t> next{0};
+  std::atomic<uint64_t> done{0};
+  std::exception_ptr failure;
+  std::mutex failure_mutex;
+  auto work = [&] {
+    for (size_t j = next++; j < chunks.size(); j = next++) {
+      const chunk& k = chunks[j];
+      try {
+        auto* dst = bytes[k.storage].data_ptr<uint8_t>() + k.begin;
+        c.source->read_exact(*c.storages[k.storage].file_offset + k.begin, dst, size_t(k.size));
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(failure_mutex);
+        if (!failure) failure = std::current_exception();
+        next = chunks.size();
+        return;
+      }
+      uint64_t now = done += k.size;
+      if (o.progress) o.progress(now, total);
+    }
+  };
+  int n = std::min<int>(reader_threads(o), int(std::max<size_t>(chunks.size(), 1)));
+  std::vector<std::thread> pool;
+  for (int t = 1; t < n; ++t) pool.emplace_back(work);
+  work();
+  for (auto& t : pool) t.join();
+  if (failure) std::rethrow_exception(failure);
+  return bytes;
+}
+
+// torch.load(mmap=True) semantics: a private mapping, so writing to a tensor copies the
+// page instead of touching the file.
+std::vector<at::Tensor> load_mmap(const checkpoint& c, const std::vector<bool>& needed) {
+  auto* fs = dynamic_cast<const file_source*>(c.source.get());
+  if (!fs) throw error(errc::usage, "--mmap needs a checkpoint file");
+  void* base = ::mmap(nullptr, size_t(c.file_size), PROT_READ | PROT_WRITE, MAP_PRIVATE, fs->fd(), 0);
+  if (base == MAP_FAILED) throw error(errc::io, std::string("mmap failed: ") + std::strerror(errno)).with_file(c.path);
+  size_t length = size_t(c.file_size);
+  auto mapping = std::shared_ptr<void>(base, [length](void* p) { ::munmap(p, length); });
+  std::vector<at::Tensor> bytes(c.storages.size());
+  for (size_t i = 0; i < c.storages.size(); ++i) {
+    if (!needed[i]) continue;
+    const auto& s = c.storages[i];
+    if (!s.file_offset || s.nbytes == 0) {
+      bytes[i] = at::empty({0}, at::kByte);
+      continue;
+    }
+    auto* p = static_cast<uint8_t*>(base) + *s.file_offset;
+    bytes[i] = at::from_blob(p, {int64_t(s.nbytes)}, [mapping](void*) {}, at::TensorOptions().dtype(at::kByte));
+  }
+  return bytes;
+}
+
+}  // namespace
+
+void check_device(const c10::Device& device) {
+  if (device.is_cpu() || device.is_meta()) return;
+  if (!device.is_cuda()) throw error(errc::device, "unsupported device " + device.str() + " (use cpu, cuda, cuda:N or meta)");
+#ifndef CKPTOOL_WITH_CUDA
+  throw error(errc::device, "this ckptool was built without CUDA (LibTorch without CUDA, or no CUDA toolkit at build time)");
+#else
+  if (!torch::cuda::is_available()) throw error(errc::device, "no CUDA device is available on this machine");
+  if (device.has_index() && device.index() >= int(torch::cuda::device_count()))
+    throw error(errc::device, "no such device " + device.str() + " (" + std::to_string(torch::cuda::device_count()) +
+                                  " CUDA devices)");
+#endif
+}
+
+std::vector<at::Tensor> load_storages(const checkpoint& c, const std::vector<bool>& needed, const load_options& o) {
+  check_device(o.device);
+  if (o.device.is_meta()) {
+    std::vector<at::Tensor> out(c.storages.size());
+    for (size_t i = 0; i < c.storages.size(); ++i)
+      if (needed[i]) out[i] = at::empty({int64_t(c.storages[i].nbytes)}, at::TensorOptions().dtype(at::kByte).device(at::kMeta));
+    return out;
+  }
+  bool big_endian = c.byteorder == "big";
+  if (o.mmap && (!o.device.is_cpu() || big_endian))
+    throw error(errc::usage, big_endian ? "--mmap cannot serve big-endian data" : "--mmap works only with --device cpu");
+  std::vector<at::Tensor> out;
+  if (o.mmap) {
+    out = load_mmap(c, needed);
+  } else if (o.device.is_cuda() && !big_endian) {
+    out = load_storages_cuda(c, needed, o);
+  } else {
+    out = load_cpu(c, needed, o);
+  }
+  if (big_endian) {
+    // The element width of each storage decides the swap; then move to the device.
+    for (size_t i = 0; i < out.size(); ++i) {
+      if (!out[i].defined()) continue;
+      byteswap_in_place(out[i].data_ptr<uint8_t>(), c.storages[i].nbytes, element_size(c.storages[i].type));
+      if (!o.device.is_cpu()) out[i] = out[i].to(o.device);
+    }
+  }
+  return out;
+}
+
+at::Tensor view_of(const tensor_record& t, const std::vector<at::Tensor>& storages, const c10::Device& device) {
+  c10::ScalarType st = scalar_type(t.type);
+  if (!t.storage) return at::empty_strided(t.shape, t.stride, at::TensorOptions().dtype(st).device(at::kMeta));
+  const at::Tensor& bytes = storages.at(*t.storage);
+  at::Tensor view = at::empty({0}, bytes.options().dtype(st));
+  return view.set_(bytes.storage(), t.storage_offset, t.shape, t.stride);
+}
+
+#ifndef CKPTOOL_WITH_CUDA
+std::vector<at::Tensor> load_storages_cuda(const checkpoint&, const std::vector<bool>&, const load_options&) {
+  throw error(errc::device, "this ckptool was built without CUDA");
+}
+#endif
+
+}  // namespace ckpt::detail

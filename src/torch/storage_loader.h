@@ -1,0 +1,30 @@
+// Internal: reads the storages of a checkpoint into byte tensors on a device, one
+// allocation per storage, each byte read from the file once.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <vector>
+
+#include "ckpt/checkpoint.h"
+#include "ckpt/load.h"
+
+namespace ckpt::detail {
+
+/// Byte (uint8) tensors indexed like c.storages; undefined where !needed[i]. Meta device:
+/// meta byte tensors, nothing read.
+std::vector<at::Tensor> load_storages(const checkpoint& c, const std::vector<bool>& needed,
+                                      const load_options& options);
+
+/// The tensor view `t` over its loaded storage bytes (or an empty meta tensor for a
+/// checkpoint meta tensor).
+at::Tensor view_of(const tensor_record& t, const std::vector<at::Tensor>& storages, const c10::Device& device);
+
+/// CUDA build only (cuda/cuda_loader.cpp): the pinned-ring loader.
+std::vector<at::Tensor> load_storages_cuda(const checkpoint& c, const std::vector<bool>& needed,
+                                           const load_options& options);
+
+/// Throws errc::device when `device` cannot be used by this build on this machine.
+void check_device(const c10::Device& device);
+
+}  // namespace ckpt::detail
