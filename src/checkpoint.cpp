@@ -155,6 +155,28 @@ void find_state_dict(checkpoint& c) {
   }
 }
 
+size_t count_tensors(const value* v, const std::unordered_set<const value*>& tensor_nodes,
+                     std::unordered_set<const value*>& seen, int depth) {
+  if (!v || depth > 1000 || !seen.insert(v).second) return 0;
+  if (tensor_nodes.count(v)) return 1;
+  size_t n = 0;
+  for (const value* c : v->items) n += count_tensors(c, tensor_nodes, seen, depth + 1);
+  return n + count_tensors(v->state, tensor_nodes, seen, depth + 1);
+}
+
+// Python's repr, except for containers holding tensors: their rebuild calls mean nothing
+// to a reader, so those are summarized ("list, 1 item, 21 tensors inside").
+std::string entry_value(const value* v, const std::unordered_set<const value*>& tensor_nodes) {
+  std::unordered_set<const value*> seen;
+  size_t tensors = count_tensors(v, tensor_nodes, seen, 0);
+  if (tensors == 0) return pickle::repr(v, 120);
+  size_t n = v->type == kind::dict ? v->dict_size() : v->items.size();
+  const char* noun = v->type == kind::dict ? (n == 1 ? "entry" : "entries") : (n == 1 ? "item" : "items");
+  std::string out = type_name(v);
+  if (v->type != kind::object) out += ", " + std::to_string(n) + " " + noun;
+  return out + ", " + std::to_string(tensors) + (tensors == 1 ? " tensor" : " tensors") + " inside";
+}
+
 void summarize_entries(checkpoint& c) {
   const value* root = c.pickle ? c.pickle->root : nullptr;
   if (!root || root->type != kind::dict) return;
@@ -170,7 +192,7 @@ void summarize_entries(checkpoint& c) {
         p.push_back(k->integer);
       else
         p.push_back(k->type == kind::str ? k->text : pickle::repr(k, 80));
-      c.entries.push_back({p, type_name(v), pickle::repr(v, 120)});
+      c.entries.push_back({p, type_name(v), entry_value(v, tensor_nodes)});
     }
   };
   add_entries(root, {});
