@@ -11,6 +11,7 @@
 #include "cmd_inspect.h"
 #include "cmd_materialize.h"
 #include "cmd_rekey.h"
+#include "cmd_verify.h"
 #include "common.h"
 
 int main(int argc, char** argv) {
@@ -25,6 +26,7 @@ int main(int argc, char** argv) {
   cli::setup_inspect(app);
   cli::setup_rekey(app);
   cli::setup_materialize(app);
+  cli::setup_verify(app);
 
   try {
     app.parse(argc, argv);

@@ -1,0 +1,61 @@
+#include "cmd_verify.h"
+
+#include <iostream>
+#include <memory>
+
+#include "ckpt/report.h"
+#include "ckpt/verify.h"
+#include "common.h"
+#include "progress.h"
+
+namespace cli {
+namespace {
+
+struct verify_options {
+  std::string file;
+  bool json = false;
+  ckpt::open_options reader;
+};
+
+void run_verify(const verify_options& o) {
+  progress_bar bar("verify");
+  ckpt::verify_report r = ckpt::verify_file(o.file, o.reader, [&bar](uint64_t d, uint64_t t) { bar.update(d, t); });
+  bar.finish();
+  if (o.json) {
+    nlohmann::json doc = {{"file", o.file},
+                          {"ok", r.ok()},
+                          {"format", r.format.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.format)},
+                          {"tensors", r.tensors},
+                          {"records_checked", r.records_checked},
+                          {"records_without_crc", r.records_without_crc},
+                          {"bytes_checked", r.bytes_checked},
+                          {"problems", r.problems},
+                          {"notes", r.notes},
+                          {"unsafe_globals", r.unsafe_globals}};
+    std::cout << ckpt::json_text(doc) << "\n";
+  } else {
+    std::cout << o.file << ": " << (r.ok() ? "OK" : "FAILED");
+    if (!r.format.empty())
+      std::cout << " (" << r.format << ", " << r.tensors << " tensors, " << r.records_checked << " records' CRC checked, "
+                << human_bytes(r.bytes_checked) << ")";
+    std::cout << "\n";
+    for (const auto& p : r.problems) std::cout << "  problem: " << p << "\n";
+    for (const auto& n : r.notes) std::cout << "  note: " << n << "\n";
+  }
+  set_exit_code(r.ok() ? 0 : 1);
+}
+
+}  // namespace
+
+void setup_verify(CLI::App& app) {
+  auto o = std::make_shared<verify_options>();
+  CLI::App* cmd = app.add_subcommand(
+      "verify", "Check a checkpoint: every zip record's CRC-32, every tensor view against its storage, every "
+                "safetensors range, and unsafe globals (exit 0 if all is well, 1 if not)");
+  cmd->add_option("FILE", o->file, "torch.save, TorchScript, safetensors or legacy torch file")->required();
+  cmd->add_flag("--json", o->json, "Print the result as JSON");
+  add_reader_flags(*cmd, o->reader);
+  cmd->callback([o] { run_verify(*o); });
+}
+
+}  // namespace cli
