@@ -36,8 +36,12 @@ if [ ! -x .venv/bin/python ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; th
 fi
 
 torch_prefix=$(.venv/bin/python -c 'import torch; print(torch.utils.cmake_prefix_path)')
+# The sanitizer build only has to find bugs: -O1 with line tables is what ASan reports
+# need, and compiles LibTorch-heavy files much faster than -O2 -g.
+if [ "$sanitize" = 1 ]; then build_type=(-DCMAKE_BUILD_TYPE=None "-DCMAKE_CXX_FLAGS=-O1 -g1");
+else build_type=(-DCMAKE_BUILD_TYPE=RelWithDebInfo); fi
 if [ ! -f "$build/build.ninja" ]; then
-  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  cmake -S . -B "$build" -G Ninja "${build_type[@]}" \
     -DCMAKE_PREFIX_PATH="$torch_prefix${CMAKE_PREFIX_PATH:+;$CMAKE_PREFIX_PATH}" \
     -DCKPTOOL_SANITIZE=$([ "$sanitize" = 1 ] && echo ON || echo OFF) \
     -DCKPTOOL_PYTHON="$root/.venv/bin/python" >/dev/null

@@ -27,12 +27,6 @@ void synchronize(const c10::Device& d) {
 #endif
 }
 
-std::string shape_of(const at::Tensor& t) {
-  std::string s = "[";
-  for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
-  return s + "]";
-}
-
 // --run: deterministic inputs (fixed seed; integer inputs are zeros, valid as class
 // indices), so checksums compare across runs and devices.
 void run_method(torch::jit::Module& m, const materialize_request& req, const c10::Device& dev, materialize_report& r) {
