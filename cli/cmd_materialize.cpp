@@ -1,5 +1,6 @@
 #include "cmd_materialize.h"
 
+#include <cmath>
 #include <iomanip>
 #include <iostream>
 #include <memory>
@@ -106,7 +107,13 @@ void run_materialize(materialize_options& o) {
         const auto& x = r.outputs[i];
         std::cout << "  " << (x.path.empty() ? "(result)" : x.path) << ": ";
         if (x.is_tensor)
-          std::cout << x.dtype << " " << shape_string(x.shape) << "  checksum " << std::setprecision(6) << r.checksums[i] << "\n";
+        {
+          std::cout << x.dtype << " " << shape_string(x.shape);
+          if (std::isnan(r.checksums[i]))
+            std::cout << "  (meta: no values)\n";
+          else
+            std::cout << "  checksum " << std::setprecision(6) << r.checksums[i] << "\n";
+        }
         else
           std::cout << x.type << " " << x.value << "\n";
       }

@@ -133,6 +133,107 @@ def torch_files():
     return files
 
 
+# ---- hand-made torch files: rebuild calls and shapes torch.save never writes itself -----
+
+class Call:
+    """Pickles as fn(*args), with optional listitems/dictitems (APPEND(S)/SETITEM(S) on it)."""
+
+    def __init__(self, fn, args, listitems=None, dictitems=None):
+        self.fn, self.args, self.listitems, self.dictitems = fn, args, listitems, dictitems
+
+    def __reduce__(self):
+        return (self.fn, self.args, None,
+                iter(self.listitems) if self.listitems is not None else None,
+                iter(self.dictitems) if self.dictitems is not None else None)
+
+
+def zip_with(data, replace=None, compress=None, extra=None, drop=()):
+    """Re-packs torch zip `data` with Python's zipfile: records replaced/added/dropped, or
+    deflated. Not torch's layout (no 'FB' padding), which is part of the point."""
+    src = zipfile.ZipFile(io.BytesIO(data))
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        for info in src.infolist():
+            rec = info.filename.split("/", 1)[1]
+            if rec in drop:
+                continue
+            body = (replace or {}).get(rec, src.read(info.filename))
+            z.writestr(info.filename, body,
+                       compress_type=zipfile.ZIP_DEFLATED if compress and rec in compress else zipfile.ZIP_STORED)
+        for rec, body in (extra or {}).items():
+            z.writestr(src.namelist()[0].split("/", 1)[0] + "/" + rec, body)
+    return buf.getvalue()
+
+
+def handmade_files():
+    import warnings
+    warnings.simplefilter("ignore")
+    u = torch._utils
+    files = {}
+    t = torch.arange(6, dtype=torch.float32)
+    st = t.storage()  # a TypedStorage: pickles with the FloatStorage class, as old torch did
+    files["rebuild_tensor_v1.pt"] = saved({"old": Call(u._rebuild_tensor, (st, 0, (2, 3), (3, 1)))})
+    files["device_tensor.pt"] = saved({"dev": Call(u._rebuild_device_tensor_from_cpu_tensor,
+                                                   (torch.ones(2), torch.float32, "xla:0", False))})
+    # CVE-2026-24747 shape: SETITEM / APPEND applied to a rebuilt tensor.
+    files["cve_setitem_on_tensor.pt"] = saved({"w": Call(u._rebuild_tensor_v2,
+                                                         (st, 0, (6,), (1,), False, collections.OrderedDict()),
+                                                         dictitems=[("k", 1)])})
+    files["cve_append_on_tensor.pt"] = saved({"w": Call(u._rebuild_tensor_v2,
+                                                        (st, 0, (6,), (1,), False, collections.OrderedDict()),
+                                                        listitems=[1])})
+    # Views past their storage and overflowing extents (must be refused).
+    files["view_past_storage.pt"] = saved({"w": Call(u._rebuild_tensor_v2,
+                                                     (st, 4, (2, 2), (2, 1), False, collections.OrderedDict()))})
+    files["view_overflow.pt"] = saved({"w": Call(u._rebuild_tensor_v2,
+                                                 (st, 2 ** 62, (2 ** 40, 2 ** 40), (2 ** 40, 1), False,
+                                                  collections.OrderedDict()))})
+    files["negative_stride.pt"] = saved({"w": Call(u._rebuild_tensor_v2,
+                                                   (st, 5, (6,), (-1,), False, collections.OrderedDict()))})
+    files["from_type_param.pt"] = saved({"p": Call(torch._tensor._rebuild_from_type_v2,
+                                                   (u._rebuild_tensor_v2, nn.Parameter,
+                                                    (st, 0, (6,), (1,), False, collections.OrderedDict()), {}))})
+    files["param_with_state.pt"] = saved({"p": Call(u._rebuild_parameter_with_state,
+                                                    (torch.ones(2), True, collections.OrderedDict(), {"a": 1}))})
+    # Storage reused with another dtype.
+    files["storage_two_dtypes.pt"] = saved({"a": Call(u._rebuild_tensor_v2, (st, 0, (6,), (1,), False, {})),
+                                            "b": Call(u._rebuild_tensor_v2,
+                                                      (torch.arange(6, dtype=torch.float32).storage(), 0, (6,), (1,),
+                                                       False, {}))})
+    base = saved({"w": torch.ones(4), "v": torch.zeros(2)})
+    files["deflated_tensor_record.pt"] = zip_with(base, compress={"data/0"})
+    files["deflated_data_pkl.pt"] = zip_with(base, compress={"data.pkl"})
+    files["no_data_pkl.zip"] = zip_with(base, drop={"data.pkl"})
+    files["mobile_bytecode.zip"] = zip_with(base, drop={"data.pkl"}, extra={"bytecode.pkl": pickle.dumps((6,), 2)})
+    files["model_json.zip"] = zip_with(base, extra={"model.json": b"{}"})
+    files["byteorder_big.pt"] = zip_with(base, replace={"byteorder": b"big"})
+    files["version_99.pt"] = zip_with(base, replace={"version": b"99\n"})
+    return files
+
+
+def legacy_variants(data):
+    """Legacy files torch >= 2 no longer writes: a big-endian sys_info, a storage view."""
+    out = {}
+    i = data.find(b"little_endian")
+    j = data.find(b"\x88", i)
+    out["legacy_big_endian.pt"] = data[:j] + b"\x89" + data[j + 1:]
+    # The first storage pid ('storage', cls, key, location, numel, None): make the None a
+    # view (key, 0, numel) of its own root, as torch < 1.0 wrote for storage views.
+    import pickletools
+    ops = list(pickletools.genops(data[15:]))  # skip the magic pickle
+    for k, (op, arg, pos) in enumerate(ops):
+        if op.name == "BINUNICODE" and arg == "storage":
+            key = ops[k + 4][1] if ops[k + 4][0].name == "BINUNICODE" else None
+            for op2, arg2, pos2 in ops[k:k + 16]:
+                if op2.name == "NONE" and key is not None:
+                    at = 15 + pos2
+                    k8 = key.encode()
+                    view = b"X" + struct.pack("<I", len(k8)) + k8 + b"K\x00K\x02\x87"
+                    out["legacy_storage_view.pt"] = data[:at] + view + data[at + 1:]
+                    return out
+    return out
+
+
 # ---- other formats -----------------------------------------------------------------------
 
 def legacy_files():
@@ -220,9 +321,11 @@ def main():
     ts = torchscript_files()
     st = safetensors_files()
 
-    for name, data in {**torch_zip, **legacy, **ts, **st}.items():
+    handmade = handmade_files()
+    legacy.update(legacy_variants(legacy["legacy_views.pt"]))
+    for name, data in {**torch_zip, **legacy, **ts, **st, **handmade}.items():
         out("torch_archive", name, data)
-    for name, data in {**torch_zip, **ts}.items():
+    for name, data in {**torch_zip, **ts, **handmade}.items():
         out("rewrite_roundtrip", name, data)
     for name in ["state_dict.pt", "views.pt", "lightning.ckpt", "nested.pt", "dtypes.pt"]:
         out("zip_index", name, torch_zip[name])

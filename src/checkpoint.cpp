@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <set>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "ckpt/error.h"
@@ -344,14 +345,19 @@ uint64_t tensor_record::numel() const {
 std::vector<std::pair<std::string, size_t>> checkpoint::state_dict_tensors() const {
   std::vector<std::pair<std::string, size_t>> out;
   if (!state_dict) return out;
-  const value_path& prefix = *state_dict;
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    const value_path& p = tensors[i].path;
-    if (p.size() != prefix.size() + 1 || !std::equal(prefix.begin(), prefix.end(), p.begin())) continue;
-    const auto& last = p.back();
-    out.emplace_back(std::holds_alternative<std::string>(last) ? std::get<std::string>(last)
-                                                                : std::to_string(std::get<int64_t>(last)),
-                     i);
+  if (!state_dict_node) {  // safetensors: every tensor, by name
+    for (size_t i = 0; i < tensors.size(); ++i) out.emplace_back(path_to_string(tensors[i].path), i);
+    return out;
+  }
+  // In the dict's own order, and including keys that share one tensor object (a tied
+  // Parameter saved under two names): the pickle gives both keys the same node.
+  std::unordered_map<const value*, size_t> index_of;
+  for (size_t i = 0; i < tensors.size(); ++i) index_of.emplace(tensors[i].node, i);
+  for (size_t i = 0; i < state_dict_node->dict_size(); ++i) {
+    const value* k = state_dict_node->dict_key(i);
+    auto it = index_of.find(state_dict_node->dict_value(i));
+    if (it == index_of.end()) continue;
+    out.emplace_back(k->type == kind::str ? k->text : pickle::repr(k, 80), it->second);
   }
   return out;
 }

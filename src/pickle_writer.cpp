@@ -3,6 +3,10 @@
 // generic __reduce__ item iterators, and fix_imports' Python 2 names.
 #include "ckpt/pickle_writer.h"
 
+#include <pthread.h>
+
+#include <exception>
+
 #include <algorithm>
 #include <cstring>
 #include <string>
@@ -21,6 +25,9 @@ namespace {
 
 constexpr size_t kBatchSize = 1000;  // pickle.py _BATCHSIZE
 constexpr int kMaxDepth = 10000;
+// Virtual reservation for kMaxDepth levels even in sanitizer builds; only touched pages
+// cost memory.
+constexpr size_t kWriterStackBytes = size_t(512) << 20;
 constexpr size_t kMaxNameLinks = 100;  // dots in one global's qualified name
 
 // Kinds CPython never memoizes (immutable; identity does not matter to Python code). A
@@ -516,7 +523,38 @@ std::vector<uint8_t> write(const value* root, int protocol) {
     throw_unsupported("pickle protocol " + std::to_string(protocol) +
                       " cannot be written (only protocol 2, torch.save's)");
   if (!root) throw_unsupported("cannot write an empty document");
-  return writer().run(root);
+  // The writer recurses once per nesting level, up to kMaxDepth. Frame sizes differ a lot
+  // between builds (sanitizers triple them), so it runs on a thread whose stack is sized
+  // for the limit, not on whatever stack the caller happens to have.
+  std::vector<uint8_t> out;
+  std::exception_ptr failure;
+  struct job {
+    const value* root;
+    std::vector<uint8_t>* out;
+    std::exception_ptr* failure;
+  } j{root, &out, &failure};
+  auto body = [](void* arg) -> void* {
+    auto* jp = static_cast<job*>(arg);
+    try {
+      *jp->out = writer().run(jp->root);
+    } catch (...) {
+      *jp->failure = std::current_exception();
+    }
+    return nullptr;
+  };
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setstacksize(&attr, kWriterStackBytes);
+  pthread_t thread;
+  int rc = pthread_create(&thread, &attr, body, &j);
+  pthread_attr_destroy(&attr);
+  if (rc != 0) {
+    body(&j);  // no thread to be had: the caller's stack it is
+  } else {
+    pthread_join(thread, nullptr);
+  }
+  if (failure) std::rethrow_exception(failure);
+  return out;
 }
 
 }  // namespace ckpt::pickle

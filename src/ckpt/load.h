@@ -42,6 +42,9 @@ struct load_options {
 /// The tensors of `c` by name, in file order: state-dict keys for the tensors of the state
 /// dict that was found, '/'-joined paths for the others (optimizer state, ...).
 std::vector<std::pair<std::string, at::Tensor>> load_tensors(const checkpoint& c, const load_options& options);
+/// The same, also listing each --dtype conversion ("name: float32 -> bfloat16").
+std::vector<std::pair<std::string, at::Tensor>> load_tensors(const checkpoint& c, const load_options& options,
+                                                          std::vector<std::string>* converted);
 std::vector<std::pair<std::string, at::Tensor>> load_tensors(const std::string& path, const load_options& options);
 
 struct module_load_report {

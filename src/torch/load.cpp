@@ -13,20 +13,51 @@
 namespace ckpt {
 namespace {
 
-// Names for every tensor: state-dict keys where there is a state dict, paths elsewhere.
+// Names for every tensor: state-dict keys where there is a state dict (a tied tensor
+// under each of its keys), paths elsewhere, and every further path the pickle shares a
+// tensor object under.
 std::vector<std::pair<std::string, size_t>> named_tensors(const checkpoint& c) {
   std::vector<std::pair<std::string, size_t>> out = c.state_dict_tensors();
   std::vector<bool> named(c.tensors.size(), false);
   for (auto& [k, i] : out) named[i] = true;
   for (size_t i = 0; i < c.tensors.size(); ++i)
     if (!named[i]) out.emplace_back(path_to_string(c.tensors[i].path), i);
+  auto in_state_dict = [&](const value_path& p) {
+    return c.state_dict && p.size() == c.state_dict->size() + 1 &&
+           std::equal(c.state_dict->begin(), c.state_dict->end(), p.begin());
+  };
+  for (const auto& a : c.aliases)
+    if (!in_state_dict(a.path)) out.emplace_back(path_to_string(a.path), a.tensor);
   return out;
 }
 
-at::Tensor finish(at::Tensor t, const load_options& o) {
-  if (o.dtype && at::isFloatingType(t.scalar_type()) && t.scalar_type() != *o.dtype) return t.to(*o.dtype);
-  return t;
-}
+std::string dtype_text(c10::ScalarType t) { return c10::getDtypeNames(t).first; }
+
+// --dtype casts a storage once, then rebuilds every view over the cast copy: tied tensors
+// stay tied and views keep their strides and offsets (elementwise casts keep positions).
+class storage_caster {
+ public:
+  explicit storage_caster(std::optional<c10::ScalarType> to) : to_(to) {}
+
+  at::Tensor apply(const at::Tensor& t, std::vector<std::string>* report, const std::string& name) {
+    if (!to_ || !at::isFloatingType(t.scalar_type()) || t.scalar_type() == *to_) return t;
+    if (report) report->push_back(name + ": " + dtype_text(t.scalar_type()) + " -> " + dtype_text(*to_));
+    if (t.is_meta()) return t.to(*to_);
+    const void* key = t.storage().unsafeGetStorageImpl();
+    auto it = cast_.find(key);
+    if (it == cast_.end()) {
+      int64_t numel = int64_t(t.storage().nbytes() / t.element_size());
+      at::Tensor whole = at::empty({0}, t.options()).set_(t.storage(), 0, {numel}, {1});
+      it = cast_.emplace(key, whole.to(*to_)).first;
+    }
+    const at::Tensor& cast = it->second;
+    return at::empty({0}, cast.options()).set_(cast.storage(), t.storage_offset(), t.sizes(), t.strides());
+  }
+
+ private:
+  std::optional<c10::ScalarType> to_;
+  std::unordered_map<const void*, at::Tensor> cast_;
+};
 
 // "enc.0.weight" -> (module "enc.0", attribute "weight").
 std::pair<std::string, std::string> split_name(const std::string& name) {
@@ -50,15 +81,24 @@ torch::jit::Module submodule(torch::jit::Module m, const std::string& path) {
 
 }  // namespace
 
-std::vector<std::pair<std::string, at::Tensor>> load_tensors(const checkpoint& c, const load_options& o) {
+std::vector<std::pair<std::string, at::Tensor>> load_tensors(const checkpoint& c, const load_options& o,
+                                                          std::vector<std::string>* converted) {
   std::vector<bool> needed(c.storages.size(), true);
   std::vector<at::Tensor> storages = detail::load_storages(c, needed, o);
   std::vector<std::pair<std::string, at::Tensor>> out;
+  std::vector<at::Tensor> by_record(c.tensors.size());
+  storage_caster caster(o.dtype);
   for (auto& [name, i] : named_tensors(c)) {
-    at::Tensor t = detail::view_of(c.tensors[i], storages, o.device);
-    out.emplace_back(name, finish(std::move(t), o));
+    // A tensor object reached under several names stays one tensor object.
+    if (!by_record[i].defined())
+      by_record[i] = caster.apply(detail::view_of(c.tensors[i], storages, o.device), converted, name);
+    out.emplace_back(name, by_record[i]);
   }
   return out;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> load_tensors(const checkpoint& c, const load_options& o) {
+  return load_tensors(c, o, nullptr);
 }
 
 std::vector<std::pair<std::string, at::Tensor>> load_tensors(const std::string& path, const load_options& o) {
@@ -123,8 +163,9 @@ torch::jit::Module load_module(const std::string& model_path, const checkpoint& 
     if (t.storage) needed[*t.storage] = true;
   }
   std::vector<at::Tensor> storages = detail::load_storages(c, needed, o);
-  for (size_t i = 0; i < needed.size(); ++i)
-    if (needed[i]) r.bytes += c.storages[i].nbytes;
+  if (!o.device.is_meta())
+    for (size_t i = 0; i < needed.size(); ++i)
+      if (needed[i]) r.bytes += c.storages[i].nbytes;
 
   // Missing tensors (non-strict) come from the model file's own records.
   std::vector<at::Tensor> model_storages;
@@ -147,7 +188,20 @@ torch::jit::Module load_module(const std::string& model_path, const checkpoint& 
     model_storages = detail::load_storages(model_file, model_needed, o);
   }
 
+  storage_caster caster(o.dtype);
+  // Parameters the model ties (one tensor object under two names) stay one object.
+  std::unordered_map<const void*, at::Tensor> filled;
   for (const auto& t : targets) {
+    auto tied = filled.find(t.meta.unsafeGetTensorImpl());
+    if (tied != filled.end()) {
+      auto [module_path, attr] = split_name(t.name);
+      torch::jit::Module owner = submodule(m, module_path);
+      if (t.is_buffer)
+        owner.register_buffer(attr, tied->second);
+      else
+        owner.register_parameter(attr, tied->second, /*is_buffer=*/false);
+      continue;
+    }
     at::Tensor value;
     auto src = target_to_source.find(t.name);
     if (src != target_to_source.end()) {
@@ -158,10 +212,15 @@ torch::jit::Module load_module(const std::string& model_path, const checkpoint& 
     }
     c10::ScalarType want = o.dtype && at::isFloatingType(t.meta.scalar_type()) ? *o.dtype : t.meta.scalar_type();
     if (value.scalar_type() != want) {
-      r.dtype_converted.push_back(t.name + ": " + c10::toString(value.scalar_type()) + " -> " + c10::toString(want));
-      value = value.to(want);
+      if (at::isFloatingType(value.scalar_type()) && o.dtype && want == *o.dtype) {
+        value = caster.apply(value, &r.dtype_converted, t.name);
+      } else {
+        r.dtype_converted.push_back(t.name + ": " + dtype_text(value.scalar_type()) + " -> " + dtype_text(want));
+        value = value.to(want);
+      }
     }
     if (t.meta.requires_grad() && at::isFloatingType(value.scalar_type())) value.requires_grad_(true);
+    filled.emplace(t.meta.unsafeGetTensorImpl(), value);
     auto [module_path, attr] = split_name(t.name);
     torch::jit::Module owner = submodule(m, module_path);
     if (t.is_buffer)

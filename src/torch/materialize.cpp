@@ -1,6 +1,7 @@
 #include "ckpt/materialize.h"
 
 #include <chrono>
+#include <cmath>
 #include <sstream>
 
 #include <torch/cuda.h>
@@ -9,9 +10,28 @@
 #include "ckpt/atomic_file.h"
 #include "ckpt/error.h"
 #include "ckpt/load.h"
+#include "meta_kernels.h"
 
 namespace ckpt {
 namespace {
+
+// LibTorch's messages span lines (an interpreter traceback, then the cause): keep them,
+// on one line, bounded.
+std::string one_line(const std::string& msg) {
+  std::string out;
+  bool space = false;
+  for (char ch : msg) {
+    if (ch == '\n' || ch == '\r' || ch == '\t' || ch == ' ') {
+      space = !out.empty();
+      continue;
+    }
+    if (space) out += ' ';
+    space = false;
+    out += ch;
+  }
+  if (out.size() > 600) out = out.substr(0, 600) + " ...";
+  return out;
+}
 
 c10::Device parse_device(const std::string& s) {
   try {
@@ -45,9 +65,7 @@ void run_method(torch::jit::Module& m, const materialize_request& req, const c10
   try {
     out = (*method)(inputs);
   } catch (const c10::Error& e) {
-    std::string msg = e.what_without_backtrace();
-    msg = msg.substr(0, msg.find('\n'));
-    throw error(errc::usage, "--run " + req.run_method + " failed: " + msg);
+    throw error(errc::usage, "--run " + req.run_method + " failed: " + one_line(e.what_without_backtrace()));
   }
   synchronize(dev);
   r.run_method = req.run_method;
@@ -61,7 +79,8 @@ void run_method(torch::jit::Module& m, const materialize_request& req, const c10
       o.dtype = c10::getDtypeNames(t.scalar_type()).first;
       o.shape = t.sizes().vec();
       r.outputs.push_back(o);
-      r.checksums.push_back(t.numel() ? t.to(at::kDouble).sum().item<double>() : 0.0);
+      // Meta tensors have shapes but no values: no checksum (NaN, null in JSON).
+      r.checksums.push_back(t.is_meta() ? std::nan("") : t.numel() ? t.to(at::kDouble).sum().item<double>() : 0.0);
     } else if (v.isTuple() || v.isList()) {
       auto elems = v.isTuple() ? v.toTupleRef().elements().vec() : v.toListRef().vec();
       for (size_t i = 0; i < elems.size(); ++i) flatten(elems[i], path.empty() ? std::to_string(i) : path + "." + std::to_string(i));
@@ -81,9 +100,12 @@ void run_method(torch::jit::Module& m, const materialize_request& req, const c10
 
 std::vector<std::string> non_finite(const std::vector<std::pair<std::string, at::Tensor>>& tensors) {
   std::vector<std::string> bad;
-  for (const auto& [name, t] : tensors)
-    if (!t.is_meta() && at::isFloatingType(t.scalar_type()) && t.numel() && !at::isfinite(t).all().item<bool>())
-      bad.push_back(name);
+  for (const auto& [name, t] : tensors) {
+    if (t.is_meta() || !at::isFloatingType(t.scalar_type()) || t.numel() == 0) continue;
+    // float8 types have no isfinite kernel; float32 holds every value they can.
+    at::Tensor probe = t.element_size() < 2 ? t.to(at::kFloat) : t;
+    if (!at::isfinite(probe).all().item<bool>()) bad.push_back(name);
+  }
   return bad;
 }
 
@@ -127,15 +149,20 @@ materialize_report materialize(const checkpoint& c, const materialize_request& r
       for (const auto& b : m.named_buffers(true)) all.emplace_back(b.name, b.value);
       r.tensors = all.size();
       if (req.check_finite) r.non_finite = non_finite(all);
-      if (!req.run_method.empty()) run_method(m, req, o.device, r);
+      // Saved before --run: running a module in training mode updates its buffers
+      // (BatchNorm statistics), and OUT must hold exactly the checkpoint's values.
       if (!req.output.empty()) {
         atomic_output out(req.output);
         m.save(out.temp_path());
         out.commit();
       }
+      if (!req.run_method.empty()) {
+        if (o.device.is_meta()) detail::ensure_meta_kernels();
+        run_method(m, req, o.device, r);
+      }
     } else {
       auto t0 = std::chrono::steady_clock::now();
-      auto tensors = load_tensors(c, o);
+      auto tensors = load_tensors(c, o, &r.dtype_converted);
       synchronize(o.device);
       r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       r.tensors = tensors.size();
@@ -145,10 +172,9 @@ materialize_report materialize(const checkpoint& c, const materialize_request& r
       if (!req.output.empty()) save_tensors(tensors, req.output);
     }
   } catch (const c10::Error& e) {
-    std::string msg = e.what_without_backtrace();
-    msg = msg.substr(0, msg.find('\n'));
+    std::string msg = one_line(e.what_without_backtrace());
     bool oom = msg.find("out of memory") != std::string::npos;
-    throw error(oom ? errc::device : errc::io, (oom ? "out of memory on " + r.device + ": " : "LibTorch: ") + msg);
+    throw error(oom ? errc::device : errc::unsupported, (oom ? "out of memory on " + r.device + ": " : "LibTorch: ") + msg);
   }
   return r;
 }
