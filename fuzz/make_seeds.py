@@ -28,6 +28,7 @@ import torch.nn as nn
 HERE = os.path.dirname(os.path.abspath(__file__))
 SEEDS = os.path.join(HERE, "seeds")
 SPLIT = b"\n--ckpt-fuzz-constants.pkl--\n"  # fuzz/targets.h kPickleSplit
+FIXED_TIME = (1980, 1, 1, 0, 0, 0)  # zipfile timestamps, so regenerated zips stay identical
 
 torch.manual_seed(0)
 
@@ -158,10 +159,10 @@ def zip_with(data, replace=None, compress=None, extra=None, drop=()):
             if rec in drop:
                 continue
             body = (replace or {}).get(rec, src.read(info.filename))
-            z.writestr(info.filename, body,
+            z.writestr(zipfile.ZipInfo(info.filename, FIXED_TIME), body,
                        compress_type=zipfile.ZIP_DEFLATED if compress and rec in compress else zipfile.ZIP_STORED)
         for rec, body in (extra or {}).items():
-            z.writestr(src.namelist()[0].split("/", 1)[0] + "/" + rec, body)
+            z.writestr(zipfile.ZipInfo(src.namelist()[0].split("/", 1)[0] + "/" + rec, FIXED_TIME), body)
     return buf.getvalue()
 
 
@@ -285,6 +286,30 @@ def safetensors_files():
     hdr = b'{"t":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}'
     hdr += b" " * (-(8 + len(hdr)) % 8)
     files["padded.safetensors"] = struct.pack("<Q", len(hdr)) + hdr + b"\x00" * 4
+
+    # Hand-written headers for the refusals of security.md S1-S8 (each must be refused).
+    def raw(header, data_len):
+        h = header.encode()
+        return struct.pack("<Q", len(h)) + h + b"\x00" * data_len
+    t = '"%s":{"dtype":"%s","shape":%s,"data_offsets":[%d,%d]}'
+    files["bad_overlap.safetensors"] = raw("{" + t % ("a", "F32", "[2]", 0, 8) + "," + t % ("b", "F32", "[2]", 4, 12) + "}", 12)
+    files["bad_gap.safetensors"] = raw("{" + t % ("a", "F32", "[1]", 0, 4) + "," + t % ("b", "F32", "[1]", 8, 12) + "}", 12)
+    files["bad_duplicate_key.safetensors"] = raw("{" + t % ("a", "F32", "[1]", 0, 4) + "," + t % ("a", "F32", "[1]", 4, 8) + "}", 8)
+    files["bad_shape_overflow.safetensors"] = raw("{" + t % ("a", "F32", "[4294967296,4294967296]", 0, 4) + "}", 4)
+    files["bad_unknown_dtype.safetensors"] = raw("{" + t % ("a", "F33", "[1]", 0, 4) + "}", 4)
+    files["f4_even.safetensors"] = raw("{" + t % ("a", "F4", "[2,4]", 0, 4) + "}", 4)
+    files["f4_odd.safetensors"] = raw("{" + t % ("a", "F4", "[3]", 0, 2) + "}", 2)
+    files["f6.safetensors"] = raw("{" + t % ("a", "F6_E2M3", "[4]", 0, 3) + "}", 3)
+    files["bad_bom.safetensors"] = struct.pack("<Q", 5) + b"\xef\xbb\xbf{}"
+    files["bad_null_value.safetensors"] = raw('{"a":null}', 0)
+    files["bad_bool_shape.safetensors"] = raw('{"a":{"dtype":"F32","shape":[true],"data_offsets":[0,4]}}', 4)
+    files["bad_metadata_value.safetensors"] = raw('{"__metadata__":{"k":1},' + t % ("a", "U8", "[1]", 0, 1) + "}", 1)
+    files["bad_extra_key.safetensors"] = raw('{"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1],"x":0}}', 1)
+    files["bad_rank65.safetensors"] = raw("{" + t % ("a", "U8", "[" + ",".join(["1"] * 65) + "]", 0, 1) + "}", 1)
+    files["bad_trailing_data.safetensors"] = raw("{" + t % ("a", "U8", "[1]", 0, 1) + "}", 2)
+    files["bad_header_too_large.safetensors"] = struct.pack("<Q", 100_000_001) + b"{}"
+    files["whitespace_leading.safetensors"] = raw("  {}", 0)
+    files["huge_dim.safetensors"] = raw("{" + t % ("a", "U8", "[9223372036854775808,0]", 0, 0) + "}", 0)
     return files
 
 
@@ -333,14 +358,15 @@ def main():
     # Python's zipfile: deflate, data descriptors (streamed), a directory, ZIP64 extras.
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_DEFLATED) as z:
-        z.writestr("archive/data.pkl", pickle.dumps({"a": 1}, protocol=2))
-        with z.open("archive/data/0", "w", force_zip64=True) as f:
+        z.writestr(zipfile.ZipInfo("archive/data.pkl", FIXED_TIME), pickle.dumps({"a": 1}, protocol=2),
+                   compress_type=zipfile.ZIP_DEFLATED)
+        with z.open(zipfile.ZipInfo("archive/data/0", FIXED_TIME), "w", force_zip64=True) as f:
             f.write(b"\x00" * 64)
-        z.writestr("archive/version", "3\n")
+        z.writestr(zipfile.ZipInfo("archive/version", FIXED_TIME), "3\n", compress_type=zipfile.ZIP_DEFLATED)
     out("zip_index", "python_zipfile_deflate.zip", buf.getvalue())
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_STORED) as z:
-        z.writestr("archive/data.pkl", pickle.dumps([], protocol=2))
+        z.writestr(zipfile.ZipInfo("archive/data.pkl", FIXED_TIME), pickle.dumps([], protocol=2))
     out("zip_index", "python_zipfile_stored.zip", buf.getvalue())
 
     for name, data in st.items():

@@ -90,8 +90,8 @@ for t in $targets; do
   [ -x "$bin" ] || { echo "run.sh: no such target: $t" >&2; failed=1; continue; }
   corpus="fuzz/corpus/$t"
   mkdir -p "$corpus" "fuzz/artifacts/$t"
-  dirs=("$corpus" "fuzz/seeds/$t")
-  [ -d "tests/regressions/$t" ] && dirs+=("tests/regressions/$t")
+  dirs=("$corpus")
+  for d in "fuzz/seeds/$t" "tests/regressions/$t"; do [ -d "$d" ] && dirs+=("$d"); done
   while read -r d; do [ -n "$d" ] && dirs+=("$d"); done < <(extra_dirs_for "$t")
   log="fuzz/artifacts/$t.log"
   args=(-max_total_time="$seconds" -timeout=1 -rss_limit_mb=2048 -malloc_limit_mb=1024
@@ -117,7 +117,9 @@ for t in $targets; do
   status=ok
   if [ $rc -ne 0 ]; then
     failed=1
-    status="FAILED rc=$rc: $(grep -m1 -oE 'ERROR: (libFuzzer|AddressSanitizer|LeakSanitizer|UndefinedBehaviorSanitizer)[^(]*|==ckpt-fuzz==.*|runtime error:.*|uncaught exception|deadly signal|out-of-memory[^)]*|timeout after [0-9]+ seconds' "$log" | head -1)"
+    why=$(grep -m1 -oE 'ERROR: (libFuzzer|AddressSanitizer|LeakSanitizer|UndefinedBehaviorSanitizer)[^(]*|==ckpt-fuzz==.*|runtime error:.*|uncaught exception|deadly signal|out-of-memory[^)]*|timeout after [0-9]+ seconds' "$log" | head -1)
+    [ -n "$why" ] || why=$(tail -1 "$log")
+    status="FAILED rc=$rc: $why"
     status="$status; artifacts in fuzz/artifacts/$t/, log $log"
   fi
   line=$(printf '%-18s %6ss %12s execs %8s exec/s  %-22s %s' "$t" "$elapsed" "$execs" "$rate" "$cov" "$status")

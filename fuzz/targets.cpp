@@ -107,17 +107,25 @@ class mem_file {
   int fd_ = -1;
 };
 
-// A private directory on tmpfs (when there is one) for rekey_file's atomic output.
-const std::string& scratch_dir() {
-  static const std::string dir = [] {
-    const char* base = ::access("/dev/shm", W_OK) == 0 ? "/dev/shm" : (std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp");
-    std::string d = std::string(base) + "/ckpt-fuzz-" + std::to_string(::getpid());
-    ::mkdir(d.c_str(), 0700);
-    std::atexit([] { ::rmdir(scratch_dir().c_str()); });
-    return d;
-  }();
-  return dir;
-}
+// A private directory on tmpfs (when there is one) for rekey_file's atomic output; created
+// and removed around each use (libFuzzer may end the process without running atexit).
+class scratch_dir {
+ public:
+  scratch_dir() {
+    static const std::string path = [] {
+      const char* tmp = std::getenv("TMPDIR");
+      const char* base = ::access("/dev/shm", W_OK) == 0 ? "/dev/shm" : (tmp ? tmp : "/tmp");
+      return std::string(base) + "/ckpt-fuzz-" + std::to_string(::getpid());
+    }();
+    path_ = path;
+    ::mkdir(path_.c_str(), 0700);
+  }
+  ~scratch_dir() { ::rmdir(path_.c_str()); }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
 
 std::unique_ptr<byte_source> memory(const uint8_t* data, size_t size) {
   return std::make_unique<memory_source>(std::vector<uint8_t>(data, data + size), "<fuzz input>");
@@ -271,6 +279,24 @@ int pickle_target(const uint8_t* data, size_t size) {
   stats().parsed++;
   if (!doc.root) fail(T, "parse succeeded without a root");
   if (doc.end_offset != size) fail(T, "require_eof parse ended before the end of the input");
+  // The same bytes under tight limits, so the limit checks (unreachable with small inputs
+  // under the defaults) are exercised too: a clean limit error or the same success.
+  {
+    pickle::parse_options tight;
+    tight.lim.max_depth = 4;
+    tight.lim.max_stack = 16;
+    tight.lim.max_memo = 4;
+    tight.lim.max_container = 8;
+    tight.lim.max_string = 16;
+    tight.lim.max_long_bytes = 4;
+    tight.lim.max_pickle_bytes = size % 7 == 0 ? size - 1 : size;
+    try {
+      pickle::document small = pickle::parse(data, size, tight);
+      if (small.node_count() != doc.node_count()) fail(T, "tight limits changed the decoded tree");
+    } catch (const error& e) {
+      if (e.kind() != errc::limit) fail(T, std::string("tight limits gave a non-limit error: ") + e.what());
+    }
+  }
   (void)pickle::repr(doc.root);
   (void)pickle::repr(doc.root, 4000);
   for (const pickle::value& v : doc.nodes()) {
@@ -342,6 +368,23 @@ int zip_index_target(const uint8_t* data, size_t size) {
       note(__func__, swallowed);
     }
   }
+  // Tight limits: a clean limit error on open or on reading, never anything else.
+  zip::open_options tight;
+  tight.max_record_bytes = 64;
+  tight.max_inflated_total = 256;
+  try {
+    auto small = zip::archive::open(src, tight);
+    for (const zip::entry& e : small->entries()) {
+      try {
+        (void)small->read_record(e);
+      } catch (const error& e2) {
+        if (e2.kind() != errc::limit && e2.kind() != errc::corrupt && e2.kind() != errc::unsupported)
+          fail(T, std::string("read_record under tight limits: ") + e2.what());
+      }
+    }
+  } catch (const error& e) {
+    if (e.kind() != errc::limit) fail(T, std::string("an archive that opened fails under tight limits with: ") + e.what());
+  }
   return 0;
 }
 
@@ -408,6 +451,15 @@ int safetensors_target(const uint8_t* data, size_t size) {
       if (n > ((unsigned __int128)1 << 64)) fail(T, "tensor '" + t.name + "' size overflow accepted");
     }
     if (n != t.end - t.begin) fail(T, "tensor '" + t.name + "' shape x dtype disagrees with its byte range");
+  }
+  safetensors::limits tight;
+  tight.max_tensors = 2;
+  tight.max_name_length = 4;
+  tight.max_rank = 2;
+  try {
+    (void)safetensors::read_header(src, tight);
+  } catch (const error& e) {
+    if (e.kind() != errc::limit) fail(T, std::string("a header that parsed fails under tight limits with: ") + e.what());
   }
   return 0;
 }
@@ -568,7 +620,8 @@ int rewrite_roundtrip_target(const uint8_t* data, size_t size) {
 
   // 2. rekey_file with an identity mapping (no key operations), unsafe globals kept.
   if (c.format != file_format::torch_zip || !c.state_dict_node) return 0;
-  const std::string dest = scratch_dir() + "/out.pt";
+  scratch_dir dir;
+  const std::string dest = dir.path() + "/out.pt";
   ::unlink(dest.c_str());
   rekey_request req;
   req.unsafe = unsafe_policy::keep;

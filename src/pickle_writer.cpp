@@ -303,6 +303,14 @@ class writer {
                          const std::string& key) {
     std::string module(module_name), name(attr);
     detail::python3_to_2(&module, &name);
+    // Every protocol-2 reader maps Python 2 names to Python 3 ones. A name that is
+    // already Python 2 spelling (legal from protocol 3 on: "__builtin__.eval") would be
+    // read back as a different global (builtins.eval), so it cannot be written.
+    std::string back_module = module, back_name = name;
+    detail::python2_to_3(&back_module, &back_name);
+    if (back_module != module_name || back_name != attr)
+      throw_unsupported("cannot write global '" + std::string(module_name) + "." + std::string(attr) +
+                        "' in protocol 2: it would be read back as " + back_module + "." + back_name);
     auto bad = [](const std::string& s) {
       if (s.empty()) return true;
       for (char c : s)
