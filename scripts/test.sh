@@ -15,6 +15,6 @@ if [ "${CKPTOOL_SKIP_ASAN:-0}" != 1 ]; then
   # global allocations alive until exit by design).
   ASAN_OPTIONS=protect_shadow_gap=0:detect_leaks=0:abort_on_error=0 \
   UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-    ctest --test-dir build-asan --output-on-failure -j 2 -E '^py_bench'
+    ctest --test-dir build-asan --output-on-failure -j 2 -E 'bench'
   ASAN_OPTIONS=detect_leaks=1 build-asan/tests/unit_tests
 fi
