@@ -338,7 +338,7 @@ T = {
     "torch_load": Tool("torch.load(weights_only=True)", "py", py("torch_load")),
     "torch_load_mmap": Tool("torch.load(mmap=True) + touch", "py", py("torch_load_mmap", "--read-all")),
     "jit_load": Tool("torch.jit.load", "py", py("jit_load")),
-    "st_load_file": Tool("safetensors load_file + touch", "py", py("st_load_file")),
+    "st_load_file": Tool("safetensors load_file + touch", "py", py("st_load_file", "--read-all")),
     "torch_load_cuda": Tool("torch.load(map_location=cuda)", "py", py("torch_load", "--device", "cuda")),
     "torch_load_mmap_to_cuda": Tool("torch.load(mmap=True) + .to(cuda)", "py", py("torch_load_mmap", "--device", "cuda")),
     "torch_load_mmap_cuda": Tool("torch.load(mmap=True, map_location=cuda)", "py",
@@ -630,9 +630,10 @@ def build_scenarios(ctx: Ctx, mode: str, gpu: bool, want: set, counts: list) -> 
             g = f"S3 {n}"
             spec += [("core", "S3", f"s3_{n}.pt", "warm", "ck_mat_cpu", "ck", g),
                      ("quick", "S3", f"s3_{n}.pt", "warm", "ck_inspect", "info", g),
-                     ("full", "S3", f"s3_{n}.safetensors", "warm", "ck_mat_cpu", "ck", g + " st")]
-            if n in (counts[0], 20000):  # the safetensors peer at both ends shows its per-tensor cost
-                spec += [("full", "S3", f"s3_{n}.safetensors", "warm", "st_load_file", "peer", g + " st")]
+                     ]
+            if n in (counts[0], 20000):  # .safetensors at both ends: ckptool's and the peer's per-tensor cost
+                spec += [("full", "S3", f"s3_{n}.safetensors", "warm", "ck_mat_cpu", "ck", g + " st"),
+                         ("full", "S3", f"s3_{n}.safetensors", "warm", "st_load_file", "peer", g + " st")]
             if gpu:
                 spec += [("quick", "S3", f"s3_{n}.pt", "warm", "ck_mat_cuda", "info", g)]
         block("S3 tensor count, warm", spec)
@@ -753,7 +754,9 @@ def make_rows(summaries: list, calib: dict) -> list:
             flag += f" (cold check: up to {100 * d['res_before_max']:.0f}% resident)"
         if d["cache"] == "warm" and d["res_before_min"] is not None and d["res_before_min"] < 0.99:
             flag += f" (warm check: {100 * d['res_before_min']:.0f}% resident)"
-        lazy = f"; lazy {fmt_t(d['lazy'])}" if d.get("lazy") is not None and "mmap" in d["tool"] else ""
+        lazy = f"; lazy {fmt_t(d['lazy'])}" if d.get("lazy") is not None and d["role"] != "ck" else ""
+        if d.get("read_all") is not None:
+            lazy += f"; every byte read after: +{fmt_t(d['read_all'])}"
         if d.get("self_seconds") is not None:
             lazy += f"; own {fmt_t(d['self_seconds'])}"
         noise = d.get("startup_noise")
@@ -861,7 +864,8 @@ def targets(summaries: list, calib: dict, counts: list) -> list:
         base = calib.get("startup_anon_" + T["ck_mat_cpu"].label + " (pt)")
         add(d["anon_max"] <= 1.05 * d["payload"], f"S1 anonymous memory ≤ 1.05× checkpoint (.pt): "
             f"{d['anon_max'] / d['payload']:.3f}× ({fmt_mib(d['anon_max'])} MiB for {fmt_mib(d['payload'])} MiB; "
-            f"{fmt_mib(base)} MiB of it is ckptool's startup)")
+            f"{fmt_mib(base)} MiB of it is ckptool's startup, LibTorch loaded"
+            + (f"; {(d['anon_max'] - base) / d['payload']:.3f}× without it)" if base else ")"))
     for fx, key in (("llm_bf16.safetensors", "st_load_file"), ("llm_bf16.ts", "jit_load"),
                     ("llm_fp32.pt", "torch_load_mmap")):
         d2, p2 = find(summaries, "S1", fx, "ck_mat_cpu"), find(summaries, "S1", fx, key)
@@ -992,6 +996,7 @@ def main() -> int:
     ap.add_argument("--gpu", action="store_true")
     ap.add_argument("--size", type=int, default=0, help="bytes of the llm_* fixtures (default: by machine)")
     ap.add_argument("--s3-size", type=int, default=0)
+    ap.add_argument("--s5-size", type=int, default=0)
     ap.add_argument("--repeats", type=int, default=0)
     ap.add_argument("--scenarios", default="s1,s2,s3,s4,s5")
     ap.add_argument("--out", default="", help="append the report to this markdown file")
@@ -1008,11 +1013,13 @@ def main() -> int:
         args.repeats = {"tiny": 2, "quick": 3, "full": 5}[mode]
     size = args.size or {"tiny": 8 * MiB, "quick": 64 * MiB}.get(mode) or auto_size(scratch, args.gpu)
     s3_size = args.s3_size or min(size, {"tiny": 8 * MiB, "quick": 64 * MiB}.get(mode, GiB))
+    s5_size = args.s5_size or min(size, GiB)
     counts = {"tiny": [8, 300, 2000], "quick": [8, 300, 20000]}.get(mode, [8, 300, 20000, 100000])
     want = set(x.strip().lower() for x in args.scenarios.split(",") if x.strip())
     t_run = time.perf_counter()
     load_start, others_start = load_now(), busy_others()
-    log(f"ckptool bench: mode {mode}, fixtures {size / MiB:.0f} MiB (S3 {s3_size / MiB:.0f} MiB), "
+    log(f"ckptool bench: mode {mode}, fixtures {size / MiB:.0f} MiB (S3 {s3_size / MiB:.0f} MiB, "
+        f"S5 {s5_size / MiB:.0f} MiB), "
         f"repeats {args.repeats}, scenarios {sorted(want)}, gpu {args.gpu}; load {load_start}")
 
     # fixtures
@@ -1025,11 +1032,11 @@ def main() -> int:
         what.append("compiled_bf16")
     if want & {"s3", "s4"}:
         what.append("s3")
-    need = 3 * size + (2 * size if "llm_fp32" in what else 0) + (3 * size if "compiled_bf16" in what else 0) \
+    need = 3 * size + (2 * size if "llm_fp32" in what else 0) + (3 * s5_size if "compiled_bf16" in what else 0) \
         + (10 * s3_size if "s3" in what else 0) + 256 * MiB
     free = shutil.disk_usage(scratch).free
     params_path = fxdir / "params.json"
-    params = {"size": size, "s3_size": s3_size, "counts": counts}
+    params = {"size": size, "s3_size": s3_size, "s5_size": s5_size, "counts": counts}
     gen_s = 0.0
     reuse = False
     if manifest_path.exists() and params_path.exists():
@@ -1045,7 +1052,8 @@ def main() -> int:
         log(f"== fixtures ({', '.join(what)}) in {fxdir}")
         t = time.perf_counter()
         p = subprocess.run([args.python, str(HERE / "gen_fixtures.py"), "--dir", str(fxdir), "--size", str(size),
-                            "--s3-size", str(s3_size), "--s3-counts", ",".join(map(str, counts)),
+                            "--s3-size", str(s3_size), "--s5-size", str(s5_size),
+                            "--s3-counts", ",".join(map(str, counts)),
                             "--what", ",".join(what)])
         if p.returncode != 0:
             log("fixture generation failed")
@@ -1119,7 +1127,7 @@ def main() -> int:
                  f"safetensors {info['safetensors']}, Python {info['python']}")
     lines.append(f"- load average at start {load_start}, at end {load_end}; busiest other processes at start: "
                  f"{others_start}")
-    lines.append(f"- fixtures: {size / MiB:.0f} MiB (S1/S2/S4/S5), S3 {s3_size / MiB:.0f} MiB as "
+    lines.append(f"- fixtures: {size / MiB:.0f} MiB (S1/S2/S4), S5 {s5_size / MiB:.0f} MiB, S3 {s3_size / MiB:.0f} MiB as "
                  f"{', '.join(map(str, counts))} tensors; {args.repeats} repeats, interleaved; "
                  f"fixture generation {gen_s:.0f} s, whole run {total_s:.0f} s")
     lines.append("")
@@ -1171,7 +1179,9 @@ Columns:
   `ckptool materialize`: process wall minus the median wall of the same command on a
   one-tensor checkpoint (LibTorch loading, CUDA context; see "startup" in the calibration).
   Other ckptool verbs and `cp`: the whole process wall. "lazy" = the mmap-based load before
-  its pages are touched.
+  its pages are touched; "every byte read after" = what reading every byte once more (an int64
+  sum) costs after the timed region, not included in t; "own" = the load time ckptool itself
+  reports (`seconds` in its JSON: storages read and tensors built, parse and LibTorch excluded).
 - **proc wall**: fork to exit of the whole process, startup included (Python: interpreter and
   `import torch`).
 - **CPU s**: user + system of the whole process (wait4).

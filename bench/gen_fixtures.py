@@ -14,8 +14,9 @@ Fixtures (sizes in bytes of tensor payload, close to the requested size):
                                  cannot share storage, so there the tied copy is left out (as
                                  transformers does) and the view is saved contiguous.
   llm_fp32.{pt,safetensors}     the same layout in fp32 at the same byte size.
-  compiled_bf16.{pt,safetensors} llm_bf16's tensors under torch.compile keys
-                                 (_orig_mod.model.layers...), for rekey --strip-compiled.
+  compiled_bf16.{pt,safetensors} the llm_bf16 layout (llm_bf16's own tensors when the sizes
+                                 agree) under torch.compile keys (_orig_mod.model.layers...),
+                                 for rekey --strip-compiled; --s5-size bytes.
   s3_{N}.{pt,safetensors}       the same total bytes as N tensors (N = 8, ~300, 20000, 100000).
 
 Writes manifest.json in the output directory: per fixture its path, format, file size,
@@ -196,6 +197,7 @@ def main() -> int:
     ap.add_argument("--size", type=int, required=True, help="bytes of the llm_* fixtures")
     ap.add_argument("--s3-size", type=int, required=True)
     ap.add_argument("--s3-counts", default="8,300,20000,100000")
+    ap.add_argument("--s5-size", type=int, default=0, help="bytes of compiled_bf16 (default: --size)")
     ap.add_argument("--what", default="llm_bf16,llm_fp32,compiled_bf16,s3")
     ap.add_argument("--no-torchscript", action="store_true")
     args = ap.parse_args()
@@ -230,13 +232,16 @@ def main() -> int:
 
     # One small tensor: the fixed cost of starting each tool (process, libraries, CUDA).
     write_three("startup", OrderedDict([("model.norm.weight", random_tensor((2048,), torch.bfloat16, gen))]))
+    s5_size = args.s5_size or args.size
     if "llm_bf16" in what or "compiled_bf16" in what:
-        sd = llm_state_dict(args.size, torch.bfloat16, gen)
+        sd = llm_state_dict(args.size, torch.bfloat16, gen) if "llm_bf16" in what or s5_size == args.size else None
         if "llm_bf16" in what:
             write_three("llm_bf16", sd)
         if "compiled_bf16" in what:
-            csd = OrderedDict(("_orig_mod." + k, v) for k, v in sd.items())
+            src = sd if s5_size == args.size else llm_state_dict(s5_size, torch.bfloat16, gen)
+            csd = OrderedDict(("_orig_mod." + k, v) for k, v in src.items())
             write_three("compiled_bf16", csd, torchscript=False)
+            del src, csd
         del sd
     if "llm_fp32" in what:
         sd = llm_state_dict(args.size, torch.float32, gen)
