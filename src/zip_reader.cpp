@@ -15,33 +15,21 @@
 
 #include "ckpt/byteio.h"
 #include "ckpt/error.h"
+#include "zip_format.h"
 #include "zip_names.h"
 
 namespace ckpt::zip {
 namespace {
 
-constexpr uint32_t kLocalSig = 0x04034b50;
-constexpr uint32_t kCentralSig = 0x02014b50;
-constexpr uint32_t kEndSig = 0x06054b50;
-constexpr uint32_t kZip64EndSig = 0x06064b50;
-constexpr uint32_t kZip64LocatorSig = 0x07064b50;
-constexpr uint32_t kDescriptorSig = 0x08074b50;
+using namespace format;
 
-constexpr size_t kLocalHeaderSize = 30;
-constexpr size_t kCentralHeaderSize = 46;
-constexpr size_t kEndSize = 22;
-constexpr size_t kZip64EndSize = 56;  // fixed part, up to and including the cd offset
-constexpr size_t kZip64LocatorSize = 20;
 constexpr size_t kMaxCommentSize = 0xFFFF;
 
 constexpr uint16_t kSentinel16 = 0xFFFF;
 constexpr uint32_t kSentinel32 = 0xFFFFFFFF;
-constexpr uint16_t kZip64ExtraId = 0x0001;
 
 constexpr uint16_t kFlagEncrypted = 0x0001;
-constexpr uint16_t kFlagDescriptor = 0x0008;
 constexpr uint16_t kFlagStrongEncryption = 0x0040;
-constexpr uint16_t kFlagUtf8 = 0x0800;
 constexpr uint16_t kFlagMaskedHeaders = 0x2000;
 constexpr uint16_t kAllowedFlags = kFlagDescriptor | kFlagUtf8;
 // Bits APPNOTE defines (compression options, enhanced deflate, patched data) that we do not

@@ -14,29 +14,17 @@
 #include "ckpt/byteio.h"
 #include "ckpt/error.h"
 #include "ckpt/zip_reader.h"
+#include "zip_format.h"
 #include "zip_names.h"
 
 namespace ckpt::zip {
 namespace {
 
-constexpr uint32_t kLocalSig = 0x04034b50;
-constexpr uint32_t kCentralSig = 0x02014b50;
-constexpr uint32_t kEndSig = 0x06054b50;
-constexpr uint32_t kZip64EndSig = 0x06064b50;
-constexpr uint32_t kZip64LocatorSig = 0x07064b50;
-constexpr uint32_t kDescriptorSig = 0x08074b50;
+using namespace format;
 
-constexpr size_t kLocalHeaderSize = 30;
-constexpr size_t kCentralHeaderSize = 46;
-constexpr size_t kEndSize = 22;
-constexpr size_t kZip64EndSize = 56;
-constexpr size_t kZip64LocatorSize = 20;
 
 constexpr uint64_t kMax32 = 0xFFFFFFFF;
 constexpr uint64_t kMax16 = 0xFFFF;
-constexpr uint16_t kZip64ExtraId = 0x0001;
-constexpr uint16_t kFlagDescriptor = 0x0008;
-constexpr uint16_t kFlagUtf8 = 0x0800;
 // miniz's finalize: "made by" Unix 3.0 and "needed" 4.5 in the ZIP64 end record only.
 constexpr uint16_t kZip64MadeBy = 0x031E;
 constexpr uint16_t kZip64Needed = 0x002D;
