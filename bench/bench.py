@@ -35,6 +35,7 @@ import datetime
 import json
 import os
 import platform
+import resource
 import shlex
 import shutil
 import statistics
@@ -299,6 +300,7 @@ class Ctx:
         self.python = args.python
         self.startup: dict = {}  # key -> median wall
         self.startup_spread: dict = {}  # key -> max - min of the startup walls
+        self.blocks: list = []  # per run_cases block: what other processes took meanwhile
         self.calib: dict = {}
         self.env = dict(os.environ)
         self.env.setdefault("OMP_NUM_THREADS", str(NPROC))
@@ -374,10 +376,28 @@ def t_of(case: Case, s: Sample, ctx: Ctx) -> Optional[float]:
     return s.wall
 
 
+def cpu_busy() -> tuple:
+    """(machine busy CPU seconds from /proc/stat, CPU seconds of this process and its reaped
+    children, wall): the difference over a block is what other processes took."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    tick = os.sysconf("SC_CLK_TCK")
+    busy = (sum(v[:8]) - v[3] - v[4]) / tick  # all but idle and iowait
+    a, b = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return busy, a.ru_utime + a.ru_stime + b.ru_utime + b.ru_stime, time.perf_counter()
+
+
+def interference(start: tuple, end: tuple) -> dict:
+    wall = max(end[2] - start[2], 1e-9)
+    others = max(0.0, (end[0] - start[0]) - (end[1] - start[1]))
+    return {"others_cpu_s": others, "others_share": others / (wall * NPROC), "wall": wall}
+
+
 def run_cases(cases: list, repeats: int, ctx: Ctx, title: str) -> None:
     """Interleaved: for each repeat, every case once, in order (A B C A B C ...)."""
     log(f"== {title}: {len(cases)} cases x {repeats} repeats")
     t_start = time.perf_counter()
+    c0, load0 = cpu_busy(), load_now()
     for r in range(repeats):
         for case in cases:
             fx = ctx.manifest[case.fixture]
@@ -411,6 +431,11 @@ def run_cases(cases: list, repeats: int, ctx: Ctx, title: str) -> None:
                 log(f"   {r} {case.scen} {case.fixture} {case.cache} {case.tool.label}: wall {s.wall:.3f}s "
                     f"t {s.t if s.t is None else round(s.t, 4)} res {before:.3f}->{s.res_after:.3f}")
         log(f"   repeat {r + 1}/{repeats} done ({time.perf_counter() - t_start:.0f} s)")
+    i = interference(c0, cpu_busy())
+    i.update(title=title, load_start=load0, load_end=load_now())
+    ctx.blocks.append(i)
+    log(f"   other processes took {100 * i['others_share']:.0f}% of the {NPROC} CPUs meanwhile "
+        f"(load {load0} -> {i['load_end']})")
 
 
 def check_output(case: Case, fx: dict, out: str, ctx: Ctx) -> Optional[bool]:
@@ -1130,6 +1155,10 @@ def main() -> int:
     lines.append(f"- fixtures: {size / MiB:.0f} MiB (S1/S2/S4), S5 {s5_size / MiB:.0f} MiB, S3 {s3_size / MiB:.0f} MiB as "
                  f"{', '.join(map(str, counts))} tensors; {args.repeats} repeats, interleaved; "
                  f"fixture generation {gen_s:.0f} s, whole run {total_s:.0f} s")
+    if ctx.blocks:
+        lines.append("- other processes' share of the CPUs while each block ran (from /proc/stat minus this "
+                     "run's own CPU time): " + "; ".join(
+                         f"{b['title']} {100 * b['others_share']:.0f}%" for b in ctx.blocks))
     lines.append("")
     lines.append("Calibration (S0):")
     lines.append("")
