@@ -249,6 +249,15 @@ def run_sample(argv: list, env: Optional[dict] = None, timeout: float = 900) -> 
                   stdout=fout.read().decode("utf-8", "replace"), stderr=ferr.read().decode("utf-8", "replace"))
 
 
+def slim(doc: dict) -> dict:
+    """The scalar fields of a tool's JSON report (and ckptool's io counters); the per-tensor
+    lists are dropped."""
+    out = {k: v for k, v in doc.items() if isinstance(v, (int, float, str, bool)) or v is None}
+    if isinstance(doc.get("io"), dict):
+        out["io"] = doc["io"]
+    return out
+
+
 def last_json(text: str) -> dict:
     text = text.strip()
     if not text:
@@ -376,6 +385,15 @@ def t_of(case: Case, s: Sample, ctx: Ctx) -> Optional[float]:
     return s.wall
 
 
+def meminfo() -> dict:
+    out = {}
+    with open("/proc/meminfo") as f:
+        for line in f:
+            k, v = line.split(":")
+            out[k] = int(v.split()[0]) * 1024
+    return out
+
+
 def cpu_busy() -> tuple:
     """(machine busy CPU seconds from /proc/stat, CPU seconds of this process and its reaped
     children, wall): the difference over a block is what other processes took."""
@@ -396,6 +414,14 @@ def interference(start: tuple, end: tuple) -> dict:
 def run_cases(cases: list, repeats: int, ctx: Ctx, title: str) -> None:
     """Interleaved: for each repeat, every case once, in order (A B C A B C ...)."""
     log(f"== {title}: {len(cases)} cases x {repeats} repeats")
+    # Page cache hygiene: drop every fixture this block does not use, so that memory is free
+    # and no sample pays direct reclaim of other blocks' cached fixtures (which made the
+    # first samples of a block slower than the last, depending on order).
+    used = {c.fixture for c in cases}
+    for key, fx in ctx.manifest.items():
+        if key not in used and os.path.exists(fx["path"]):
+            drop_cache(fx["path"])
+    mem0 = meminfo()
     t_start = time.perf_counter()
     c0, load0 = cpu_busy(), load_now()
     for r in range(repeats):
@@ -409,7 +435,8 @@ def run_cases(cases: list, repeats: int, ctx: Ctx, title: str) -> None:
             s = run_sample(argv, env=ctx.env)
             s.res_before = before
             s.res_after = resident_fraction(path)
-            s.parsed = last_json(s.stdout)
+            s.parsed = slim(last_json(s.stdout))
+            s.stdout = s.stdout[-2000:]  # inspect --json of 100,000 tensors is tens of MB
             if case.tool.writes:
                 out = ctx.out_path(fx)
                 try:
@@ -432,7 +459,8 @@ def run_cases(cases: list, repeats: int, ctx: Ctx, title: str) -> None:
                     f"t {s.t if s.t is None else round(s.t, 4)} res {before:.3f}->{s.res_after:.3f}")
         log(f"   repeat {r + 1}/{repeats} done ({time.perf_counter() - t_start:.0f} s)")
     i = interference(c0, cpu_busy())
-    i.update(title=title, load_start=load0, load_end=load_now())
+    i.update(title=title, load_start=load0, load_end=load_now(), mem_free=mem0.get("MemFree"),
+             mem_available=mem0.get("MemAvailable"))
     ctx.blocks.append(i)
     log(f"   other processes took {100 * i['others_share']:.0f}% of the {NPROC} CPUs meanwhile "
         f"(load {load0} -> {i['load_end']})")
@@ -1089,6 +1117,11 @@ def main() -> int:
         log(f"== reusing the fixtures in {fxdir}")
     manifest = json.loads(manifest_path.read_text())
     ctx = Ctx(args, manifest, scratch)
+    if args.gpu:
+        p = subprocess.run([args.python, "-c", "import torch; assert torch.cuda.is_available()"], capture_output=True)
+        if p.returncode != 0:
+            log("--gpu: torch sees no CUDA device on this machine")
+            return 1
     info = machine_info(ctx)
 
     calibrate(ctx, "llm_bf16.pt", args.gpu, mode != "full")
@@ -1159,6 +1192,9 @@ def main() -> int:
         lines.append("- other processes' share of the CPUs while each block ran (from /proc/stat minus this "
                      "run's own CPU time): " + "; ".join(
                          f"{b['title']} {100 * b['others_share']:.0f}%" for b in ctx.blocks))
+        lines.append("- free memory at each block's start, after the fixtures it does not use were dropped from the "
+                     "page cache: " + "; ".join(f"{b['title'].split(',')[0]} {b['mem_free'] / GiB:.1f} GiB"
+                                               for b in ctx.blocks if b.get("mem_free") is not None))
     lines.append("")
     lines.append("Calibration (S0):")
     lines.append("")
@@ -1226,7 +1262,11 @@ Columns:
   CPU loads, the cold read for cold ones, pinned host-to-device for CUDA); for S4 the share of
   the file read; for S5 cp's time over this row's.
 - Cold rows: the fixture was dropped from the page cache with posix_fadvise(DONTNEED) and
-  checked with mincore before each sample; warm rows: checked 100% resident.
+  checked with mincore before each sample; warm rows: checked 100% resident. Before each block
+  the fixtures it does not use are dropped from the page cache, so no sample pays for reclaiming
+  them. Each run lists the share of the CPUs other processes took while each block ran.
+- Neither cp, torch.save nor safetensors' save_file fsync their output; ckptool rekey does
+  (atomic replace), hence the extra "cp + sync FILE" row.
 """
 
 
