@@ -341,3 +341,21 @@ TEST_CASE("pickle_writer: deep nesting is a limit error, not a crash") {
 }
 
 }  // TEST_SUITE
+
+TEST_CASE("pickle_writer: a Python 2 global name from protocol 3+ is refused, never renamed") {
+  // Protocol 3+ keeps "__builtin__" as written; protocol 2 readers would map it to
+  // builtins, so writing it would name a different (live) global.
+  const std::string bytes = std::string("\x80\x03", 2) + "c__builtin__\neval\n.";
+  document d = parse(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
+  try {
+    write(d.root);
+    CHECK(false);
+  } catch (const ckpt::error& e) {
+    CHECK(e.kind() == errc::unsupported);
+    CHECK(e.message().find("builtins.eval") != std::string::npos);
+  }
+  // The Python 3 spelling is fine: it is written as protocol 2's __builtin__ on purpose.
+  const std::string ok = std::string("\x80\x03", 2) + "cbuiltins\neval\n.";
+  document d2 = parse(reinterpret_cast<const uint8_t*>(ok.data()), ok.size());
+  CHECK_NOTHROW(write(d2.root));
+}
