@@ -14,6 +14,7 @@
 #include "ckpt/report.h"
 #include "ckpt/torch_plugin.h"
 #include "common.h"
+#include "progress.h"
 
 namespace cli {
 namespace {
@@ -100,11 +101,11 @@ std::vector<ckpt::key_op> ops_in_order(const rekey_options& o, const ckpt::check
   for (const CLI::Option* opt : o.cmd->parse_order()) {
     size_t i = used[opt]++;
     auto arg = [&] { return opt->results().at(i); };
-    if (opt == o.strip_compiled) ops.push_back({ckpt::key_op::strip_compiled});
-    else if (opt == o.strip_wrappers) ops.push_back({ckpt::key_op::strip_wrappers});
-    else if (opt == o.strip_prefix) ops.push_back({ckpt::key_op::strip_prefix, arg()});
-    else if (opt == o.add_prefix) ops.push_back({ckpt::key_op::add_prefix, arg()});
-    else if (opt == o.add_compiled) ops.push_back({ckpt::key_op::add_compiled, arg()});
+    if (opt == o.strip_compiled) ops.push_back(ckpt::make_op(ckpt::key_op::strip_compiled));
+    else if (opt == o.strip_wrappers) ops.push_back(ckpt::make_op(ckpt::key_op::strip_wrappers));
+    else if (opt == o.strip_prefix) ops.push_back(ckpt::make_op(ckpt::key_op::strip_prefix, arg()));
+    else if (opt == o.add_prefix) ops.push_back(ckpt::make_op(ckpt::key_op::add_prefix, arg()));
+    else if (opt == o.add_compiled) ops.push_back(ckpt::make_op(ckpt::key_op::add_compiled, arg()));
     else if (opt == o.rename) ops.push_back(ckpt::make_rename_op(arg()));
     else if (opt == o.map) ops.push_back(ckpt::make_map_op(ckpt::mapping_from_json(read_text_file(arg()), arg()), arg()));
     else if (opt == o.match) ops.push_back(match_op(c, arg(), ops, o.reader));
@@ -124,7 +125,16 @@ void run_rekey(const rekey_options& o) {
   req.dry_run = o.dry_run;
   req.output = o.output;
   req.unsafe = o.keep_unsafe ? ckpt::unsafe_policy::keep : o.drop_unsafe ? ckpt::unsafe_policy::drop : ckpt::unsafe_policy::refuse;
-  ckpt::rekey_result r = ckpt::rekey_file(c, req);
+  progress_bar bar("rekey");
+  if (bar.enabled() && !o.dry_run) req.progress = [&bar](uint64_t done, uint64_t total) { bar.update(done, total); };
+  ckpt::rekey_result r;
+  try {
+    r = ckpt::rekey_file(c, req);
+  } catch (...) {
+    bar.finish();
+    throw;
+  }
+  bar.finish();
 
   for (const auto& op : r.plan.unused_ops) spdlog::warn("{} changed no key (a typo?)", op);
   for (const auto& d : r.dropped) spdlog::warn("--drop-unsafe removed entry {}", d);

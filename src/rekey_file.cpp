@@ -227,6 +227,10 @@ void write_torch_zip(checkpoint& c, const rekey_request& req, rekey_result& resu
   const file_source& src = file_of(c);
   atomic_output out(req.output, output_mode(c));
   zip::writer w(out.fd(), c.zip->prefix(), storage_alignment(*c.zip));
+  w.on_bytes_out([&](uint64_t bytes_out) {
+    out.start_writeback(bytes_out);
+    if (req.progress) req.progress(bytes_out, c.file_size);
+  });
   // Records in their original order; only data.pkl changes.
   for (const zip::entry& e : c.zip->entries()) {
     if (e.record == "data.pkl") {
@@ -266,8 +270,13 @@ void write_safetensors(checkpoint& c, const rekey_request& req, rekey_result& re
   store_u64(len, text.size());
   out.write(len, 8);
   out.write(text.data(), text.size());
-  copy_range(file_of(c).fd(), h.data_start, c.file_size - h.data_start, out.fd(), req.output);
-  result.bytes_written = 8 + text.size() + (c.file_size - h.data_start);
+  const uint64_t head = 8 + text.size();
+  copy_range(file_of(c).fd(), h.data_start, c.file_size - h.data_start, out.fd(), req.output,
+             [&](uint64_t copied) {
+               out.start_writeback(head + copied);
+               if (req.progress) req.progress(head + copied, head + c.file_size - h.data_start);
+             });
+  result.bytes_written = head + (c.file_size - h.data_start);
   verify_output(out.temp_path(), c, new_names);
   out.commit();
 }

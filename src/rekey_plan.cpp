@@ -59,7 +59,8 @@ key_op make_rename_op(const std::string& spec) {
   size_t eq = spec.find('=');
   if (eq == std::string::npos || eq == 0)
     throw error(errc::usage, "--rename expects REGEX=REPLACEMENT, got '" + spec + "'");
-  key_op op{key_op::rename, spec.substr(0, eq), spec.substr(eq + 1), nullptr, {}};
+  key_op op = make_op(key_op::rename, spec.substr(0, eq));
+  op.replacement = spec.substr(eq + 1);
   try {
     op.pattern = std::make_shared<std::regex>(op.arg, std::regex::ECMAScript);
   } catch (const std::regex_error& e) {

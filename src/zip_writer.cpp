@@ -31,7 +31,9 @@ constexpr uint16_t kZip64Needed = 0x002D;
 
 constexpr uint64_t kMaxAlignment = 0x8000;  // the padding length must fit the u16 field
 constexpr size_t kBufferSize = 1 << 20;
-constexpr size_t kCopyChunk = 1 << 30;
+// Small enough that progress and early writeback (on_bytes_out) see steady steps, large
+// enough that the system call count stays negligible.
+constexpr size_t kCopyChunk = 16 << 20;
 
 [[noreturn]] void usage_error(const std::string& msg) {
   throw error(errc::usage, "zip writer: " + msg);
@@ -169,6 +171,7 @@ void writer::copy_range_in_kernel(int src_fd, uint64_t& src_offset, uint64_t& le
     src_offset += uint64_t(n);
     left -= uint64_t(n);
     cursor_ += uint64_t(n);
+    report_bytes_out();
   }
 }
 
@@ -288,10 +291,12 @@ void writer::put(const void* data, size_t n) {
   if (buf_.size() + n > kBufferSize) flush();
   if (n >= kBufferSize) {
     write_fully(data, n);
-  } else {
-    const auto* p = static_cast<const uint8_t*>(data);
-    buf_.insert(buf_.end(), p, p + n);
+    cursor_ += n;
+    report_bytes_out();
+    return;
   }
+  const auto* p = static_cast<const uint8_t*>(data);
+  buf_.insert(buf_.end(), p, p + n);
   cursor_ += n;
 }
 
@@ -299,6 +304,7 @@ void writer::flush() {
   if (buf_.empty()) return;
   write_fully(buf_.data(), buf_.size());
   buf_.clear();
+  report_bytes_out();
 }
 
 void writer::write_fully(const void* data, size_t n) {

@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "ckpt/sys_io.h"
@@ -26,7 +27,9 @@ void write_all(int fd, const void* buf, size_t n, const std::string& what);
 /// Copies `n` bytes at `offset` of `in_fd` to the current position of `out_fd`, in the
 /// kernel where it can (copy_file_range), else through a buffer. Throws errc::io naming
 /// `what`, or errc::corrupt when the input ends early.
-void copy_range(int in_fd, uint64_t offset, uint64_t n, int out_fd, const std::string& what);
+/// `on_copied`, if set, gets the bytes copied so far after each chunk.
+void copy_range(int in_fd, uint64_t offset, uint64_t n, int out_fd, const std::string& what,
+                const std::function<void(uint64_t)>& on_copied = nullptr);
 
 class atomic_output {
  public:
@@ -40,6 +43,11 @@ class atomic_output {
   const std::string& temp_path() const { return temp_; }
   const std::string& destination() const { return destination_; }
   void write(const void* buf, size_t n) { write_all(fd_, buf, n, destination_); }
+  /// Tells the file the first `bytes_out` bytes are final, so the kernel can start writing
+  /// them to the disk while the rest is still being produced: commit()'s fsync then waits
+  /// for the tail only, instead of for the whole file at the end. Only a hint; errors
+  /// surface at commit().
+  void start_writeback(uint64_t bytes_out);
   /// fsync, close, rename over the destination, fsync the directory. Throws errc::io, in
   /// which case the destination still holds what it held before.
   void commit();
@@ -51,6 +59,8 @@ class atomic_output {
   std::string directory_;
   int fd_ = -1;
   bool committed_ = false;
+  uint64_t writeback_started_ = 0;  // bytes handed to start_writeback so far
+  bool writeback_hint_works_ = true;
 };
 
 /// Throws errc::usage unless --force, when writing `output` would replace `input` (same

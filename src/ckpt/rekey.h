@@ -28,6 +28,14 @@ struct key_op {
   std::string describe() const;
 };
 
+/// An operation that needs at most a plain argument (strip_*, add_prefix, add_compiled).
+inline key_op make_op(key_op::kind_t kind, std::string arg = {}) {
+  key_op op;
+  op.kind = kind;
+  op.arg = std::move(arg);
+  return op;
+}
+
 /// Parses "--rename REGEX=REPLACEMENT" (split at the first '=' not inside the regex's
 /// brackets is not attempted: the first '=' separates). Throws errc::usage on a bad regex.
 key_op make_rename_op(const std::string& spec);

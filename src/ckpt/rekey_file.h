@@ -6,6 +6,7 @@
 // The output is written through atomic_output and re-read before it replaces anything.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,9 @@ struct rekey_request {
   unsafe_policy unsafe = unsafe_policy::refuse;
   bool dry_run = false;
   std::string output;  // ignored for dry runs
+  /// Bytes of the output written so far, and the expected total (the input's size: the
+  /// output differs only by the pickle). Called often; keep it cheap.
+  std::function<void(uint64_t done, uint64_t total)> progress;
 };
 
 struct rekey_result {

@@ -28,6 +28,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -71,6 +72,11 @@ class writer {
 
   /// Bytes written so far (the archive size once finished).
   uint64_t offset() const { return cursor_; }
+
+  /// Called with the number of archive bytes that have reached the file (buffered ones
+  /// excluded) after each buffer flush and each copied chunk: drives progress bars and
+  /// early writeback, so it must be cheap.
+  void on_bytes_out(std::function<void(uint64_t)> callback) { on_bytes_out_ = std::move(callback); }
   /// Archive offset of the data of the most recently begun record.
   uint64_t last_data_offset() const { return last_data_offset_; }
   size_t record_count() const { return central_.size(); }
@@ -98,6 +104,9 @@ class writer {
   void write_fully(const void* data, size_t n);
   void copy_range_in_kernel(int src_fd, uint64_t& src_offset, uint64_t& left);
   [[noreturn]] void fail_io(const std::string& what, int err);
+  void report_bytes_out() {
+    if (on_bytes_out_) on_bytes_out_(cursor_ - buf_.size());
+  }
 
   int fd_;
   std::string prefix_;
@@ -113,6 +122,7 @@ class writer {
   uint32_t record_crc_ = 0;
   bool finished_ = false;
   bool broken_ = false;  // an I/O error left the output in an unknown state
+  std::function<void(uint64_t)> on_bytes_out_;
 };
 
 }  // namespace ckpt::zip
