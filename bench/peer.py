@@ -136,6 +136,8 @@ def main() -> int:
     ap.add_argument("out", nargs="?")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--read-all", action="store_true", help="after the timed region, time a read of every byte")
+    ap.add_argument("--fsync", action="store_true",
+                    help="rekey ops: fsync the output inside the timed region (as durable as ckptool's)")
     args = ap.parse_args()
 
     if args.op != "list_raw_header":  # the one peer that needs no torch
@@ -251,6 +253,12 @@ def main() -> int:
     else:
         print(f"unknown op {op}", file=sys.stderr)
         return 2
+    if op.startswith("rekey") and args.fsync:
+        fd = os.open(args.out, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
     touch_s = None
     if tensors is not None:

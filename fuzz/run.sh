@@ -2,7 +2,7 @@
 # Builds the libFuzzer targets (clang, ASan + UBSan; idempotent) and runs each for a while.
 #
 #   fuzz/run.sh [SECONDS_PER_TARGET] [JOBS]      default 60 s, 1 job
-#   fuzz/run.sh --ci                             the CI step: 40 s per target, 1 job
+#   fuzz/run.sh --ci                             the CI step: 25 s per target, 1 job
 #   FUZZ_TARGETS="pickle torch_archive" fuzz/run.sh 600   only these targets
 #
 # Per target: -max_total_time=SECONDS, -timeout=1 (an input taking over 1 s is a hang),
@@ -31,7 +31,7 @@ for a in "$@"; do
     *) positional+=("$a") ;;
   esac
 done
-if [ "$ci" = 1 ]; then seconds=40; jobs=1; fi
+if [ "$ci" = 1 ]; then seconds=25; jobs=1; fi
 [ ${#positional[@]} -ge 1 ] && seconds=${positional[0]}
 [ ${#positional[@]} -ge 2 ] && jobs=${positional[1]}
 case "$seconds$jobs" in *[!0-9]*) echo "run.sh: SECONDS and JOBS must be integers" >&2; exit 2 ;; esac
@@ -42,7 +42,15 @@ targets=${FUZZ_TARGETS:-$all_targets}
 nice_level=${FUZZ_NICE:-10}
 
 # --- build (idempotent) ------------------------------------------------------------------
-if ! command -v clang++ >/dev/null; then echo "run.sh: clang++ not found (apt-get install clang)" >&2; exit 2; fi
+# clang and its libFuzzer runtime come from Debian, installed here when missing (as
+# scripts/build.sh does for the rest), so CI on a fresh machine needs no extra step.
+fuzzer_runtime() { compgen -G "/usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a" >/dev/null; }
+if ! command -v clang++ >/dev/null || ! fuzzer_runtime; then
+  as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+  echo "run.sh: installing clang and libclang-rt-dev (libFuzzer)"
+  { as_root apt-get update -qq && as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq clang libclang-rt-dev >/dev/null; } ||
+    { echo "run.sh: cannot install clang (apt-get install clang libclang-rt-dev)" >&2; exit 2; }
+fi
 if [ ! -f "$build/build.ninja" ]; then
   CC=clang CXX=clang++ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DCKPTOOL_FUZZ_ONLY=ON >/dev/null || { echo "run.sh: cmake configure failed" >&2; exit 2; }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds and runs the whole test suite through ctest: first the normal build, then the
-# same suite under AddressSanitizer + UndefinedBehaviorSanitizer (skip it with
-# CKPTOOL_SKIP_ASAN=1 for a quick local run).
+# same suite under AddressSanitizer + UndefinedBehaviorSanitizer, then every libFuzzer target
+# for a short bounded time (skip those with CKPTOOL_SKIP_ASAN=1 / CKPTOOL_SKIP_FUZZ=1 for a
+# quick local run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -17,4 +18,10 @@ if [ "${CKPTOOL_SKIP_ASAN:-0}" != 1 ]; then
   UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     ctest --test-dir build-asan --output-on-failure -j 2 -E 'bench'
   ASAN_OPTIONS=detect_leaks=1 build-asan/tests/unit_tests
+fi
+
+if [ "${CKPTOOL_SKIP_FUZZ:-0}" != 1 ]; then
+  # About 2.5 minutes of fuzzing plus the clang build: a smoke test that every target still
+  # runs clean on its seeds and regressions. Long campaigns: fuzz/run.sh SECONDS.
+  fuzz/run.sh --ci
 fi
