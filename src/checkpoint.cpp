@@ -8,6 +8,7 @@
 #include "ckpt/error.h"
 #include "format_detect.h"
 #include "legacy_reader.h"
+#include "pointer_map.h"
 #include "tensor_collector.h"
 
 namespace ckpt {
@@ -49,6 +50,32 @@ std::string read_byteorder(const zip::archive& ar) {
   return text;
 }
 
+// torch.load reads `.storage_alignment` with Python's int(): surrounding whitespace, a
+// sign and single underscores between digits are accepted, anything else is a ValueError.
+// Accepting exactly that keeps ckptool from reading a file torch.load refuses.
+bool python_int_literal(std::string_view t) {
+  auto space = [](char ch) { return ch == ' ' || ch == '\t' || ch == '\n' || ch == '\r' || ch == '\f' || ch == '\v'; };
+  while (!t.empty() && space(t.front())) t.remove_prefix(1);
+  while (!t.empty() && space(t.back())) t.remove_suffix(1);
+  if (!t.empty() && (t.front() == '+' || t.front() == '-')) t.remove_prefix(1);
+  if (t.empty() || t.front() == '_' || t.back() == '_') return false;
+  for (size_t i = 0; i < t.size(); ++i) {
+    if (t[i] == '_') {
+      if (t[i + 1] == '_') return false;
+    } else if (t[i] < '0' || t[i] > '9') {
+      return false;
+    }
+  }
+  return true;
+}
+
+void check_storage_alignment_record(const zip::archive& ar) {
+  const zip::entry* e = ar.find(".storage_alignment");
+  if (!e) return;
+  if (!python_int_literal(read_small_record(ar, *e)))
+    throw_corrupt("record " + e->name + " is not an integer (torch.load refuses it)", e->data_offset);
+}
+
 std::unique_ptr<pickle::document> parse_record_pickle(const zip::archive& ar, const zip::entry& e,
                                                       const pickle::limits& lim) {
   if (e.uncompressed_size > lim.max_pickle_bytes)
@@ -60,15 +87,40 @@ std::unique_ptr<pickle::document> parse_record_pickle(const zip::archive& ar, co
   po.lim = lim;
   // Offsets in errors are file offsets when the record is stored (it always is in torch files).
   po.base_offset = e.method == 0 ? e.data_offset : 0;
-  return std::make_unique<pickle::document>(pickle::parse(bytes.data(), bytes.size(), po));
+  std::vector<std::string> seen;
+  po.globals_seen = &seen;
+  try {
+    return std::make_unique<pickle::document>(pickle::parse(bytes.data(), bytes.size(), po));
+  } catch (const error& broken) {
+    // What a malformed pickle imported before it broke is what a scanner needs to know
+    // (security.md P5): the error names those globals torch.load would have run.
+    std::set<std::string> unsafe;
+    for (const auto& g : seen) {
+      size_t dot = g.rfind('.');
+      // Scripted classes are TorchScript's own vocabulary, not something that imports code.
+      if (g.compare(0, 10, "__torch__.") == 0) continue;
+      if (dot == std::string::npos || !is_weights_only_safe_global(g.substr(0, dot), g.substr(dot + 1)))
+        unsafe.insert(g);
+    }
+    if (unsafe.empty()) throw;
+    std::string names;
+    for (const auto& g : unsafe) names += (names.empty() ? "" : ", ") + g;
+    throw error(broken.kind(), broken.message() + " (before it, the pickle named unsafe globals: " + names + ")",
+                broken.offset());
+  }
+}
+
+// Wider than torch.load's own test (constants.pkl alone): an archive carrying code is
+// never read as plain weights (security.md P11).
+const zip::entry* first_code_record(const zip::archive& ar) {
+  for (const auto& e : ar.entries())
+    if (e.record.compare(0, 5, "code/") == 0) return &e;
+  return nullptr;
 }
 
 bool is_torchscript_archive(const zip::archive& ar) {
-  if (ar.find("constants.pkl") || ar.find("bytecode.pkl") || ar.find(".data/version") || ar.find("model.json"))
-    return true;
-  for (const auto& e : ar.entries())
-    if (e.record.compare(0, 5, "code/") == 0) return true;
-  return false;
+  return ar.find("constants.pkl") || ar.find("bytecode.pkl") || ar.find(".data/version") || ar.find("model.json") ||
+         first_code_record(ar);
 }
 
 void collect_globals(checkpoint& c, bool torchscript) {
@@ -114,17 +166,22 @@ std::string type_name(const value* v) {
   return "object";
 }
 
+detail::pointer_map<bool> tensor_node_set(const checkpoint& c) {
+  detail::pointer_map<bool> nodes(c.tensors.size());
+  for (const auto& t : c.tensors) nodes.insert(t.node, true);
+  return nodes;
+}
+
 void find_state_dict(checkpoint& c) {
   const value* root = c.pickle ? c.pickle->root : nullptr;
   if (!root) return;
-  std::unordered_set<const value*> tensor_nodes;
-  for (const auto& t : c.tensors) tensor_nodes.insert(t.node);
+  const detail::pointer_map<bool> tensor_nodes = tensor_node_set(c);
   auto is_state_dict = [&](const value* d) {
     if (!d || d->type != kind::dict || d->dict_size() == 0) return false;
     size_t tensors = 0;
     for (size_t i = 0; i < d->dict_size(); ++i) {
       if (d->dict_key(i)->type != kind::str) return false;
-      tensors += tensor_nodes.count(d->dict_value(i));
+      tensors += tensor_nodes.contains(d->dict_value(i));
     }
     return tensors > 0 && tensors * 2 >= d->dict_size();
   };
@@ -156,10 +213,10 @@ void find_state_dict(checkpoint& c) {
   }
 }
 
-size_t count_tensors(const value* v, const std::unordered_set<const value*>& tensor_nodes,
+size_t count_tensors(const value* v, const detail::pointer_map<bool>& tensor_nodes,
                      std::unordered_set<const value*>& seen, int depth) {
   if (!v || depth > 1000 || !seen.insert(v).second) return 0;
-  if (tensor_nodes.count(v)) return 1;
+  if (tensor_nodes.contains(v)) return 1;
   size_t n = 0;
   for (const value* c : v->items) n += count_tensors(c, tensor_nodes, seen, depth + 1);
   return n + count_tensors(v->state, tensor_nodes, seen, depth + 1);
@@ -167,7 +224,7 @@ size_t count_tensors(const value* v, const std::unordered_set<const value*>& ten
 
 // Python's repr, except for containers holding tensors: their rebuild calls mean nothing
 // to a reader, so those are summarized ("list, 1 item, 21 tensors inside").
-std::string entry_value(const value* v, const std::unordered_set<const value*>& tensor_nodes) {
+std::string entry_value(const value* v, const detail::pointer_map<bool>& tensor_nodes) {
   std::unordered_set<const value*> seen;
   size_t tensors = count_tensors(v, tensor_nodes, seen, 0);
   if (tensors == 0) return pickle::repr(v, 120);
@@ -181,13 +238,12 @@ std::string entry_value(const value* v, const std::unordered_set<const value*>& 
 void summarize_entries(checkpoint& c) {
   const value* root = c.pickle ? c.pickle->root : nullptr;
   if (!root || root->type != kind::dict) return;
-  std::unordered_set<const value*> tensor_nodes;
-  for (const auto& t : c.tensors) tensor_nodes.insert(t.node);
+  const detail::pointer_map<bool> tensor_nodes = tensor_node_set(c);
   auto add_entries = [&](const value* d, value_path prefix) {
     for (size_t i = 0; i < d->dict_size(); ++i) {
       const value* k = d->dict_key(i);
       const value* v = d->dict_value(i);
-      if (v == c.state_dict_node || tensor_nodes.count(v)) continue;
+      if (v == c.state_dict_node || tensor_nodes.contains(v)) continue;
       value_path p = prefix;
       if (k->type == kind::integer)
         p.push_back(k->integer);
@@ -219,12 +275,22 @@ void read_torch_zip(checkpoint& c, const open_options& opt) {
       throw_unsupported("mobile (lite interpreter) TorchScript archive without data.pkl");
     throw_unsupported("zip archive without data.pkl: not a PyTorch checkpoint");
   }
+  // Without constants.pkl LibTorch cannot load it either; saying so here gives every verb
+  // the same answer, with an offset, instead of a loader error from inspect alone.
+  if (torchscript && !ar.find("constants.pkl") && !ar.find("bytecode.pkl"))
+    if (const zip::entry* code = first_code_record(ar))
+      throw_corrupt("record " + code->name + " makes this a TorchScript archive, but it has no constants.pkl",
+                    code->local_header_offset);
   check_version_record(ar);
   c.byteorder = read_byteorder(ar);
+  check_storage_alignment_record(ar);
   if (opt.verify_crc)
     for (const auto& e : ar.entries()) ar.verify_crc(e);
 
   c.pickle = parse_record_pickle(ar, *data, opt.pickle_limits);
+  // Each storage is a record; most tensors have a storage of their own.
+  c.storages.reserve(ar.entries().size());
+  c.tensors.reserve(ar.entries().size());
   detail::tensor_collector collector(c, detail::zip_storage_binder(c, "data/"),
                                      opt.pickle_limits.max_depth, false);
   collector.collect(c.pickle->root);
@@ -307,7 +373,7 @@ void read_safetensors(checkpoint& c, const open_options& opt) {
     for (const auto& g : unsafe) msg += (i++ ? ", " : "") + g;
   }
   if (!parse_problem.empty()) msg += "; the pickle is also malformed: " + parse_problem;
-  throw error(errc::unsupported, msg);
+  throw error(errc::unsupported, msg, 0);
 }
 
 }  // namespace
@@ -351,13 +417,14 @@ std::vector<std::pair<std::string, size_t>> checkpoint::state_dict_tensors() con
   }
   // In the dict's own order, and including keys that share one tensor object (a tied
   // Parameter saved under two names): the pickle gives both keys the same node.
-  std::unordered_map<const value*, size_t> index_of;
-  for (size_t i = 0; i < tensors.size(); ++i) index_of.emplace(tensors[i].node, i);
+  detail::pointer_map<size_t> index_of(tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) index_of.insert(tensors[i].node, i);
+  out.reserve(state_dict_node->dict_size());
   for (size_t i = 0; i < state_dict_node->dict_size(); ++i) {
     const value* k = state_dict_node->dict_key(i);
-    auto it = index_of.find(state_dict_node->dict_value(i));
-    if (it == index_of.end()) continue;
-    out.emplace_back(k->type == kind::str ? k->text : pickle::repr(k, 80), it->second);
+    const size_t* index = index_of.find(state_dict_node->dict_value(i));
+    if (!index) continue;
+    out.emplace_back(k->type == kind::str ? k->text : pickle::repr(k, 80), *index);
   }
   return out;
 }

@@ -41,7 +41,7 @@ sniffed sniff_format(const byte_source& src) {
   uint8_t head[512] = {};
   size_t n = size_t(std::min<uint64_t>(sizeof head, src.size()));
   src.read_exact(0, head, n);
-  if (n == 0) throw error(errc::corrupt, "empty file: not a checkpoint");
+  if (n == 0) throw error(errc::corrupt, "empty file: not a checkpoint", 0);
 
   if (starts_with(head, n, "PK\x03\x04", 4)) return sniffed::zip;
   if (n >= 2 && head[0] == 0x80 && head[1] <= 5 && n >= 2 + sizeof kLegacyMagic &&
@@ -51,23 +51,23 @@ sniffed sniff_format(const byte_source& src) {
 
   if (starts_with(head, n, "PYTORCH1", 8))
     throw error(errc::unsupported,
-                "PyTorch 1.0-preview archive (PYTORCH1): unsupported, as in PyTorch itself; re-save it with a current PyTorch");
+                "PyTorch 1.0-preview archive (PYTORCH1): unsupported, as in PyTorch itself; re-save it with a current PyTorch", 0);
   if (n > 262 && std::memcmp(head + 257, "ustar", 5) == 0)
     throw error(errc::unsupported,
-                "tar archive: the PyTorch <= 0.3 legacy tar format is not supported; load it with an old PyTorch and re-save");
+                "tar archive: the PyTorch <= 0.3 legacy tar format is not supported; load it with an old PyTorch and re-save", 257);
   if (starts_with(head, n, "PK\x05\x06", 4))
-    throw error(errc::corrupt, "empty zip archive: not a checkpoint");
+    throw error(errc::corrupt, "empty zip archive: not a checkpoint", 0);
   if (starts_with(head, n, "7z\xbc\xaf\x27\x1c", 6))
     throw error(errc::unsupported,
-                "7z archive, not a checkpoint (7z-wrapped torch files are a known malware carrier); unpack it and inspect the contents");
+                "7z archive, not a checkpoint (7z-wrapped torch files are a known malware carrier); unpack it and inspect the contents", 0);
   if (starts_with(head, n, "\x89PNG", 4))
-    throw error(errc::unsupported, "PNG image, not a checkpoint");
+    throw error(errc::unsupported, "PNG image, not a checkpoint", 0);
   if (starts_with(head, n, "\x1f\x8b", 2))
-    throw error(errc::unsupported, "gzip stream, not a checkpoint; decompress it first");
+    throw error(errc::unsupported, "gzip stream, not a checkpoint; decompress it first", 0);
   if (starts_with(head, n, "GGUF", 4))
-    throw error(errc::unsupported, "GGUF file (llama.cpp), not a PyTorch checkpoint");
+    throw error(errc::unsupported, "GGUF file (llama.cpp), not a PyTorch checkpoint", 0);
   if (starts_with(head, n, "\x93NUMPY", 6))
-    throw error(errc::unsupported, "NumPy .npy array, not a PyTorch checkpoint");
+    throw error(errc::unsupported, "NumPy .npy array, not a PyTorch checkpoint", 0);
   if (head[0] == 0x80 && n >= 2 && head[1] <= 5) return sniffed::bare_pickle;
   if (starts_like_protocol0_pickle(head, n)) return sniffed::maybe_pickle;
   throw_unrecognized(src);
@@ -78,7 +78,7 @@ void throw_unrecognized(const byte_source& src) {
   size_t n = size_t(std::min<uint64_t>(sizeof head, src.size()));
   src.read_exact(0, head, n);
   throw error(errc::unsupported, "unrecognized format (first bytes: " + hex_prefix(head, n) +
-                                     "): not a torch.save, TorchScript or safetensors file");
+                                     "): not a torch.save, TorchScript or safetensors file", 0);
 }
 
 }  // namespace ckpt::detail

@@ -176,7 +176,7 @@ class schema_handler {
         is_metadata_ = k == kMetadataKey;
         if (!is_metadata_) {
           if (tensors.size() >= lim_.max_tensors)
-            limit("more than " + std::to_string(lim_.max_tensors) + " tensors");
+            limit("more than " + std::to_string(lim_.max_tensors) + " tensors (raise with --max-tensors)");
           if (k.size() > lim_.max_name_length)
             limit("tensor name of " + std::to_string(k.size()) + " bytes is longer than " +
                   std::to_string(lim_.max_name_length));
@@ -322,14 +322,18 @@ std::string shape_text(const std::vector<uint64_t>& shape) {
 bool looks_like_safetensors(const uint8_t* first, size_t n, uint64_t file_size) {
   if (n < kPrefixSize + 1 || file_size < kPrefixSize) return false;
   const uint64_t len = load_u64(first);
-  if (len < 2 || len > kMaxHeaderSize || len > file_size - kPrefixSize) return false;
-  const size_t end = size_t(std::min<uint64_t>(n, kPrefixSize + len));
+  if (len < 2) return false;
+  // A JSON object right after the length marks the file as safetensors even when the length
+  // itself is impossible: read_header then names the bad length instead of the file being
+  // called unrecognized.
+  const bool length_fits = len <= kMaxHeaderSize && len <= file_size - kPrefixSize;
+  const size_t end = length_fits ? size_t(std::min<uint64_t>(n, kPrefixSize + len)) : n;
   for (size_t i = kPrefixSize; i < end; ++i) {
     const uint8_t c = first[i];
     if (c == '{') return true;
     if (c != ' ' && c != '\t' && c != '\n' && c != '\r') return false;
   }
-  return true;  // only whitespace so far: the full parse decides
+  return length_fits;  // only whitespace so far: the full parse decides
 }
 
 header read_header(const byte_source& src, const limits& lim) {
