@@ -314,9 +314,17 @@ TEST_CASE("looks_like_safetensors") {
   CHECK(st::looks_like_safetensors(good.data(), 16, good.size()));
   auto padded = file_of("  {}", 0);
   CHECK(st::looks_like_safetensors(padded.data(), padded.size(), padded.size()));
-  auto zip = std::vector<uint8_t>{'P', 'K', 3, 4, 0, 0, 0, 0, '{', 0, 0};
+  // A zip local header: byte 8 is the compression method's low byte, never '{'.
+  auto zip = std::vector<uint8_t>{'P', 'K', 3, 4, 20, 0, 0, 8, 8, 0, 0};
   CHECK_FALSE(st::looks_like_safetensors(zip.data(), zip.size(), 1 << 20));
-  CHECK_FALSE(st::looks_like_safetensors(good.data(), good.size(), 10));  // N past the end
+  // An impossible N in front of a JSON object is a broken safetensors file, so that
+  // read_header can name the bad length; in front of anything else it is not one.
+  CHECK(st::looks_like_safetensors(good.data(), good.size(), 10));
+  auto huge = good;
+  huge[7] = 0x40;  // N = 2^62
+  CHECK(st::looks_like_safetensors(huge.data(), huge.size(), huge.size()));
+  huge[8] = 'x';
+  CHECK_FALSE(st::looks_like_safetensors(huge.data(), huge.size(), huge.size()));
   CHECK_FALSE(st::looks_like_safetensors(good.data(), 8, good.size()));   // too little to tell
   auto pickle = std::vector<uint8_t>{0x80, 0x02, 0x8a, 0x0a, 0x6c, 0xfc, 0x9c, 0x46, 0xf9, 0x20};
   CHECK_FALSE(st::looks_like_safetensors(pickle.data(), pickle.size(), 1 << 20));
