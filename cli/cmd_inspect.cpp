@@ -3,6 +3,9 @@
 #include <iostream>
 #include <memory>
 #include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
 
 #include "ckpt/error.h"
 #include "ckpt/report.h"
@@ -23,8 +26,15 @@ struct inspect_options {
   ckpt::open_options reader;
 };
 
+// The process exits right after the report: freeing a checkpoint of 100,000 tensors (its
+// pickle tree, tables and strings) would take as long as printing it, so it is kept, and
+// reachable, to the end (LeakSanitizer builds see no leak).
+ckpt::checkpoint* g_kept_checkpoint = nullptr;
+
 void run_inspect(const inspect_options& o) {
-  ckpt::checkpoint c = ckpt::open_checkpoint(o.file, o.reader);
+  auto owned = std::make_unique<ckpt::checkpoint>(ckpt::open_checkpoint(o.file, o.reader));
+  g_kept_checkpoint = owned.release();
+  const ckpt::checkpoint& c = *g_kept_checkpoint;
   std::optional<ckpt::torchscript_info> ts;
   std::vector<ckpt::meta_output> outputs;
   if (c.format == ckpt::file_format::torchscript) {
@@ -45,16 +55,18 @@ void run_inspect(const inspect_options& o) {
   }
 
   if (o.json) {
-    nlohmann::json doc = ckpt::inspect_json(c);
-    doc["ckptool_version"] = CKPTOOL_VERSION;
+    ckpt::inspect_json_options jo;
+    jo.extra["ckptool_version"] = CKPTOOL_VERSION;
     if (!o.text.filter.empty()) {
-      nlohmann::json kept = nlohmann::json::array();
-      for (auto& t : doc["tensors"]) {
-        std::string key = t["path"].empty() ? "" : t["path"].back().is_string() ? t["path"].back().get<std::string>()
-                                                                                 : t["path"].back().dump();
-        if (key_matches(o.text.filter, key)) kept.push_back(t);
-      }
-      doc["tensors"] = std::move(kept);
+      jo.keep_tensor = [&](const ckpt::tensor_record& t) {
+        std::string key;
+        if (!t.path.empty()) {
+          const auto& last = t.path.back();
+          key = std::holds_alternative<std::string>(last) ? std::get<std::string>(last)
+                                                          : std::to_string(std::get<int64_t>(last));
+        }
+        return key_matches(o.text.filter, key);
+      };
     }
     if (ts) {
       auto tensors = [](const std::vector<ckpt::ts_tensor>& v) {
@@ -74,8 +86,8 @@ void run_inspect(const inspect_options& o) {
       m["attributes"] = nlohmann::json::array();
       for (const auto& x : ts->attributes)
         m["attributes"].push_back({{"name", x.name}, {"type", x.type}, {"value", x.value}});
-      doc["module"] = std::move(m);
-      doc["io"]["bytes_read"] = doc["io"]["bytes_read"].get<uint64_t>() + ts->bytes_read;
+      jo.extra["module"] = std::move(m);
+      jo.extra_bytes_read = ts->bytes_read;
       if (!o.inputs.empty()) {
         nlohmann::json outs = nlohmann::json::array();
         for (const auto& x : outputs) {
@@ -88,11 +100,12 @@ void run_inspect(const inspect_options& o) {
           }
           outs.push_back(std::move(j));
         }
-        doc["outputs"] = {{"method", o.method}, {"values", std::move(outs)}};
+        jo.extra["outputs"] = {{"method", o.method}, {"values", std::move(outs)}};
       }
     }
-    // Keys may hold invalid UTF-8 (bytes decoded leniently): replace rather than fail.
-    std::cout << ckpt::json_text(doc) << "\n";
+    // Keys may hold invalid UTF-8 (bytes decoded leniently): replaced rather than refused.
+    ckpt::write_inspect_json(c, jo, [](std::string_view text) { std::cout.write(text.data(), std::streamsize(text.size())); });
+    std::cout << "\n";
   } else {
     print_inspect_text(std::cout, c, ts ? &*ts : nullptr, o.text);
     if (!o.inputs.empty()) print_meta_outputs(std::cout, o.method, outputs);

@@ -1,5 +1,5 @@
 // The human-readable form of `ckptool inspect`: summary, tensor table, totals, entries,
-// warnings. The JSON form is ckpt::inspect_json plus the TorchScript part.
+// warnings. The JSON form is ckpt::write_inspect_json plus the TorchScript part.
 #pragma once
 
 #include <optional>

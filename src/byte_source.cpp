@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -67,6 +68,21 @@ void file_source::read_impl(uint64_t offset, void* dst, size_t n) const {
     offset += uint64_t(got);
     n -= size_t(got);
   }
+}
+
+void file_source::prefetch(uint64_t offset, size_t n) const {
+  // Only a hint: a failure here shows up, if it matters, in the read that follows.
+  if (offset < size_) (void)::posix_fadvise(fd_, off_t(offset), off_t(n), POSIX_FADV_WILLNEED);
+}
+
+bool file_source::resident(uint64_t offset) const {
+  if (offset >= size_) return true;
+  // RWF_NOWAIT fails with EAGAIN instead of waiting for the disk. Kernels or file systems
+  // without it fail otherwise; then nothing is known, and nothing is prefetched.
+  uint8_t byte;
+  struct iovec v = {&byte, 1};
+  ssize_t got = ::preadv2(fd_, &v, 1, off_t(offset), RWF_NOWAIT);
+  return !(got < 0 && errno == EAGAIN);
 }
 
 memory_source::memory_source(std::vector<uint8_t> bytes, std::string name)

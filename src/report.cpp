@@ -2,8 +2,10 @@
 
 #include <array>
 #include <map>
+#include <string>
 
 #include "ckpt/wrappers.h"
+#include "json_writer.h"
 
 namespace ckpt {
 
@@ -21,41 +23,93 @@ nlohmann::json path_json(const value_path& path) {
 std::vector<std::string> tensor_keys(const checkpoint& c) {
   std::vector<std::string> keys;
   if (c.state_dict) {
-    for (auto& [key, index] : c.state_dict_tensors()) keys.push_back(key);
+    auto keyed = c.state_dict_tensors();
+    keys.reserve(keyed.size());
+    for (auto& [key, index] : keyed) keys.push_back(std::move(key));
   } else {
     for (const auto& t : c.tensors) keys.push_back(path_to_string(t.path));
   }
   return keys;
 }
 
-nlohmann::json inspect_json(const checkpoint& c) {
-  using nlohmann::json;
-  json doc;
-  doc["schema"] = kInspectSchemaVersion;
-  doc["file"] = c.path;
-  doc["file_size"] = c.file_size;
-  doc["format"] = format_name(c.format);
-  doc["io"] = {{"bytes_read", c.source ? c.source->bytes_read() : 0}};
-  doc["state_dict"] = c.state_dict ? path_json(*c.state_dict) : json(nullptr);
-  doc["lightning"] = c.lightning;
-  doc["byteorder"] = c.byteorder;
+namespace {
 
-  json tensors = json::array();
+void write_path(detail::json_writer& w, const value_path& path) {
+  w.begin_array();
+  for (const auto& step : path) {
+    if (const auto* s = std::get_if<std::string>(&step))
+      w.string(*s);
+    else
+      w.number(std::get<int64_t>(step));
+  }
+  w.end_array();
+}
+
+void write_ints(detail::json_writer& w, const std::vector<int64_t>& v) {
+  w.begin_array();
+  for (int64_t x : v) w.number(x);
+  w.end_array();
+}
+
+void write_strings(detail::json_writer& w, const std::vector<std::string>& v) {
+  w.begin_array();
+  for (const auto& x : v) w.string(x);
+  w.end_array();
+}
+
+// Members in nlohmann's order (sorted keys); each row of the tensor and storage tables.
+void write_tensor(detail::json_writer& w, const checkpoint& c, const tensor_record& t) {
+  w.begin_object();
+  w.key("device");
+  w.string(t.location);
+  w.key("dtype");
+  w.string(name(t.type));
+  w.key("nbytes");
+  w.number(t.nbytes());
+  w.key("parameter");
+  w.boolean(t.parameter);
+  w.key("path");
+  write_path(w, t.path);
+  w.key("requires_grad");
+  w.boolean(t.requires_grad);
+  w.key("shape");
+  write_ints(w, t.shape);
+  w.key("storage");
+  if (t.storage)
+    w.string(c.storages[*t.storage].key);
+  else
+    w.null();
+  w.key("storage_offset");
+  w.number(t.storage_offset);
+  w.key("stride");
+  write_ints(w, t.stride);
+  w.end_object();
+}
+
+void write_storage(detail::json_writer& w, const storage_record& s) {
+  w.begin_object();
+  w.key("device");
+  w.string(s.location);
+  w.key("dtype");
+  w.string(name(s.type));
+  w.key("key");
+  w.string(s.key);
+  w.key("nbytes");
+  w.number(s.nbytes);
+  w.key("offset");
+  if (s.file_offset)
+    w.number(*s.file_offset);
+  else
+    w.null();
+  w.key("tensors");
+  w.number(uint64_t(s.tensor_count));
+  w.end_object();
+}
+
+nlohmann::json totals_json(const checkpoint& c) {
   uint64_t total_numel = 0, total_bytes = 0;
   std::map<std::string, std::array<uint64_t, 3>> by_dtype;
   for (const auto& t : c.tensors) {
-    json j;
-    j["path"] = path_json(t.path);
-    j["dtype"] = name(t.type);
-    j["shape"] = t.shape;
-    j["stride"] = t.stride;
-    j["storage_offset"] = t.storage_offset;
-    j["storage"] = t.storage ? json(c.storages[*t.storage].key) : json(nullptr);
-    j["nbytes"] = t.nbytes();
-    j["parameter"] = t.parameter;
-    j["requires_grad"] = t.requires_grad;
-    j["device"] = t.location;
-    tensors.push_back(std::move(j));
     total_numel += t.numel();
     total_bytes += t.nbytes();
     auto& row = by_dtype[name(t.type)];
@@ -63,42 +117,93 @@ nlohmann::json inspect_json(const checkpoint& c) {
     row[1] += t.numel();
     row[2] += t.nbytes();
   }
-  doc["tensors"] = std::move(tensors);
-
-  json aliases = json::array();
-  for (const auto& a : c.aliases)
-    aliases.push_back({{"path", path_json(a.path)}, {"same_as", path_json(c.tensors[a.tensor].path)}});
-  doc["aliases"] = std::move(aliases);
-
-  json storages = json::array();
-  for (const auto& s : c.storages) {
-    storages.push_back({{"key", s.key},
-                        {"dtype", name(s.type)},
-                        {"nbytes", s.nbytes},
-                        {"offset", s.file_offset ? json(*s.file_offset) : json(nullptr)},
-                        {"device", s.location},
-                        {"tensors", s.tensor_count}});
-  }
-  doc["storages"] = std::move(storages);
-
-  json wrappers = json::object();
-  for (auto& [segment, count] : count_wrappers(tensor_keys(c))) wrappers[segment] = count;
-  doc["wrappers"] = std::move(wrappers);
-  doc["unsafe_globals"] = c.unsafe_globals;
-  doc["globals"] = c.globals;
-
-  json entries = json::array();
-  for (const auto& e : c.entries)
-    entries.push_back({{"path", path_json(e.path)}, {"type", e.type}, {"value", e.value}});
-  doc["entries"] = std::move(entries);
-
-  json dtypes = json::object();
+  nlohmann::json dtypes = nlohmann::json::object();
   for (auto& [dt, row] : by_dtype) dtypes[dt] = {{"tensors", row[0]}, {"numel", row[1]}, {"nbytes", row[2]}};
-  doc["totals"] = {{"tensors", c.tensors.size()},
-                   {"numel", total_numel},
-                   {"nbytes", total_bytes},
-                   {"by_dtype", std::move(dtypes)}};
-  return doc;
+  return {{"tensors", c.tensors.size()}, {"numel", total_numel}, {"nbytes", total_bytes}, {"by_dtype", std::move(dtypes)}};
+}
+
+}  // namespace
+
+void write_inspect_json(const checkpoint& c, const inspect_json_options& options,
+                        const std::function<void(std::string_view)>& sink) {
+  detail::json_writer w(sink);
+  // Keyed by member name: std::map walks them in the order nlohmann prints an object's.
+  std::map<std::string, std::function<void()>> members;
+  members["schema"] = [&] { w.number(int64_t(kInspectSchemaVersion)); };
+  members["file"] = [&] { w.string(c.path); };
+  members["file_size"] = [&] { w.number(c.file_size); };
+  members["format"] = [&] { w.string(format_name(c.format)); };
+  members["io"] = [&] {
+    w.begin_object();
+    w.key("bytes_read");
+    w.number((c.source ? c.source->bytes_read() : 0) + options.extra_bytes_read);
+    w.end_object();
+  };
+  members["state_dict"] = [&] {
+    if (c.state_dict)
+      write_path(w, *c.state_dict);
+    else
+      w.null();
+  };
+  members["lightning"] = [&] { w.boolean(c.lightning); };
+  members["byteorder"] = [&] { w.string(c.byteorder); };
+  members["tensors"] = [&] {
+    w.begin_array();
+    for (const auto& t : c.tensors)
+      if (!options.keep_tensor || options.keep_tensor(t)) write_tensor(w, c, t);
+    w.end_array();
+  };
+  members["aliases"] = [&] {
+    w.begin_array();
+    for (const auto& a : c.aliases) {
+      w.begin_object();
+      w.key("path");
+      write_path(w, a.path);
+      w.key("same_as");
+      write_path(w, c.tensors[a.tensor].path);
+      w.end_object();
+    }
+    w.end_array();
+  };
+  members["storages"] = [&] {
+    w.begin_array();
+    for (const auto& s : c.storages) write_storage(w, s);
+    w.end_array();
+  };
+  members["wrappers"] = [&] {
+    nlohmann::json wrappers = nlohmann::json::object();
+    for (auto& [segment, count] : count_wrappers(tensor_keys(c))) wrappers[segment] = count;
+    w.value(wrappers);
+  };
+  members["unsafe_globals"] = [&] { write_strings(w, c.unsafe_globals); };
+  members["globals"] = [&] { write_strings(w, c.globals); };
+  members["entries"] = [&] {
+    w.begin_array();
+    for (const auto& e : c.entries) {
+      w.begin_object();
+      w.key("path");
+      write_path(w, e.path);
+      w.key("type");
+      w.string(e.type);
+      w.key("value");
+      w.string(e.value);
+      w.end_object();
+    }
+    w.end_array();
+  };
+  members["totals"] = [&] { w.value(totals_json(c)); };
+  for (const auto& [key, v] : options.extra.items()) {
+    const nlohmann::json* value = &v;
+    members[key] = [&w, value] { w.value(*value); };
+  }
+
+  w.begin_object();
+  for (const auto& [key, write] : members) {
+    w.key(key);
+    write();
+  }
+  w.end_object();
+  w.flush();
 }
 
 }  // namespace ckpt

@@ -142,16 +142,15 @@ void tensor_collector::walk(const value* v, value_path& path, uint64_t depth) {
       return;  // scalars hold no tensors
   }
   if (v->type == kind::object) {
-    auto seen = tensor_of_node_.find(v);
-    if (seen != tensor_of_node_.end()) {
-      ckpt_.aliases.push_back({path, seen->second});
+    if (const size_t* seen = tensor_of_node_.find(v)) {
+      ckpt_.aliases.push_back({path, *seen});
       return;
     }
     if (try_tensor(v, path)) return;
   }
   // A container reached twice (memo sharing, or a cycle) is walked once: its tensors keep
   // their first path, which is also what bounds the walk on "billion laughs" inputs.
-  if (!visited_.emplace(v, true).second) return;
+  if (!visited_.insert(v, true)) return;
 
   auto descend = [&](path_element step, const value* child) {
     path.push_back(std::move(step));
@@ -219,7 +218,7 @@ bool tensor_collector::try_tensor(const value* v, value_path& path) {
   tensor_record t = rebuild(v, 0);
   t.path = path;
   size_t index = ckpt_.tensors.size();
-  tensor_of_node_[v] = index;
+  tensor_of_node_.assign(v, index);
   if (t.storage) ckpt_.storages[*t.storage].tensor_count++;
   ckpt_.tensors.push_back(std::move(t));
   return true;
@@ -239,7 +238,7 @@ tensor_record tensor_collector::rebuild(const value* call, uint64_t depth) {
     bool with_state = name == "_rebuild_parameter_with_state";
     const value* args = tuple_args(call, with_state ? 4 : 3, with_state ? 4 : 3, std::string(name).c_str());
     tensor_record inner = rebuild(arg(args, 0), depth + 1);
-    tensor_of_node_[arg(args, 0)] = ckpt_.tensors.size();  // the data tensor is the parameter
+    tensor_of_node_.assign(arg(args, 0), ckpt_.tensors.size());  // the data tensor is the parameter
     inner.node = call;
     inner.parameter = true;
     inner.requires_grad = as_bool(arg(args, 1), "requires_grad");
@@ -354,30 +353,35 @@ void tensor_collector::validate_view(const tensor_record& t, uint64_t offset) co
 }
 
 tensor_collector::binder zip_storage_binder(checkpoint& ckpt, std::string record_dir) {
-  auto index_of = std::make_shared<std::unordered_map<std::string, size_t>>();
-  return [&ckpt, index_of, record_dir](const storage_ref& ref, dtype element_type) -> size_t {
+  // The storage made for each zip entry, by entry index: a storage shared by many tensors
+  // is found again without building or hashing its record name once more.
+  constexpr size_t kNone = ~size_t(0);
+  struct state {
+    std::string record_dir;
+    std::string id;  // reused: one allocation for every lookup
+    std::vector<size_t> storage_of_entry;
+  };
+  auto st = std::make_shared<state>();
+  st->record_dir = std::move(record_dir);
+  st->storage_of_entry.assign(ckpt.zip->entries().size(), kNone);
+  return [&ckpt, st](const storage_ref& ref, dtype element_type) -> size_t {
     uint64_t nbytes;
     dtype storage_type = ref.typed ? *ref.typed : element_type;
     if (!checked_mul(ref.numel, ref.typed ? element_size(*ref.typed) : 1, &nbytes))
       throw_corrupt("storage size overflows", ref.pid_offset);
-    std::string id = record_dir + ref.key;
-    auto found = index_of->find(id);
-    if (found != index_of->end()) {
-      const storage_record& s = ckpt.storages[found->second];
+    st->id.assign(st->record_dir).append(ref.key);
+    const zip::entry* e = ckpt.zip->find(st->id);
+    if (!e) throw_corrupt("storage '" + ref.key + "' has no record " + st->id + " in the archive", ref.pid_offset);
+    size_t& bound = st->storage_of_entry[size_t(e - ckpt.zip->entries().data())];
+    if (bound != kNone) {
+      const storage_record& s = ckpt.storages[bound];
       if (s.type != storage_type || s.nbytes != nbytes)
         throw_corrupt("storage '" + ref.key + "' reused as " + name(storage_type) + " x " +
                           std::to_string(ref.numel) + " after " + name(s.type) + " (" +
                           std::to_string(s.nbytes) + " bytes)",
                       ref.pid_offset);
-      return found->second;
+      return bound;
     }
-    storage_record s;
-    s.key = ref.key;
-    s.type = storage_type;
-    s.nbytes = nbytes;
-    s.location = ref.location;
-    const zip::entry* e = ckpt.zip->find(id);
-    if (!e) throw_corrupt("storage '" + ref.key + "' has no record " + id + " in the archive", ref.pid_offset);
     if (e->method != 0)
       throw_unsupported("tensor record " + e->name + " is compressed; torch writes them stored",
                         e->local_header_offset);
@@ -385,12 +389,17 @@ tensor_collector::binder zip_storage_binder(checkpoint& ckpt, std::string record
       throw_corrupt("record " + e->name + " holds " + std::to_string(e->uncompressed_size) +
                         " bytes but its storage declares " + std::to_string(nbytes),
                     e->local_header_offset);
+    storage_record s;
+    s.key = ref.key;
+    s.type = storage_type;
+    s.nbytes = nbytes;
+    s.location = ref.location;
     s.record = e;
     s.file_offset = e->data_offset;
     s.crc32 = e->crc32;
     ckpt.storages.push_back(std::move(s));
-    index_of->emplace(id, ckpt.storages.size() - 1);
-    return ckpt.storages.size() - 1;
+    bound = ckpt.storages.size() - 1;
+    return bound;
   };
 }
 

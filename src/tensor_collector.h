@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "ckpt/checkpoint.h"
+#include "pointer_map.h"
 
 namespace ckpt::detail {
 
@@ -49,8 +50,8 @@ class tensor_collector {
   binder bind_;
   uint64_t max_depth_;
   bool legacy_;
-  std::unordered_map<const pickle::value*, size_t> tensor_of_node_;
-  std::unordered_map<const pickle::value*, bool> visited_;
+  pointer_map<size_t> tensor_of_node_;
+  pointer_map<bool> visited_;
 };
 
 /// Binder for zip archives: storage key k lives in record data/<k> (or constants/<k>

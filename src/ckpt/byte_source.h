@@ -24,8 +24,23 @@ class byte_source {
   /// Bytes handed out so far: lets tests and `inspect --json` show that tensor data is
   /// never read when only metadata was asked for.
   uint64_t bytes_read() const { return bytes_read_.load(std::memory_order_relaxed); }
+  /// For readers that bypass read_exact (the CPU loader copies from a mapping of the
+  /// file), so the count stays true.
+  void count_read(uint64_t n) const { bytes_read_.fetch_add(n, std::memory_order_relaxed); }
   /// The name used in error messages.
   virtual const std::string& name() const = 0;
+  /// A hint that [offset, offset+n) will be read soon: a file starts fetching it from the
+  /// disk in the background, so scattered reads wait for the disk once, not once each.
+  virtual void prefetch(uint64_t offset, size_t n) const {
+    (void)offset;
+    (void)n;
+  }
+  /// Whether the byte at `offset` can be read without waiting for the disk (true when
+  /// this source cannot tell). Decides whether prefetching is worth its system calls.
+  virtual bool resident(uint64_t offset) const {
+    (void)offset;
+    return true;
+  }
 
  protected:
   /// Implementations read [offset, offset+n), already bounds-checked against size().
@@ -46,6 +61,8 @@ class file_source final : public byte_source {
 
   uint64_t size() const override { return size_; }
   const std::string& name() const override { return path_; }
+  void prefetch(uint64_t offset, size_t n) const override;
+  bool resident(uint64_t offset) const override;
   int fd() const { return fd_; }
 
  protected:

@@ -1,6 +1,10 @@
 // The inspect report as data: the CLI prints it as a table or as JSON (docs/inspect-json.md).
 #pragma once
 
+#include <cstdint>
+#include <functional>
+#include <string_view>
+
 #include <nlohmann/json.hpp>
 
 #include "ckpt/checkpoint.h"
@@ -9,9 +13,23 @@ namespace ckpt {
 
 constexpr int kInspectSchemaVersion = 1;
 
-/// The JSON document of `ckptool inspect --json`, without the TorchScript "module" part
-/// (added by the caller that has LibTorch).
-nlohmann::json inspect_json(const checkpoint& c);
+/// What the caller of write_inspect_json adds to the document.
+struct inspect_json_options {
+  /// Further top-level members ("ckptool_version"; TorchScript's "module" and "outputs",
+  /// which need LibTorch), placed in key order; one named like a built-in member replaces it.
+  nlohmann::json extra = nlohmann::json::object();
+  /// Bytes the caller read from the file itself, added to "io"."bytes_read".
+  uint64_t extra_bytes_read = 0;
+  /// When set, only the tensors it accepts are listed; "totals" still counts every tensor.
+  std::function<bool(const tensor_record&)> keep_tensor;
+};
+
+/// Writes the JSON document of `ckptool inspect --json` (docs/inspect-json.md) to `sink` in
+/// pieces, without a trailing newline. The text is what nlohmann's dump(2) (through
+/// json_text) would print for the same document, but the tensor and storage tables, which
+/// can hold 100,000 rows, are never built as a tree.
+void write_inspect_json(const checkpoint& c, const inspect_json_options& options,
+                        const std::function<void(std::string_view)>& sink);
 
 /// A path as JSON: strings and integers.
 nlohmann::json path_json(const value_path& path);

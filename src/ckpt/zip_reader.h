@@ -53,6 +53,9 @@ class archive {
   /// the archive.
   static std::unique_ptr<archive> open(const byte_source& src, const open_options& options = {});
 
+  archive(const archive&) = delete;  // by_record_ views the entries' own strings
+  archive& operator=(const archive&) = delete;
+
   const std::vector<entry>& entries() const { return entries_; }
   /// The single top-level folder every name starts with ("archive", "model", ...).
   const std::string& prefix() const { return prefix_; }
@@ -71,7 +74,7 @@ class archive {
   open_options options_;
   std::vector<entry> entries_;
   std::string prefix_;
-  std::unordered_map<std::string, size_t> by_record_;
+  std::unordered_map<std::string_view, size_t> by_record_;  // views of entries_[i].record
   friend class archive_parser;
 };
 

@@ -160,6 +160,26 @@ TEST_CASE("deflated records inflate exactly") {
   }
 }
 
+TEST_CASE("long archives: every local header checked, the first problem in file order reported") {
+  std::vector<member> m;
+  for (int i = 0; i < 5000; ++i) m.push_back({"arch/data/" + std::to_string(i), std::vector<uint8_t>(3, uint8_t(i))});
+  built b = build(m);
+  {
+    ckpt::memory_source src(b.bytes);
+    auto a = ckpt::zip::archive::open(src);
+    bool offsets_ok = a->entries().size() == m.size();
+    for (size_t i = 0; offsets_ok && i < m.size(); ++i)
+      offsets_ok = a->entries()[i].data_offset == b.at.data[i] && a->entries()[i].end_offset ==
+                   (i + 1 < m.size() ? b.at.local[i + 1] : b.at.cd_offset);
+    CHECK(offsets_ok);
+  }
+  auto broken = b.bytes;
+  broken[b.at.local[3750] + 8] = 9;  // the method
+  expect_error(broken, errc::corrupt, "'arch/data/3750'", b.at.local[3750]);
+  broken[b.at.local[1250] + 8] = 9;  // an earlier problem wins
+  expect_error(broken, errc::corrupt, "'arch/data/1250'", b.at.local[1250]);
+}
+
 TEST_CASE("Z5 duplicate names") {
   SUBCASE("twin: distinct names") {
     expect_ok(build({{"a/x", {1}}, {"a/y", {2}}}).bytes);

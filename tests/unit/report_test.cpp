@@ -1,0 +1,125 @@
+// The streamed inspect document must be byte for byte what nlohmann's dump(2) printed
+// before it: scripts diff these reports, and `schema` promises a stable layout.
+#include <doctest/doctest.h>
+
+#include <string>
+
+#include "ckpt/checkpoint.h"
+#include "ckpt/report.h"
+#include "json_writer.h"
+
+using ckpt::detail::json_writer;
+using nlohmann::json;
+
+namespace {
+
+// Replays a tree through the writer; nlohmann iterates object members in key order, which
+// is the order the writer requires.
+void replay(json_writer& w, const json& j) {
+  switch (j.type()) {
+    case json::value_t::object:
+      w.begin_object();
+      for (auto it = j.begin(); it != j.end(); ++it) {
+        w.key(it.key());
+        replay(w, it.value());
+      }
+      w.end_object();
+      break;
+    case json::value_t::array:
+      w.begin_array();
+      for (const auto& e : j) replay(w, e);
+      w.end_array();
+      break;
+    case json::value_t::string: w.string(j.get_ref<const std::string&>()); break;
+    case json::value_t::number_unsigned: w.number(j.get<uint64_t>()); break;
+    case json::value_t::number_integer: w.number(j.get<int64_t>()); break;
+    case json::value_t::boolean: w.boolean(j.get<bool>()); break;
+    case json::value_t::null: w.null(); break;
+    default: w.value(j); break;
+  }
+}
+
+std::string written(const json& j) {
+  std::string out;
+  json_writer w([&](std::string_view piece) { out += piece; });
+  replay(w, j);
+  w.flush();
+  return out;
+}
+
+std::string inspect_text(const ckpt::checkpoint& c, const ckpt::inspect_json_options& o = {}) {
+  std::string out;
+  ckpt::write_inspect_json(c, o, [&](std::string_view piece) { out += piece; });
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("json_writer lays out documents as nlohmann's dump(2) does") {
+  json doc = json::object();
+  doc["empty_array"] = json::array();
+  doc["empty_object"] = json::object();
+  doc["numbers"] = {0, -1, int64_t(INT64_MIN), uint64_t(UINT64_MAX), 42};
+  doc["flags"] = {true, false, nullptr};
+  doc["strings"] = {"plain", "quote\" back\\slash", "tab\tnew\nline", std::string("nul\0x", 5), "del\x7f",
+                    "caf\xc3\xa9", "bad \xff utf8", "lone \xed\xb2\x80 surrogate", ""};
+  doc["k\xc3\xa9y \"odd\""] = 1;
+  json deep = "bottom";
+  for (int i = 0; i < 40; ++i) deep = json{{"level", deep}, {"list", {i, json::array()}}};
+  doc["deep"] = deep;
+  CHECK(written(doc) == ckpt::json_text(doc));
+  CHECK(written(json::array()) == "[]");
+  CHECK(written(json("x")) == "\"x\"");
+}
+
+TEST_CASE("json_writer embeds prebuilt values at the current indentation") {
+  json inner = {{"a", {1, 2}}, {"b", {{"c", "\xed\xb2\x80"}}}};
+  std::string out;
+  json_writer w([&](std::string_view piece) { out += piece; });
+  w.begin_object();
+  w.key("x");
+  w.begin_array();
+  w.value(inner);
+  w.end_array();
+  w.end_object();
+  w.flush();
+  CHECK(out == ckpt::json_text(json{{"x", {inner}}}));
+}
+
+TEST_CASE("json_writer output larger than its buffer arrives whole and in order") {
+  json big = json::array();
+  for (int i = 0; i < 20000; ++i) big.push_back({{"i", i}, {"s", std::string(size_t(i % 300), 'a')}});
+  CHECK(written(big) == ckpt::json_text(big));
+}
+
+TEST_CASE("the inspect document is sorted and laid out as nlohmann prints it") {
+  for (const char* name : {"plain.pt", "compiled_lightning.ckpt", "model.safetensors"}) {
+    CAPTURE(name);
+    ckpt::checkpoint c = ckpt::open_checkpoint(std::string(CKPT_SOURCE_DIR) + "/samples/" + name);
+    ckpt::inspect_json_options o;
+    o.extra["ckptool_version"] = "9.9.9";
+    o.extra["module"] = {{"type", "__torch__.Net"}, {"methods", json::array()}};
+    o.extra_bytes_read = 1000;
+    const std::string text = inspect_text(c, o);
+    const json parsed = json::parse(text);
+    CHECK(parsed.dump(2) == text);
+    CHECK(parsed["ckptool_version"] == "9.9.9");
+    CHECK(parsed["module"]["type"] == "__torch__.Net");
+    CHECK(parsed["io"]["bytes_read"].get<uint64_t>() >= 1000);
+    CHECK(parsed["tensors"].size() == c.tensors.size());
+    CHECK(parsed["storages"].size() == c.storages.size());
+    CHECK(parsed["totals"]["tensors"].get<size_t>() == c.tensors.size());
+  }
+}
+
+TEST_CASE("keep_tensor filters the tensor table only") {
+  ckpt::checkpoint c = ckpt::open_checkpoint(std::string(CKPT_SOURCE_DIR) + "/samples/plain.pt");
+  REQUIRE(c.tensors.size() > 1);
+  ckpt::inspect_json_options o;
+  const ckpt::tensor_record* first = &c.tensors[0];
+  o.keep_tensor = [&](const ckpt::tensor_record& t) { return &t == first; };
+  const json parsed = json::parse(inspect_text(c, o));
+  CHECK(parsed["tensors"].size() == 1);
+  CHECK(parsed["totals"]["tensors"].get<size_t>() == c.tensors.size());
+  CHECK(parsed["storages"].size() == c.storages.size());
+}
