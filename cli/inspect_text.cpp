@@ -223,6 +223,10 @@ void print_inspect_text(std::ostream& out, const ckpt::checkpoint& c, const ckpt
     for (const auto& g : c.unsafe_globals) out << "  " << g << "\n";
   }
   if (c.byteorder != "little") out << "byte order: " << c.byteorder << "-endian data\n";
+  if (!c.unknown_records.empty()) {
+    out << "records torch.save never writes (torch.load ignores them):\n";
+    for (const auto& r : c.unknown_records) out << "  " << r << "\n";
+  }
 }
 
 void print_meta_outputs(std::ostream& out, const std::string& method, const std::vector<ckpt::meta_output>& outputs) {

@@ -123,6 +123,22 @@ bool is_torchscript_archive(const zip::archive& ar) {
          first_code_record(ar);
 }
 
+bool is_torchscript_vocabulary(std::string_view module) {
+  return module.substr(0, 9) == "__torch__" || module == "torch.jit._pickle" || module == "builtins";
+}
+
+std::vector<std::string> records_torch_save_never_writes(const zip::archive& ar) {
+  static const char* const kKnown[] = {"data.pkl", "byteorder", "version", ".format_version", ".storage_alignment",
+                                       ".data/serialization_id"};
+  std::vector<std::string> out;
+  for (const auto& e : ar.entries()) {
+    if (e.record.compare(0, 5, "data/") == 0) continue;
+    if (std::none_of(std::begin(kKnown), std::end(kKnown), [&](const char* k) { return e.record == k; }))
+      out.push_back(e.record);
+  }
+  return out;
+}
+
 void collect_globals(checkpoint& c, bool torchscript) {
   std::set<std::string> all, unsafe;
   for (const value& v : c.pickle->nodes()) {
@@ -130,11 +146,8 @@ void collect_globals(checkpoint& c, bool torchscript) {
     std::string full = v.global_name();
     all.insert(full);
     bool ok = is_weights_only_safe_global(v.global_module(), v.global_attr());
-    if (!ok && torchscript) {
-      // TorchScript's own vocabulary: scripted classes and typed-container helpers.
-      std::string_view m = v.global_module();
-      ok = m.substr(0, 9) == "__torch__" || m == "torch.jit._pickle" || m == "builtins";
-    }
+    // TorchScript's own vocabulary: scripted classes and typed-container helpers.
+    if (!ok && torchscript) ok = is_torchscript_vocabulary(v.global_module());
     if (!ok) unsafe.insert(full);
   }
   c.globals.assign(all.begin(), all.end());
@@ -295,6 +308,7 @@ void read_torch_zip(checkpoint& c, const open_options& opt) {
                                      opt.pickle_limits.max_depth, false);
   collector.collect(c.pickle->root);
   collect_globals(c, torchscript);
+  if (!torchscript) c.unknown_records = records_torch_save_never_writes(ar);
   if (torchscript) {
     // constants.pkl holds tensors referenced from code (CONSTANTS.c0, ...); they are part
     // of the file's data, so list them, under a path no module attribute can have.
@@ -471,6 +485,34 @@ checkpoint open_checkpoint(const std::string& path, const open_options& options)
     throw;
   }
   return open_checkpoint(std::move(src), options);
+}
+
+void refuse_unsafe_torchscript(const zip::archive& ar, const pickle::limits& lim) {
+  const zip::entry* data = ar.find("data.pkl");
+  if (!data) return;
+  std::vector<std::string> unsafe;
+  try {
+    auto doc = parse_record_pickle(ar, *data, lim);
+    std::set<std::string> names;
+    for (const value& v : doc->nodes())
+      if (v.type == kind::global && !is_weights_only_safe_global(v.global_module(), v.global_attr()) &&
+          !is_torchscript_vocabulary(v.global_module()))
+        names.insert(v.global_name());
+    unsafe.assign(names.begin(), names.end());
+  } catch (error& e) {
+    // Limits were set by the caller's open_checkpoint; past them, LibTorch judges alone.
+    if (e.kind() == errc::limit) return;
+    e.with_file(ar.source().name());
+    throw;
+  }
+  if (unsafe.empty()) return;
+  std::string names;
+  for (size_t i = 0; i < unsafe.size() && i < 8; ++i) names += (i ? ", " : "") + unsafe[i];
+  if (unsafe.size() > 8) names += ", ...";
+  throw error(errc::unsafe, "TorchScript archive whose " + data->name + " names globals outside TorchScript's own: " +
+                                names + " (not handed to LibTorch; nothing was imported)",
+              data->data_offset)
+      .with_file(ar.source().name());
 }
 
 }  // namespace ckpt

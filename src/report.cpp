@@ -177,6 +177,7 @@ void write_inspect_json(const checkpoint& c, const inspect_json_options& options
   };
   members["unsafe_globals"] = [&] { write_strings(w, c.unsafe_globals); };
   members["globals"] = [&] { write_strings(w, c.globals); };
+  members["unknown_records"] = [&] { write_strings(w, c.unknown_records); };
   members["entries"] = [&] {
     w.begin_array();
     for (const auto& e : c.entries) {

@@ -100,11 +100,19 @@ struct checkpoint {
 
   std::vector<std::string> globals;         // every global the pickle names, sorted, unique
   std::vector<std::string> unsafe_globals;  // those torch.load(weights_only=True) refuses
+  // torch.save archives: records that torch.save never writes (security.md Z10). torch.load
+  // ignores them; a scanner should see them.
+  std::vector<std::string> unknown_records;
   std::string byteorder = "little";
 
   /// Tensors whose path starts with the state dict's, with their key in it.
   std::vector<std::pair<std::string, size_t>> state_dict_tensors() const;
 };
+
+/// Throws errc::unsafe when a TorchScript archive's data.pkl names globals outside
+/// TorchScript's vocabulary and the weights_only allowlist: run before handing an archive
+/// to LibTorch, whose unpickler would otherwise be the one to judge them.
+void refuse_unsafe_torchscript(const zip::archive& ar, const pickle::limits& limits = {});
 
 /// Opens `path`, detects its format by content, and reads its metadata: never the tensor
 /// data (unless verify_crc). Throws ckpt::error naming the file and byte offset.

@@ -17,6 +17,7 @@
 #include <torch/csrc/jit/runtime/graph_executor.h>
 #include <torch/script.h>
 
+#include "ckpt/checkpoint.h"
 #include "ckpt/error.h"
 #include "ckpt/torchscript_module.h"
 #include "meta_kernels.h"
@@ -458,6 +459,7 @@ torch::jit::Module load_on_meta(const std::string& path, const zip::archive& ar,
                                 meta_load_stats* stats) {
   try {
     check_torchscript_archive(ar);
+    refuse_unsafe_torchscript(ar);
   } catch (error& e) {
     e.with_file(path);
     throw;

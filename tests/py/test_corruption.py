@@ -521,13 +521,11 @@ CASES: list[Case] = [
     # ---------------------------------------------------------------- TorchScript
     C("ts-constants-pkl-broken", ("P11", "P5"), "ts",
       lambda b: H.replace_record(b.ts, "constants.pkl", H.record(b.ts, "constants.pkl")[:-3]), E(3, CORRUPT, r"truncated pickle")),
-    # ckptool's own pass finds the global (verify names it); inspect then hands the archive to
-    # LibTorch, whose TorchScript unpickler refuses the type name (nothing is imported or run)
+    # ckptool's own pass finds the global and refuses the archive before LibTorch sees it
     C("ts-data-pkl-unsafe-global", ("P11", "P1"), "ts", lambda b: H.replace_record(b.ts, "/data.pkl", H.p(
         PROTO, b"cposix\nsystem\n", H.binunicode("true"), b"\x85R.")),
-      E(3, UNSUP, r"cannot load TorchScript module: Unknown type name 'posix\.system'"),
-      verbs={"verify": E(1, None, r"unsafe global posix\.system")},
-      no_offset="LibTorch's loader error carries no byte offset"),
+      E(3, UNSAFE, r"data\.pkl names globals outside TorchScript's own: posix\.system \(not handed to LibTorch"),
+      verbs={"verify": E(1, None, r"unsafe global posix\.system")}),
     # ---------------------------------------------------------------- safetensors
     C("st-file-shorter-than-8-bytes", ("S1",), "st", lambda b: b.st[:5], E(3, UNSUP, r"unrecognized format")),
     C("st-header-length-past-eof", ("S1",), "st", lambda b: struct.pack("<Q", len(b.st)) + b.st[8:],
@@ -806,6 +804,19 @@ def test_payload_never_runs_and_there_is_no_fallback(bases, tmp_path):
         opts = re.findall(r"--[a-z][a-z0-9-]*", so)
         bad = [o for o in opts if re.search(r"fallback|weights-only|unpickle|pickle-load|trust|unsafe-load|full-load", o)]
         assert not bad, f"{verb} offers {bad}"
+
+
+def test_unknown_record_is_reported(built, tmp_path):
+    """security.md Z10: torch.load ignores records torch.save never writes; inspect names them."""
+    p = _place(built["zip-unknown-record-name"][0], tmp_path, "in.pt")
+    rc, so, se = run_ckptool("inspect", "--json", p)
+    assert rc == 0, se
+    assert json.loads(so)["unknown_records"] == ["notes.txt"]
+    rc, so, se = run_ckptool("inspect", p)
+    assert rc == 0 and "records torch.save never writes" in so and "  notes.txt" in so, so
+    twin = _place(built["zip-unknown-record-name"][1], tmp_path, "twin.pt")
+    rc, so, se = run_ckptool("inspect", "--json", twin)
+    assert rc == 0 and json.loads(so)["unknown_records"] == []
 
 
 def test_broken_pickle_names_globals_seen_before_the_error(bases, tmp_path):
