@@ -3,10 +3,8 @@
 #include <sys/mman.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstring>
 #include <memory>
-#include <thread>
 
 #include <torch/cuda.h>
 
@@ -16,74 +14,9 @@
 namespace ckpt::detail {
 namespace {
 
-int reader_threads(const load_options& o) {
-  if (o.threads > 0) return o.threads;
-  unsigned hw = std::thread::hardware_concurrency();
-  return int(std::clamp(hw == 0 ? 4u : hw, 1u, 8u));
-}
-
-// Work list: storages cut into chunks, so one big storage is read by several threads.
-struct chunk {
-  size_t storage;
-  uint64_t begin;  // within the storage
-  uint64_t size;
-};
-
-std::vector<chunk> plan_chunks(const checkpoint& c, const std::vector<bool>& needed, uint64_t chunk_bytes) {
-  std::vector<size_t> order;
-  for (size_t i = 0; i < c.storages.size(); ++i)
-    if (needed[i] && c.storages[i].file_offset && c.storages[i].nbytes) order.push_back(i);
-  // File order: sequential reads, what the page cache and read-ahead like best.
-  std::sort(order.begin(), order.end(),
-            [&](size_t a, size_t b) { return *c.storages[a].file_offset < *c.storages[b].file_offset; });
-  std::vector<chunk> out;
-  for (size_t i : order)
-    for (uint64_t b = 0; b < c.storages[i].nbytes; b += chunk_bytes)
-      out.push_back({i, b, std::min(chunk_bytes, c.storages[i].nbytes - b)});
-  return out;
-}
-
 void byteswap_in_place(uint8_t* p, uint64_t nbytes, uint32_t width) {
   if (width <= 1) return;
   for (uint64_t i = 0; i + width <= nbytes; i += width) std::reverse(p + i, p + i + width);
-}
-
-std::vector<at::Tensor> load_cpu(const checkpoint& c, const std::vector<bool>& needed, const load_options& o) {
-  std::vector<at::Tensor> bytes(c.storages.size());
-  uint64_t total = 0;
-  for (size_t i = 0; i < c.storages.size(); ++i) {
-    if (!needed[i]) continue;
-    bytes[i] = at::empty({int64_t(c.storages[i].nbytes)}, at::TensorOptions().dtype(at::kByte));
-    total += c.storages[i].nbytes;
-  }
-  std::vector<chunk> chunks = plan_chunks(c, needed, 16ull << 20);
-  std::atomic<size_t> next{0};
-  std::atomic<uint64_t> done{0};
-  std::exception_ptr failure;
-  std::mutex failure_mutex;
-  auto work = [&] {
-    for (size_t j = next++; j < chunks.size(); j = next++) {
-      const chunk& k = chunks[j];
-      try {
-        auto* dst = bytes[k.storage].data_ptr<uint8_t>() + k.begin;
-        c.source->read_exact(*c.storages[k.storage].file_offset + k.begin, dst, size_t(k.size));
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(failure_mutex);
-        if (!failure) failure = std::current_exception();
-        next = chunks.size();
-        return;
-      }
-      uint64_t now = done += k.size;
-      if (o.progress) o.progress(now, total);
-    }
-  };
-  int n = std::min<int>(reader_threads(o), int(std::max<size_t>(chunks.size(), 1)));
-  std::vector<std::thread> pool;
-  for (int t = 1; t < n; ++t) pool.emplace_back(work);
-  work();
-  for (auto& t : pool) t.join();
-  if (failure) std::rethrow_exception(failure);
-  return bytes;
 }
 
 // torch.load(mmap=True) semantics: a private mapping, so writing to a tensor copies the
@@ -141,7 +74,7 @@ std::vector<at::Tensor> load_storages(const checkpoint& c, const std::vector<boo
   } else if (o.device.is_cuda() && !big_endian) {
     out = load_storages_cuda(c, needed, o);
   } else {
-    out = load_cpu(c, needed, o);
+    out = load_storages_cpu(c, needed, o);
   }
   if (big_endian) {
     // The element width of each storage decides the swap; then move to the device.

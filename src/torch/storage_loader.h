@@ -20,6 +20,10 @@ std::vector<at::Tensor> load_storages(const checkpoint& c, const std::vector<boo
 /// checkpoint meta tensor).
 at::Tensor view_of(const tensor_record& t, const std::vector<at::Tensor>& storages, const c10::Device& device);
 
+/// The CPU path (cpu_loader.cpp).
+std::vector<at::Tensor> load_storages_cpu(const checkpoint& c, const std::vector<bool>& needed,
+                                          const load_options& options);
+
 /// CUDA build only (cuda/cuda_loader.cpp): the pinned-ring loader.
 std::vector<at::Tensor> load_storages_cuda(const checkpoint& c, const std::vector<bool>& needed,
                                            const load_options& options);

@@ -108,7 +108,8 @@ TEST_CASE("inspect_torchscript describes the module without reading tensor data"
   // The storages (w, steps, child.scale) are ~260 KiB; only metadata and code are read.
   const uint64_t tensor_bytes = (kDim * kDim + kDim) * 4 + kDim * 8;
   CHECK(info.bytes_skipped == tensor_bytes);
-  CHECK(info.bytes_read == read);
+  // LibTorch's reads, plus ckptool's own pass over data.pkl for unsafe globals before it.
+  CHECK(read == info.bytes_read + f.ar->find("data.pkl")->uncompressed_size);
   CHECK(read < tensor_bytes / 10);
 }
 

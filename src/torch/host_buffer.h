@@ -1,0 +1,47 @@
+// Internal: CPU byte storages for the loader, placed so that reading a file range into
+// them costs the kernel as little as possible.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+
+namespace ckpt::detail {
+
+constexpr uint64_t kPageBytes = 4096;
+
+/// Storages from this size up get a private anonymous mapping of their own (see
+/// host_buffer.cpp); smaller ones come from LibTorch's allocator.
+constexpr uint64_t kOwnMappingBytes = 1ull << 20;
+
+/// Neighbours in the file that get one mapping between them, laid out as in the file
+/// (see host_buffer.cpp): runs of small storages stop at this span.
+constexpr uint64_t kBlockSpanBytes = 4ull << 20;
+
+struct host_member {
+  uint64_t offset;  // in the file; ascending, not overlapping
+  uint64_t nbytes;
+};
+
+/// One anonymous mapping holding `members` at their distances in the file: the bytes
+/// [data, data + span) mirror the file from members[0].offset, so a single read fills
+/// them all. Each member is an ordinary resizable CPU storage; the mapping goes when the
+/// last of them does.
+struct host_block {
+  std::vector<at::Tensor> bytes;  // uint8, one per member
+  uint8_t* data = nullptr;
+  uint64_t span = 0;
+  // The data pointer is congruent to members[0].offset modulo the page size, so the
+  // pages [page_floor(data), page_ceil(data + span)) are the block's alone and untouched,
+  // which page_filler needs. False when the file offset is not 64-byte aligned:
+  // LibTorch's 64-byte alignment wins over congruence.
+  bool own_pages = false;
+};
+
+host_block allocate_host_block(const host_member* members, size_t count);
+
+/// Faults in [p, p + n) for writing in one call where the kernel can
+/// (MADV_POPULATE_WRITE, Linux 5.14); a no-op elsewhere.
+void prefault_for_write(void* p, size_t n);
+
+}  // namespace ckpt::detail

@@ -1,0 +1,35 @@
+// Internal: fills untouched anonymous pages straight from a readable mapping of the file
+// (userfaultfd UFFDIO_COPY).
+#pragma once
+
+#include <cstddef>
+#include <memory>
+
+namespace ckpt::detail {
+
+class page_filler {
+ public:
+  /// nullptr where userfaultfd cannot be used (old kernel, seccomp, privileges): the
+  /// caller reads with pread instead.
+  static std::unique_ptr<page_filler> open();
+  /// Closing the descriptor drops every registration still held.
+  ~page_filler();
+  page_filler(const page_filler&) = delete;
+  page_filler& operator=(const page_filler&) = delete;
+
+  /// Claims [pages, pages + length), page-aligned, anonymous and never touched. Until
+  /// remove() or destruction, only fill() may write there: a plain access would wait
+  /// forever for a page nobody supplies. False: not claimed, read it another way.
+  bool add(void* pages, size_t length);
+  void remove(void* pages, size_t length);
+
+  /// Copies `length` bytes (a page multiple) from `src` into claimed `dst` (page-aligned).
+  /// Throws errc::io when the source cannot be read (a file shrunk under its mapping).
+  void fill(void* dst, const void* src, size_t length);
+
+ private:
+  explicit page_filler(int fd) : fd_(fd) {}
+  int fd_;
+};
+
+}  // namespace ckpt::detail

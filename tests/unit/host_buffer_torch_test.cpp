@@ -1,0 +1,68 @@
+// The loader's own CPU storages (src/torch/host_buffer.cpp): laid out like the file, each
+// an ordinary resizable CPU storage, the shared mapping freed with the last of them (the
+// ASan build checks the freeing).
+#include <cstdint>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+// c10/util/Logging.h defines glog-style CHECK macros; doctest's must win in this file.
+#undef CHECK
+#undef CHECK_EQ
+#undef CHECK_NE
+#undef CHECK_LE
+#undef CHECK_LT
+#undef CHECK_GE
+#undef CHECK_GT
+#include <doctest/doctest.h>
+
+#include "../../src/torch/host_buffer.h"
+
+using namespace ckpt::detail;
+
+TEST_CASE("a block mirrors the file's layout, congruent to it, 64-byte aligned") {
+  std::vector<host_member> members = {{4096 + 192, 1000}, {4096 + 1216, 64}, {4096 + 1344, 70000}};
+  host_block b = allocate_host_block(members.data(), members.size());
+  REQUIRE(b.bytes.size() == 3);
+  CHECK(b.own_pages);
+  CHECK(b.span == 1344 + 70000 - 192);
+  CHECK(reinterpret_cast<uintptr_t>(b.data) % kPageBytes == 192);
+  for (size_t i = 0; i < 3; ++i) {
+    const at::Tensor& t = b.bytes[i];
+    CHECK(t.device().is_cpu());
+    CHECK((t.scalar_type() == at::kByte));
+    CHECK(t.numel() == int64_t(members[i].nbytes));
+    CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) == reinterpret_cast<uintptr_t>(b.data) + (members[i].offset - members[0].offset));
+    CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 64 == 0);
+  }
+  b.bytes[2].fill_(7);
+  CHECK(b.bytes[2].sum().item<int64_t>() == 7 * 70000);
+}
+
+TEST_CASE("members resize and free independently; the mapping goes with the last") {
+  std::vector<host_member> members = {{0, 4096}, {4160, 8192}};
+  host_block b = allocate_host_block(members.data(), members.size());
+  at::Tensor first = b.bytes[0], second = b.bytes[1];
+  b.bytes.clear();
+  first.fill_(1);
+  second.fill_(2);
+  // Growing moves the bytes into LibTorch's allocator and gives our reference back.
+  first.resize_({100000});
+  CHECK(first.narrow(0, 0, 4096).sum().item<int64_t>() == 4096);
+  first.narrow(0, 4096, 100000 - 4096).fill_(3);
+  first.reset();
+  CHECK(second.sum().item<int64_t>() == 2 * 8192);
+  at::Tensor view = second.view(at::kFloat);  // the storage outlives the tensor it came from
+  second.reset();
+  CHECK(view.numel() == 2048);
+}
+
+TEST_CASE("an offset that is not 64-byte aligned keeps LibTorch's alignment, not congruence") {
+  host_member m{4096 * 3 + 8, 3 << 20};
+  host_block b = allocate_host_block(&m, 1);
+  CHECK_FALSE(b.own_pages);
+  CHECK(reinterpret_cast<uintptr_t>(b.data) % 64 == 0);
+  prefault_for_write(b.data, size_t(m.nbytes));
+  b.bytes[0].fill_(9);
+  CHECK(b.bytes[0].max().item<int64_t>() == 9);
+}
