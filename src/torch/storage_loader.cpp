@@ -50,6 +50,7 @@ void check_device(const c10::Device& device) {
 #ifndef CKPTOOL_WITH_CUDA
   throw error(errc::device, "this ckptool was built without CUDA (LibTorch without CUDA, or no CUDA toolkit at build time)");
 #else
+  cuda_loader();  // loads LibTorch's CUDA half, without which no CUDA device is visible
   if (!torch::cuda::is_available()) throw error(errc::device, "no CUDA device is available on this machine");
   if (device.has_index() && device.index() >= int(torch::cuda::device_count()))
     throw error(errc::device, "no such device " + device.str() + " (" + std::to_string(torch::cuda::device_count()) +
@@ -72,7 +73,7 @@ std::vector<at::Tensor> load_storages(const checkpoint& c, const std::vector<boo
   if (o.mmap) {
     out = load_mmap(c, needed);
   } else if (o.device.is_cuda() && !big_endian) {
-    out = load_storages_cuda(c, needed, o);
+    out = cuda_loader()(c, needed, o);
   } else {
     out = load_storages_cpu(c, needed, o);
   }
@@ -94,11 +95,5 @@ at::Tensor view_of(const tensor_record& t, const std::vector<at::Tensor>& storag
   at::Tensor view = at::empty({0}, bytes.options().dtype(st));
   return view.set_(bytes.storage(), t.storage_offset, t.shape, t.stride);
 }
-
-#ifndef CKPTOOL_WITH_CUDA
-std::vector<at::Tensor> load_storages_cuda(const checkpoint&, const std::vector<bool>&, const load_options&) {
-  throw error(errc::device, "this ckptool was built without CUDA");
-}
-#endif
 
 }  // namespace ckpt::detail

@@ -28,6 +28,17 @@ std::vector<at::Tensor> load_storages_cpu(const checkpoint& c, const std::vector
 std::vector<at::Tensor> load_storages_cuda(const checkpoint& c, const std::vector<bool>& needed,
                                            const load_options& options);
 
+/// The CUDA loader lives apart from the rest (ckpt_torch_cuda), so that CPU work never
+/// loads LibTorch's CUDA libraries. A program that links it whole gets it installed by a
+/// registrar; otherwise the first CUDA device named opens libckptool_torch_cuda.so from
+/// the directory of the module holding this code (cuda_module.cpp).
+using cuda_loader_fn = std::vector<at::Tensor> (*)(const checkpoint&, const std::vector<bool>&,
+                                                   const load_options&);
+void set_cuda_loader(cuda_loader_fn loader);
+/// The installed loader, opening the module if needed. Throws errc::device when this build
+/// has no CUDA or the module cannot be loaded.
+cuda_loader_fn cuda_loader();
+
 /// Throws errc::device when `device` cannot be used by this build on this machine.
 void check_device(const c10::Device& device);
 

@@ -867,3 +867,35 @@ def test_cuda_model_run(models, tmp_path):
 @cuda
 def test_cuda_api_example(models):
     check_api_example(models, "cuda")
+
+
+# --------------------------------------------------------------------------- CUDA half on demand
+
+def _libraries_loaded(tmp_path: Path, *args) -> tuple[int, str, set[str]]:
+    """Runs ckptool with the dynamic loader logging every library it opens."""
+    log = tmp_path / "ld"
+    rc, so, se = run_ckptool(*args, env={"LD_DEBUG": "files", "LD_DEBUG_OUTPUT": str(log)})
+    names = set()
+    for f in tmp_path.glob("ld.*"):
+        names |= set(re.findall(r"file=(\S+?\.so[.\d]*)", f.read_text(errors="replace")))
+    return rc, se, {Path(n).name for n in names}
+
+
+@pytest.mark.skipif(not (CKPTOOL.parent / "libckptool_torch_cuda.so").exists(), reason="built without CUDA")
+def test_cpu_work_never_loads_libtorch_cuda(tmp_path):
+    """LibTorch's CUDA libraries cost ~0.1 s and ~119 MiB per process: --device cpu must not
+    load them; naming a CUDA device loads them through libckptool_torch_cuda.so."""
+    ckpt = tmp_path / "m.pt"
+    torch.save({"w": torch.arange(6.0)}, ckpt)
+    rc, se, libs = _libraries_loaded(tmp_path, "materialize", "--device", "cpu", ckpt)
+    assert rc == 0, se
+    assert "libckptool_torch.so" in libs
+    assert not {"libtorch_cuda.so", "libckptool_torch_cuda.so"} & libs, sorted(libs)
+    for f in tmp_path.glob("ld.*"):
+        f.unlink()
+    rc, se, libs = _libraries_loaded(tmp_path, "materialize", "--device", "cuda", ckpt)
+    assert {"libtorch_cuda.so", "libckptool_torch_cuda.so"} <= libs, sorted(libs)
+    if torch.cuda.is_available():
+        assert rc == 0, se
+    else:
+        assert rc == 4 and "no CUDA device is available" in se, se

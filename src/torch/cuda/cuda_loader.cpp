@@ -154,4 +154,9 @@ std::vector<at::Tensor> load_storages_cuda(const checkpoint& c, const std::vecto
   return dst;
 }
 
+namespace {
+// Installs this loader in a program that links ckpt_torch_cuda whole (ckpt_torch_with_cuda).
+[[maybe_unused]] const bool kInstalled = (set_cuda_loader(&load_storages_cuda), true);
+}  // namespace
+
 }  // namespace ckpt::detail

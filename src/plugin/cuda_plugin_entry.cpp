@@ -1,0 +1,9 @@
+// The entry point of libckptool_torch_cuda.so: the CUDA loader, handed to
+// libckptool_torch.so, which opens this module the first time a CUDA device is named
+// (src/torch/cuda_module.cpp). Loading it loads LibTorch's CUDA libraries, which register
+// the CUDA backend with the LibTorch already in the process.
+#include "../torch/storage_loader.h"
+
+extern "C" __attribute__((visibility("default"))) void* ckptool_cuda_loader_v1() {
+  return reinterpret_cast<void*>(&ckpt::detail::load_storages_cuda);
+}
