@@ -76,8 +76,24 @@ void check_storage_alignment_record(const zip::archive& ar) {
     throw_corrupt("record " + e->name + " is not an integer (torch.load refuses it)", e->data_offset);
 }
 
+bool is_torchscript_vocabulary(std::string_view module) {
+  return module.substr(0, 9) == "__torch__" || module == "torch.jit._pickle" || module == "builtins";
+}
+
+// A global torch.load would import: off the weights_only allowlist and, in a TorchScript
+// archive, not one of its scripted classes or typed-container helpers.
+bool is_unsafe_global(std::string_view module, std::string_view attr, bool torchscript) {
+  return !is_weights_only_safe_global(module, attr) && !(torchscript && is_torchscript_vocabulary(module));
+}
+
+// The same for a "module.attr" name as the pickle machine reports globals it met.
+bool is_unsafe_global_name(std::string_view full, bool torchscript) {
+  size_t dot = full.rfind('.');
+  return dot == std::string_view::npos || is_unsafe_global(full.substr(0, dot), full.substr(dot + 1), torchscript);
+}
+
 std::unique_ptr<pickle::document> parse_record_pickle(const zip::archive& ar, const zip::entry& e,
-                                                      const pickle::limits& lim) {
+                                                      const pickle::limits& lim, bool torchscript) {
   if (e.uncompressed_size > lim.max_pickle_bytes)
     throw_limit("record " + e.name + " is " + std::to_string(e.uncompressed_size) +
                     " bytes, over the pickle size limit (raise with --max-pickle-bytes)",
@@ -95,13 +111,8 @@ std::unique_ptr<pickle::document> parse_record_pickle(const zip::archive& ar, co
     // What a malformed pickle imported before it broke is what a scanner needs to know
     // (security.md P5): the error names those globals torch.load would have run.
     std::set<std::string> unsafe;
-    for (const auto& g : seen) {
-      size_t dot = g.rfind('.');
-      // Scripted classes are TorchScript's own vocabulary, not something that imports code.
-      if (g.compare(0, 10, "__torch__.") == 0) continue;
-      if (dot == std::string::npos || !is_weights_only_safe_global(g.substr(0, dot), g.substr(dot + 1)))
-        unsafe.insert(g);
-    }
+    for (const auto& g : seen)
+      if (is_unsafe_global_name(g, torchscript)) unsafe.insert(g);
     if (unsafe.empty()) throw;
     std::string names;
     for (const auto& g : unsafe) names += (names.empty() ? "" : ", ") + g;
@@ -123,10 +134,6 @@ bool is_torchscript_archive(const zip::archive& ar) {
          first_code_record(ar);
 }
 
-bool is_torchscript_vocabulary(std::string_view module) {
-  return module.substr(0, 9) == "__torch__" || module == "torch.jit._pickle" || module == "builtins";
-}
-
 std::vector<std::string> records_torch_save_never_writes(const zip::archive& ar) {
   static const char* const kKnown[] = {"data.pkl", "byteorder", "version", ".format_version", ".storage_alignment",
                                        ".data/serialization_id"};
@@ -145,10 +152,7 @@ void collect_globals(checkpoint& c, bool torchscript) {
     if (v.type != kind::global) continue;
     std::string full = v.global_name();
     all.insert(full);
-    bool ok = is_weights_only_safe_global(v.global_module(), v.global_attr());
-    // TorchScript's own vocabulary: scripted classes and typed-container helpers.
-    if (!ok && torchscript) ok = is_torchscript_vocabulary(v.global_module());
-    if (!ok) unsafe.insert(full);
+    if (is_unsafe_global(v.global_module(), v.global_attr(), torchscript)) unsafe.insert(full);
   }
   c.globals.assign(all.begin(), all.end());
   c.unsafe_globals.assign(unsafe.begin(), unsafe.end());
@@ -300,7 +304,7 @@ void read_torch_zip(checkpoint& c, const open_options& opt) {
   if (opt.verify_crc)
     for (const auto& e : ar.entries()) ar.verify_crc(e);
 
-  c.pickle = parse_record_pickle(ar, *data, opt.pickle_limits);
+  c.pickle = parse_record_pickle(ar, *data, opt.pickle_limits, torchscript);
   // Each storage is a record; most tensors have a storage of their own.
   c.storages.reserve(ar.entries().size());
   c.tensors.reserve(ar.entries().size());
@@ -313,7 +317,7 @@ void read_torch_zip(checkpoint& c, const open_options& opt) {
     // constants.pkl holds tensors referenced from code (CONSTANTS.c0, ...); they are part
     // of the file's data, so list them, under a path no module attribute can have.
     if (const zip::entry* consts = ar.find("constants.pkl")) {
-      auto doc = parse_record_pickle(ar, *consts, opt.pickle_limits);
+      auto doc = parse_record_pickle(ar, *consts, opt.pickle_limits, true);
       size_t first = c.tensors.size();
       detail::tensor_collector cc(c, detail::zip_storage_binder(c, "constants/"),
                                   opt.pickle_limits.max_depth, false);
@@ -374,12 +378,9 @@ void read_safetensors(checkpoint& c, const open_options& opt) {
     parse_problem = e.message();
   }
   if (!certain && seen.empty() && !parse_problem.empty()) detail::throw_unrecognized(*c.source);
-  std::set<std::string> unsafe, safe;
-  for (const auto& g : seen) {
-    size_t dot = g.rfind('.');
-    bool ok = dot != std::string::npos && is_weights_only_safe_global(g.substr(0, dot), g.substr(dot + 1));
-    (ok ? safe : unsafe).insert(g);
-  }
+  std::set<std::string> unsafe;
+  for (const auto& g : seen)
+    if (is_unsafe_global_name(g, false)) unsafe.insert(g);
   std::string msg = "bare pickle stream, not a PyTorch checkpoint (torch.load refuses it; unpickling it can run code)";
   if (!unsafe.empty()) {
     msg += "; unsafe globals: ";
@@ -492,11 +493,10 @@ void refuse_unsafe_torchscript(const zip::archive& ar, const pickle::limits& lim
   if (!data) return;
   std::vector<std::string> unsafe;
   try {
-    auto doc = parse_record_pickle(ar, *data, lim);
+    auto doc = parse_record_pickle(ar, *data, lim, true);
     std::set<std::string> names;
     for (const value& v : doc->nodes())
-      if (v.type == kind::global && !is_weights_only_safe_global(v.global_module(), v.global_attr()) &&
-          !is_torchscript_vocabulary(v.global_module()))
+      if (v.type == kind::global && is_unsafe_global(v.global_module(), v.global_attr(), true))
         names.insert(v.global_name());
     unsafe.assign(names.begin(), names.end());
   } catch (error& e) {
