@@ -47,15 +47,13 @@ std::vector<at::Tensor> load_mmap(const checkpoint& c, const std::vector<bool>& 
 void check_device(const c10::Device& device) {
   if (device.is_cpu() || device.is_meta()) return;
   if (!device.is_cuda()) throw error(errc::device, "unsupported device " + device.str() + " (use cpu, cuda, cuda:N or meta)");
-#ifndef CKPTOOL_WITH_CUDA
-  throw error(errc::device, "this ckptool was built without CUDA (LibTorch without CUDA, or no CUDA toolkit at build time)");
-#else
-  cuda_loader();  // loads LibTorch's CUDA half, without which no CUDA device is visible
+  // Loads LibTorch's CUDA half, without which no CUDA device is visible; throws when this
+  // build has none.
+  cuda_loader();
   if (!torch::cuda::is_available()) throw error(errc::device, "no CUDA device is available on this machine");
   if (device.has_index() && device.index() >= int(torch::cuda::device_count()))
     throw error(errc::device, "no such device " + device.str() + " (" + std::to_string(torch::cuda::device_count()) +
                                   " CUDA devices)");
-#endif
 }
 
 std::vector<at::Tensor> load_storages(const checkpoint& c, const std::vector<bool>& needed, const load_options& o) {

@@ -1027,3 +1027,44 @@ def test_interrupts(big_bf16, tmp_path):
         outcomes.append((signal.Signals(sig).name, "finished" if rc == 0 else "killed", had_temp))
     assert sha256(src) == in_sum, "the input changed"
     print(f"seed {seed}, uninterrupted {duration * 1000:.0f} ms; outcomes {outcomes}")
+
+
+# --------------------------------------------------------------------------- progress on a terminal
+
+def _rekey_with_stderr_on(stderr_is_tty: bool, src: Path, out: Path) -> tuple[int, bytes]:
+    import pty
+
+    if not stderr_is_tty:
+        p = subprocess.run([str(CKPTOOL), "rekey", str(src), "-o", str(out), "--strip-compiled"],
+                           capture_output=True, timeout=60 * TIME_SCALE)
+        return p.returncode, p.stderr
+    master, slave = pty.openpty()
+    try:
+        p = subprocess.run([str(CKPTOOL), "rekey", str(src), "-o", str(out), "--strip-compiled"],
+                           stdout=subprocess.DEVNULL, stderr=slave, timeout=60 * TIME_SCALE)
+    finally:
+        os.close(slave)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # EIO: the terminal's other side is closed and drained
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(master)
+    return p.returncode, seen
+
+
+def test_progress_bar_only_on_a_terminal(tmp_path):
+    src = tmp_path / "in.pt"
+    torch.save({"_orig_mod.w": torch.arange(1 << 20, dtype=torch.float32)}, src)
+    rc, err = _rekey_with_stderr_on(True, src, tmp_path / "tty.pt")
+    assert rc == 0, err
+    assert b"rekey [" in err and b"100%" in err, err
+    assert err.rstrip(b"\r\n").endswith(b"\x1b[K"), err  # the bar is erased at the end
+    rc, err = _rekey_with_stderr_on(False, src, tmp_path / "pipe.pt")
+    assert rc == 0 and err == b"", err
+    for name in ("tty.pt", "pipe.pt"):
+        assert torch.equal(torch.load(tmp_path / name, weights_only=True)["w"], torch.arange(1 << 20, dtype=torch.float32))

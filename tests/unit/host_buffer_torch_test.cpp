@@ -6,15 +6,7 @@
 
 #include <ATen/ATen.h>
 
-// c10/util/Logging.h defines glog-style CHECK macros; doctest's must win in this file.
-#undef CHECK
-#undef CHECK_EQ
-#undef CHECK_NE
-#undef CHECK_LE
-#undef CHECK_LT
-#undef CHECK_GE
-#undef CHECK_GT
-#include <doctest/doctest.h>
+#include "torch_doctest.h"
 
 #include "../../src/torch/host_buffer.h"
 

@@ -8,15 +8,7 @@
 #include <torch/script.h>
 #include <torch/serialize.h>
 
-// c10/util/Logging.h defines glog-style CHECK macros; doctest's must win in this file.
-#undef CHECK
-#undef CHECK_EQ
-#undef CHECK_NE
-#undef CHECK_LE
-#undef CHECK_LT
-#undef CHECK_GE
-#undef CHECK_GT
-#include <doctest/doctest.h>
+#include "torch_doctest.h"
 
 #include "ckpt/byte_source.h"
 #include "ckpt/error.h"
