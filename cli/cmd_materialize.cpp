@@ -142,7 +142,7 @@ void setup_materialize(CLI::App& app) {
   cmd->add_option("--run", o->req.run_method, "After loading, call this method (e.g. forward, evaluation_step)");
   cmd->add_option("--input", o->inputs, "An input of --run: SHAPE[:DTYPE], e.g. 4x5:int64 (repeat per argument)");
   cmd->add_flag("--check-finite", o->req.check_finite, "Report floating tensors holding NaN or Inf (exit 1 if any)");
-  cmd->add_flag("--mmap", o->req.mmap, "CPU: map the file instead of reading it (copy-on-write)");
+  cmd->add_flag("--mmap", o->req.mmap, "CPU: back the tensors with the mapped file, every page mapped (zero-copy, copy-on-write)");
   cmd->add_option("--threads", o->req.threads, "Reader threads (default: up to 8)");
   cmd->add_flag("--json", o->json, "Print the report as JSON");
   add_reader_flags(*cmd, o->reader);

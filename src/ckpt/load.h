@@ -30,6 +30,10 @@ struct load_options {
   /// CPU only: tensors backed by a private (copy-on-write) mapping of the file, as
   /// torch.load(mmap=True) does; nothing is read until touched.
   bool mmap = false;
+  /// With mmap: map every page of the tensors' bytes before returning (reading the ones not
+  /// in the page cache), so no later access takes a page fault. Still zero-copy: the pages
+  /// are the page cache's own until a tensor is written.
+  bool populate = false;
   /// Reader threads (0: a sensible default for the machine).
   int threads = 0;
   /// CUDA: pinned buffers in the ring and the size of each.

@@ -125,6 +125,9 @@ materialize_report materialize(const checkpoint& c, const materialize_request& r
     o.dtype = detail::scalar_type(*d);
   }
   o.mmap = req.mmap;
+  // A materialize that returns before the pages are in memory would report a lazy map as a
+  // load; the library leaves the choice to the caller.
+  o.populate = req.mmap;
   o.threads = req.threads;
   o.progress = req.progress;
   if (!req.run_method.empty() && req.model.empty()) throw error(errc::usage, "--run needs --model");
