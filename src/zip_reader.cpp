@@ -12,6 +12,7 @@
 #include <deque>
 #include <limits>
 #include <new>
+#include <thread>
 #include <unordered_map>
 
 #include "ckpt/byteio.h"
@@ -39,6 +40,9 @@ constexpr uint16_t kDefinedFlags = 0x0002 | 0x0004 | 0x0010 | 0x0020;
 
 constexpr uint16_t kMethodStored = 0;
 constexpr uint16_t kMethodDeflate = 8;
+// From this many records up, local headers are read by several threads (see
+// read_local_headers); below it a thread costs more than it saves.
+constexpr size_t kParallelHeaderEntries = 2048;
 
 // Deflate cannot expand better than 258 bytes per two bits; anything that claims more is lying
 // about its size, and we refuse it before allocating for it.
@@ -600,9 +604,19 @@ class archive_parser {
     return start + pad - (e.local_header_offset + kLocalHeaderSize + name_len);
   }
 
-  uint64_t header_guess(size_t i, uint64_t region_end) const {
+  // Where one reader of local headers stands: buf holds file bytes from buf_offset (the
+  // previous entry's descriptor, then the next local header, so a torch archive costs one
+  // read per entry), and whether the headers so far had torch's padding, which sizes the
+  // next read.
+  struct header_cursor {
+    std::vector<uint8_t> buf;
+    uint64_t buf_offset = 0;
+    bool torch_layout = true;
+  };
+
+  uint64_t header_guess(const header_cursor& cur, size_t i, uint64_t region_end) const {
     const entry& e = a_.entries_[i];
-    uint64_t want = kLocalHeaderSize + info_[i].name_len + (torch_layout_ ? torch_extra_guess(e, info_[i].name_len) : 0);
+    uint64_t want = kLocalHeaderSize + info_[i].name_len + (cur.torch_layout ? torch_extra_guess(e, info_[i].name_len) : 0);
     return std::min(want, region_end - e.local_header_offset);
   }
 
@@ -635,20 +649,42 @@ class archive_parser {
 
     prefetch_local_headers(order);
 
-    // buf_ holds file bytes from buf_offset_: the previous entry's descriptor, then the next
-    // local header, so a torch archive costs one read per entry.
-    load_buf(0, header_guess(order[0], region_end_of(0)));
-    for (size_t k = 0; k < n; ++k) {
-      const size_t i = order[k];
-      const bool last = k + 1 == n;
-      const uint64_t region_end = region_end_of(k);
-      const uint64_t data_end = parse_local(i, region_end, last);
-      const uint64_t gap = region_end - data_end;
-      check_gap(entries[i], gap, data_end);
-      load_buf(data_end, gap + (last ? 0 : header_guess(order[k + 1], region_end_of(k + 1))));
-      check_descriptor(entries[i], buf_.data(), size_t(gap), data_end);
-      entries[i].end_offset = region_end;
-    }
+    // Many small reads cost mostly system-call time, so big archives (20,000 records) split
+    // them over a few threads, each over a run of neighbouring entries. The error reported
+    // is the one a single pass would meet first: the earliest run's.
+    const size_t runs = n >= kParallelHeaderEntries ? header_threads() : 1;
+    std::vector<std::exception_ptr> failures(runs);
+    auto scan = [&](size_t run) {
+      try {
+        const size_t from = n * run / runs, to = n * (run + 1) / runs;
+        header_cursor cur;
+        load_buf(cur, entries[order[from]].local_header_offset, header_guess(cur, order[from], region_end_of(from)));
+        for (size_t k = from; k < to; ++k) {
+          const size_t i = order[k];
+          const bool last = k + 1 == n;
+          const uint64_t region_end = region_end_of(k);
+          const uint64_t data_end = parse_local(cur, i, region_end, last);
+          const uint64_t gap = region_end - data_end;
+          check_gap(entries[i], gap, data_end);
+          load_buf(cur, data_end, gap + (last ? 0 : header_guess(cur, order[k + 1], region_end_of(k + 1))));
+          check_descriptor(entries[i], cur.buf.data(), size_t(gap), data_end);
+          entries[i].end_offset = region_end;
+        }
+      } catch (...) {
+        failures[run] = std::current_exception();
+      }
+    };
+    std::vector<std::thread> helpers;
+    for (size_t run = 1; run < runs; ++run) helpers.emplace_back(scan, run);
+    scan(0);
+    for (auto& t : helpers) t.join();
+    for (auto& f : failures)
+      if (f) std::rethrow_exception(f);
+  }
+
+  static size_t header_threads() {
+    unsigned hw = std::thread::hardware_concurrency();
+    return std::clamp<size_t>(hw, 1, 4);
   }
 
   // Local headers lie scattered over the whole file, one per record. When they are not in
@@ -670,23 +706,24 @@ class archive_parser {
     }
   }
 
-  void load_buf(uint64_t offset, uint64_t n) {
-    buf_offset_ = offset;
-    buf_.resize(size_t(n));
-    src_.read_exact(offset, buf_.data(), size_t(n));
+  void load_buf(header_cursor& cur, uint64_t offset, uint64_t n) const {
+    cur.buf_offset = offset;
+    cur.buf.resize(size_t(n));
+    src_.read_exact(offset, cur.buf.data(), size_t(n));
   }
 
-  // Makes sure buf_ covers [offset, offset+n), reading again if the guess fell short.
-  const uint8_t* local_bytes(uint64_t offset, size_t n) {
-    if (offset >= buf_offset_ && offset + n <= buf_offset_ + buf_.size())
-      return buf_.data() + (offset - buf_offset_);
-    load_buf(offset, n);
-    return buf_.data();
+  // Makes sure the cursor's buffer covers [offset, offset+n), reading again if the guess
+  // fell short.
+  const uint8_t* local_bytes(header_cursor& cur, uint64_t offset, size_t n) const {
+    if (offset >= cur.buf_offset && offset + n <= cur.buf_offset + cur.buf.size())
+      return cur.buf.data() + (offset - cur.buf_offset);
+    load_buf(cur, offset, n);
+    return cur.buf.data();
   }
 
   // Validates entry i's local header against the central directory; returns where its data
   // ends. Nothing past the header is read.
-  uint64_t parse_local(size_t i, uint64_t region_end, bool last) {
+  uint64_t parse_local(header_cursor& cur, size_t i, uint64_t region_end, bool last) {
     entry& e = a_.entries_[i];
     const uint64_t lho = e.local_header_offset;
     const char* next_thing = last ? "the central directory" : "the next entry";
@@ -694,7 +731,7 @@ class archive_parser {
       corrupt("local header of " + quote(e.name) + " is cut off by " + next_thing + " at offset " +
                   std::to_string(region_end),
               lho);
-    const uint8_t* p = local_bytes(lho, kLocalHeaderSize);
+    const uint8_t* p = local_bytes(cur, lho, kLocalHeaderSize);
     if (load_u32(p) != kLocalSig) corrupt("no local header signature for " + quote(e.name), lho);
     const uint16_t flags = load_u16(p + 6);
     const uint16_t method = load_u16(p + 8);
@@ -708,7 +745,7 @@ class archive_parser {
       corrupt("local header of " + quote(e.name) + " runs past " + next_thing + " at offset " +
                   std::to_string(region_end),
               lho);
-    p = local_bytes(lho, size_t(header_len));
+    p = local_bytes(cur, lho, size_t(header_len));
     std::string_view local_name(reinterpret_cast<const char*>(p + kLocalHeaderSize), name_len);
     if (local_name != e.name)
       corrupt("local header name " + quote(local_name) + " differs from central directory name " +
@@ -722,7 +759,7 @@ class archive_parser {
       corrupt("local header method " + std::to_string(method) + " of " + quote(e.name) +
                   " differs from central directory method " + std::to_string(e.method),
               lho);
-    if (torch_layout_ && extra_len != torch_extra_guess(e, name_len)) torch_layout_ = false;
+    if (cur.torch_layout && extra_len != torch_extra_guess(e, name_len)) cur.torch_layout = false;
 
     const extra_field z = find_zip64_extra(p + kLocalHeaderSize + name_len, extra_len, e.name, lho);
     const bool descriptor = e.flags & kFlagDescriptor;
@@ -822,9 +859,6 @@ class archive_parser {
   std::vector<uint8_t> tail_;
   uint64_t tail_offset_ = 0;
   std::vector<uint8_t> scratch_;
-  std::vector<uint8_t> buf_;
-  uint64_t buf_offset_ = 0;
-  bool torch_layout_ = true;
 };
 
 std::unique_ptr<archive> archive::open(const byte_source& src, const open_options& options) {

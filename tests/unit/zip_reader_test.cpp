@@ -178,6 +178,19 @@ TEST_CASE("long archives: every local header checked, the first problem in file 
   expect_error(broken, errc::corrupt, "'arch/data/3750'", b.at.local[3750]);
   broken[b.at.local[1250] + 8] = 9;  // an earlier problem wins
   expect_error(broken, errc::corrupt, "'arch/data/1250'", b.at.local[1250]);
+  // Archives this long are read by several threads, each over a run of entries (runs of
+  // 2500 or 1250 here): the entries where one run ends and the next begins are checked too.
+  for (int i : {1249, 1250, 2499, 2500, 3749, 4999}) {
+    CAPTURE(i);
+    auto descriptor = b.bytes;
+    descriptor[b.at.descriptor[size_t(i)] + 4] ^= 1;  // its CRC-32
+    expect_error(descriptor, errc::corrupt, "data descriptor of 'arch/data/" + std::to_string(i) + "'",
+                 b.at.descriptor[size_t(i)]);
+    auto name = b.bytes;
+    name[b.at.local[size_t(i)] + 30 + 5] ^= 0x20;  // a letter of its name
+    expect_error(name, errc::corrupt, "differs from central directory name 'arch/data/" + std::to_string(i) + "'",
+                 b.at.local[size_t(i)]);
+  }
 }
 
 TEST_CASE("Z5 duplicate names") {
