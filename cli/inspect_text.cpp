@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdio>
+#include <cstdlib>
 #include <iomanip>
 #include <map>
 #include <memory>
@@ -37,6 +39,16 @@ void print_table(std::ostream& out, const std::vector<row>& rows) {
   for (const auto& r : rows) line(r);
 }
 
+// Shortest form that reads back as the same double, as Python's repr does ("0.01").
+std::string format_number(double x) {
+  char buf[32];
+  for (int digits = 1; digits <= 17; ++digits) {
+    std::snprintf(buf, sizeof buf, "%.*g", digits, x);
+    if (std::strtod(buf, nullptr) == x) break;
+  }
+  return buf;
+}
+
 bool is_contiguous(const ckpt::tensor_record& t) {
   int64_t expected = 1;
   for (size_t i = t.shape.size(); i-- > 0;) {
@@ -50,6 +62,13 @@ row tensor_row(const ckpt::checkpoint& c, const ckpt::tensor_record& t, std::str
   std::vector<std::string> notes;
   if (t.parameter) notes.push_back("param");
   if (!t.storage) notes.push_back("meta");
+  if (t.quant) {
+    const auto& q = *t.quant;
+    if (q.per_channel())
+      notes.push_back(q.scheme + ", axis " + std::to_string(q.axis));
+    else
+      notes.push_back("scale " + format_number(q.scale) + ", zero point " + std::to_string(q.zero_point));
+  }
   if (t.storage) {
     const auto& s = c.storages[*t.storage];
     if (s.tensor_count > 1) notes.push_back("shares storage " + s.key + " (" + std::to_string(s.tensor_count) + " tensors)");

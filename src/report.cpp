@@ -57,6 +57,25 @@ void write_strings(detail::json_writer& w, const std::vector<std::string>& v) {
   w.end_array();
 }
 
+// Per-channel values saved as tensors are named by their storage: inspect reads no tensor
+// bytes.
+nlohmann::json quantization_json(const checkpoint& c, const quantization& q) {
+  nlohmann::json j = {{"scheme", q.scheme}};
+  if (!q.per_channel()) {
+    j["scale"] = q.scale;
+    j["zero_point"] = q.zero_point;
+    return j;
+  }
+  j["axis"] = q.axis;
+  auto values = [&](const std::shared_ptr<const tensor_record>& t, const std::vector<double>& list) {
+    return t ? nlohmann::json{{"storage", c.storages[*t->storage].key}, {"dtype", name(t->type)}}
+             : nlohmann::json(list);
+  };
+  j["scales"] = values(q.scales, q.scale_list);
+  j["zero_points"] = values(q.zero_points, q.zero_point_list);
+  return j;
+}
+
 // Members in nlohmann's order (sorted keys); each row of the tensor and storage tables.
 void write_tensor(detail::json_writer& w, const checkpoint& c, const tensor_record& t) {
   w.begin_object();
@@ -70,6 +89,10 @@ void write_tensor(detail::json_writer& w, const checkpoint& c, const tensor_reco
   w.boolean(t.parameter);
   w.key("path");
   write_path(w, t.path);
+  if (t.quant) {
+    w.key("quantization");
+    w.value(quantization_json(c, *t.quant));
+  }
   w.key("requires_grad");
   w.boolean(t.requires_grad);
   w.key("shape");

@@ -39,6 +39,17 @@ std::vector<int64_t> as_int_tuple(const value* v, const char* what) {
   return out;
 }
 
+double as_number(const value* v, const char* what) {
+  if (v->type == kind::floating) return v->floating;
+  if (v->type == kind::integer) return double(v->integer);
+  bad(v, std::string(what) + " must be a number");
+}
+
+bool is_quantized(dtype t) {
+  return t == dtype::qint8 || t == dtype::quint8 || t == dtype::qint32 || t == dtype::quint4x2 ||
+         t == dtype::quint2x4;
+}
+
 std::string as_str(const value* v, const char* what) {
   if (v->type != kind::str) bad(v, std::string(what) + " must be a string");
   return v->text;
@@ -289,6 +300,7 @@ tensor_record tensor_collector::rebuild(const value* call, uint64_t depth) {
 
   const value* args;
   std::optional<dtype> v3_dtype;
+  bool qtensor = false;
   if (is_rebuild(fn, "_rebuild_tensor_v2")) {
     args = tuple_args(call, 6, 7, "_rebuild_tensor_v2");
     t.requires_grad = as_bool(arg(args, 4), "requires_grad");
@@ -301,6 +313,7 @@ tensor_record tensor_collector::rebuild(const value* call, uint64_t depth) {
   } else if (is_rebuild(fn, "_rebuild_qtensor")) {
     args = tuple_args(call, 7, 7, "_rebuild_qtensor");
     t.requires_grad = as_bool(arg(args, 5), "requires_grad");
+    qtensor = true;
   } else {
     bad(call, "unexpected rebuild function " + fn->global_name());
   }
@@ -322,7 +335,58 @@ tensor_record tensor_collector::rebuild(const value* call, uint64_t depth) {
   t.location = ref.location;
   t.storage = bind_(ref, t.type);
   validate_view(t, call->offset);
+  if (qtensor) {
+    if (!is_quantized(t.type)) bad(call, "_rebuild_qtensor of a " + std::string(info(t.type).name) + " storage");
+    t.quant = quantizer(arg(args, 4), t, depth);
+  }
   return t;
+}
+
+quantization tensor_collector::quantizer(const value* params, const tensor_record& t, uint64_t depth) {
+  if (params->type != kind::tuple || params->items.empty())
+    bad(params, "_rebuild_qtensor: quantizer_params must be a tuple");
+  const value* scheme = params->items[0];
+  if (scheme->type != kind::global || scheme->global_module() != "torch")
+    bad(scheme, "_rebuild_qtensor: expected a torch.qscheme");
+  quantization q;
+  q.scheme = std::string(scheme->global_attr());
+  if (q.scheme == "per_tensor_affine") {
+    if (params->items.size() != 3) bad(params, "per_tensor_affine takes (qscheme, scale, zero_point)");
+    q.scale = as_number(params->items[1], "scale");
+    q.zero_point = as_int(params->items[2], "zero_point");
+    return q;
+  }
+  if (q.scheme != "per_channel_affine" && q.scheme != "per_channel_affine_float_qparams")
+    throw_unsupported("quantization scheme torch." + q.scheme, scheme->offset);
+  if (params->items.size() != 4) bad(params, q.scheme + " takes (qscheme, scales, zero_points, axis)");
+  q.axis = as_int(params->items[3], "axis");
+  if (q.axis < 0 || q.axis >= int64_t(t.shape.size()))
+    bad(params->items[3], "axis " + std::to_string(q.axis) + " of a " + std::to_string(t.shape.size()) +
+                              "-dimensional quantized tensor");
+  channel_values(params->items[1], t, q.axis, depth, false, q);
+  channel_values(params->items[2], t, q.axis, depth, true, q);
+  return q;
+}
+
+void tensor_collector::channel_values(const value* v, const tensor_record& t, int64_t axis, uint64_t depth,
+                                      bool zero_points, quantization& q) {
+  const char* what = zero_points ? "zero_points" : "scales";
+  const uint64_t channels = uint64_t(t.shape[size_t(axis)]);
+  if (v->type == kind::list || v->type == kind::tuple) {
+    if (v->items.size() != channels)
+      bad(v, std::to_string(v->items.size()) + " " + what + " for " + std::to_string(channels) + " channels");
+    auto& out = zero_points ? q.zero_point_list : q.scale_list;
+    for (const value* e : v->items) out.push_back(as_number(e, what));
+    return;
+  }
+  tensor_record r = rebuild(v, depth + 1);
+  if (r.quant || !r.storage) bad(v, std::string(what) + " must be a plain tensor with data");
+  // torch.save names every per-channel tensor per_channel_affine; LibTorch tells the float
+  // variant by the zero points' dtype, and checks the dtypes itself when it builds it.
+  if (r.shape.size() != 1 || uint64_t(r.shape[0]) != channels)
+    bad(v, std::string(what) + " must be one value per channel (" + std::to_string(channels) + ")");
+  ckpt_.storages[*r.storage].tensor_count++;
+  (zero_points ? q.zero_points : q.scales) = std::make_shared<const tensor_record>(std::move(r));
 }
 
 void tensor_collector::validate_view(const tensor_record& t, uint64_t offset) const {
@@ -346,6 +410,8 @@ void tensor_collector::validate_view(const tensor_record& t, uint64_t offset) co
   uint64_t end_bytes;
   if (!checked_add(max_index, 1, &end_bytes) || !checked_mul(end_bytes, element_size(t.type), &end_bytes))
     throw_corrupt("tensor view extent overflows", offset);
+  const uint32_t per_byte = elements_per_byte(t.type);
+  if (per_byte > 1) end_bytes = end_bytes / per_byte + (end_bytes % per_byte != 0);
   if (end_bytes > s.nbytes)
     throw_corrupt("tensor view needs " + std::to_string(end_bytes) + " bytes of storage '" + s.key +
                       "', which has " + std::to_string(s.nbytes),

@@ -40,6 +40,23 @@ struct storage_record {
   size_t tensor_count = 0;
 };
 
+struct tensor_record;
+
+/// How a quantized tensor's stored integers map to real values (_rebuild_qtensor's
+/// quantizer_params). Per channel, torch saves the scales and zero points as tensors of
+/// their own (older writers as lists); those tensors have storages but no key.
+struct quantization {
+  std::string scheme;               // "per_tensor_affine", "per_channel_affine",
+                                    // "per_channel_affine_float_qparams"
+  double scale = 0;                 // per tensor
+  int64_t zero_point = 0;           // per tensor
+  int64_t axis = 0;                 // per channel
+  std::shared_ptr<const tensor_record> scales, zero_points;  // per channel, saved as tensors
+  std::vector<double> scale_list, zero_point_list;           // per channel, saved as lists
+
+  bool per_channel() const { return scheme != "per_tensor_affine"; }
+};
+
 struct tensor_record {
   value_path path;
   dtype type = dtype::float32;
@@ -51,9 +68,13 @@ struct tensor_record {
   bool requires_grad = false;
   std::string location;
   const pickle::value* node = nullptr; // the rebuild call in the pickle tree (torch formats)
+  std::optional<quantization> quant;   // quantized dtypes only
 
   uint64_t numel() const;
-  uint64_t nbytes() const { return numel() * element_size(type); }
+  uint64_t nbytes() const {
+    const uint64_t n = numel(), per_byte = elements_per_byte(type);
+    return per_byte > 1 ? (n + per_byte - 1) / per_byte : n * element_size(type);
+  }
 };
 
 /// A second path to a tensor object that already has a record (the pickle shared it).

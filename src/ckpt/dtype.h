@@ -30,6 +30,9 @@ struct dtype_info {
 const dtype_info& info(dtype t);
 inline const char* name(dtype t) { return info(t).name; }
 inline uint32_t element_size(dtype t) { return info(t).element_size; }
+/// Elements packed into one byte: 2 for quint4x2, 4 for quint2x4 (their storages count
+/// bytes, their tensors elements), 1 for every other dtype.
+inline uint32_t elements_per_byte(dtype t) { return t == dtype::quint4x2 ? 2 : t == dtype::quint2x4 ? 4 : 1; }
 
 /// "float32" or "torch.float32"; also PyTorch's aliases ("float", "half", "long", ...).
 std::optional<dtype> dtype_from_name(std::string_view name);

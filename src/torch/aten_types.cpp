@@ -7,17 +7,8 @@
 namespace ckpt::detail {
 
 c10::ScalarType scalar_type(dtype t) {
-  switch (t) {
-    case dtype::qint8:
-    case dtype::quint8:
-    case dtype::qint32:
-    case dtype::quint4x2:
-    case dtype::quint2x4:
-      throw error(errc::unsupported, std::string("quantized tensors (") + name(t) + ") cannot be materialized yet");
-    default:
-      break;
-  }
-  // c10 names dtypes exactly as ckpt::name does ("float32", "bfloat16", "float8_e4m3fn").
+  // c10 names dtypes exactly as ckpt::name does ("float32", "bfloat16", "float8_e4m3fn",
+  // "qint8").
   const auto& by_name = c10::getStringToDtypeMap();
   auto it = by_name.find(name(t));
   if (it == by_name.end()) throw error(errc::unsupported, std::string("dtype ") + name(t) + " has no LibTorch equivalent");

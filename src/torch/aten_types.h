@@ -7,8 +7,7 @@
 
 namespace ckpt::detail {
 
-/// Throws errc::unsupported for dtypes this LibTorch cannot hold (quantized types need a
-/// quantizer and are refused here).
+/// Throws errc::unsupported for dtypes this LibTorch cannot hold.
 c10::ScalarType scalar_type(dtype t);
 dtype from_scalar_type(c10::ScalarType t);
 

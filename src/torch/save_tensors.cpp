@@ -3,6 +3,7 @@
 // OrderedDict of _rebuild_tensor_v2 calls (v3 with UntypedStorage for dtypes that have no
 // typed storage class), .format_version, .storage_alignment, byteorder, data/0..n-1 in
 // key order, version.
+#include <functional>
 #include <map>
 #include <unordered_map>
 
@@ -31,6 +32,11 @@ struct builder {
   value* integer(int64_t i) {
     value* v = doc.make(kind::integer, 0);
     v->integer = i;
+    return v;
+  }
+  value* floating(double x) {
+    value* v = doc.make(kind::floating, 0);
+    v->floating = x;
     return v;
   }
   value* boolean(bool b) {
@@ -86,36 +92,56 @@ void save_tensors(const std::vector<std::pair<std::string, at::Tensor>>& tensors
   };
   std::vector<storage_out> storages;
   std::unordered_map<const void*, size_t> index_of;
-  for (const auto& [name, t0] : tensors) {
+  // The rebuild call torch.save writes for t; quantized tensors carry their quantizer, whose
+  // per-channel scales and zero points are tensors with storages of their own.
+  std::function<value*(const at::Tensor&, const std::string&)> rebuild = [&](const at::Tensor& t0,
+                                                                              const std::string& name) -> value* {
     at::Tensor t = t0.is_meta() ? t0 : t0.detach();
     dtype dt = detail::from_scalar_type(t.scalar_type());
     const dtype_info& di = info(dt);
-    value* rebuilt;
-    if (t.is_meta()) {
-      rebuilt = b.call(b.global("torch._utils", "_rebuild_meta_tensor_no_storage"),
-                       b.tuple({b.global("torch", di.name), b.ints(t.sizes()), b.ints(t.strides()), b.boolean(false)}));
-    } else {
-      const void* id = t.storage().unsafeGetStorageImpl();
-      auto [it, fresh] = index_of.emplace(id, storages.size());
-      if (fresh) storages.push_back({t.storage(), dt, std::to_string(storages.size())});
-      storage_out& s = storages[it->second];
-      if (s.type != dt)
-        throw error(errc::unsupported, "tensors " + name + " and another share a storage with different dtypes; torch.save refuses that too");
-      bool typed = di.legacy_storage != nullptr;
-      uint64_t nbytes = s.storage.nbytes();
-      value* pid_tuple = b.tuple({b.str("storage"),
-                                  typed ? b.global("torch", di.legacy_storage) : b.global("torch.storage", "UntypedStorage"),
-                                  b.str(s.key), b.str("cpu"),
-                                  b.integer(int64_t(typed ? nbytes / di.element_size : nbytes))});
-      value* pid = b.doc.make(kind::persistent_id, 0);
-      pid->items = {pid_tuple};
-      std::vector<value*> args = {pid, b.integer(t.storage_offset()), b.ints(t.sizes()), b.ints(t.strides()),
-                                  b.boolean(false), b.ordered_dict()};
-      if (!typed) args.push_back(b.global("torch", di.name));
-      rebuilt = b.call(b.global("torch._utils", typed ? "_rebuild_tensor_v2" : "_rebuild_tensor_v3"), b.tuple(args));
+    if (t.is_meta())
+      return b.call(b.global("torch._utils", "_rebuild_meta_tensor_no_storage"),
+                    b.tuple({b.global("torch", di.name), b.ints(t.sizes()), b.ints(t.strides()), b.boolean(false)}));
+    const void* id = t.storage().unsafeGetStorageImpl();
+    auto [it, fresh] = index_of.emplace(id, storages.size());
+    if (fresh) storages.push_back({t.storage(), dt, std::to_string(storages.size())});
+    const storage_out& s = storages[it->second];
+    if (s.type != dt)
+      throw error(errc::unsupported, "tensors " + name + " and another share a storage with different dtypes; torch.save refuses that too");
+    bool typed = di.legacy_storage != nullptr;
+    uint64_t nbytes = s.storage.nbytes();
+    value* pid_tuple = b.tuple({b.str("storage"),
+                                typed ? b.global("torch", di.legacy_storage) : b.global("torch.storage", "UntypedStorage"),
+                                b.str(s.key), b.str("cpu"),
+                                b.integer(int64_t(typed ? nbytes / di.element_size : nbytes))});
+    value* pid = b.doc.make(kind::persistent_id, 0);
+    pid->items = {pid_tuple};
+    value* offset = b.integer(t.storage_offset());
+    if (t.is_quantized()) {
+      const std::string scheme = c10::toString(t.qscheme());
+      value* params;
+      if (t.qscheme() == at::kPerTensorAffine) {
+        params = b.tuple({b.global("torch", scheme), b.floating(t.q_scale()), b.integer(t.q_zero_point())});
+      } else if (t.qscheme() == at::kPerChannelAffine || t.qscheme() == at::kPerChannelAffineFloatQParams) {
+        // As torch.save: per_channel_affine for the float-qparams variant too (torch.load
+        // tells them apart by the zero points' dtype).
+        params = b.tuple({b.global("torch", "per_channel_affine"), rebuild(t.q_per_channel_scales(), name + " scales"),
+                          rebuild(t.q_per_channel_zero_points(), name + " zero points"),
+                          b.integer(t.q_per_channel_axis())});
+      } else {
+        throw error(errc::unsupported, "tensor " + name + ": quantization scheme " + scheme + " cannot be saved");
+      }
+      return b.call(b.global("torch._utils", "_rebuild_qtensor"),
+                    b.tuple({pid, offset, b.ints(t.sizes()), b.ints(t.strides()), params, b.boolean(false),
+                             b.ordered_dict()}));
     }
+    std::vector<value*> args = {pid, offset, b.ints(t.sizes()), b.ints(t.strides()), b.boolean(false), b.ordered_dict()};
+    if (!typed) args.push_back(b.global("torch", di.name));
+    return b.call(b.global("torch._utils", typed ? "_rebuild_tensor_v2" : "_rebuild_tensor_v3"), b.tuple(args));
+  };
+  for (const auto& [name, t] : tensors) {
     root->items.push_back(b.str(name));
-    root->items.push_back(rebuilt);
+    root->items.push_back(rebuild(t, name));
   }
 
   std::vector<uint8_t> pkl = pickle::write(b.doc.root, 2);

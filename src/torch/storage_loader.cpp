@@ -159,10 +159,56 @@ std::vector<at::Tensor> load_storages(const checkpoint& c, const std::vector<boo
   return out;
 }
 
+namespace {
+
+// LibTorch's meta backend makes quantized dtypes contiguous only (no empty_strided, set_
+// or as_strided): a dry run shows their shape and dtype, not their strides.
+at::Tensor meta_tensor(const tensor_record& t, const at::TensorOptions& options) {
+  if (c10::isQIntType(c10::typeMetaToScalarType(options.dtype()))) return at::empty(t.shape, options);
+  return at::empty_strided(t.shape, t.stride, options);
+}
+
+// As torch.load's _rebuild_qtensor: an empty quantized tensor with the saved quantizer,
+// then set_ onto the loaded bytes.
+at::Tensor quantized_view(const tensor_record& t, const at::Tensor& bytes, const std::vector<at::Tensor>& storages,
+                          const c10::Device& device) {
+  const quantization& q = *t.quant;
+  auto options = at::TensorOptions().dtype(scalar_type(t.type)).device(bytes.device());
+  // A dry run: LibTorch has no quantizers on meta, and the plan needs none.
+  if (bytes.is_meta()) return meta_tensor(t, options);
+  try {
+    at::Tensor out;
+    if (!q.per_channel()) {
+      out = at::_empty_affine_quantized(t.shape, options, q.scale, q.zero_point);
+    } else {
+      // Lists (older writers) become tensors of the types torch.load gives them.
+      const bool float_qparams = q.scheme == "per_channel_affine_float_qparams";
+      auto from_list = [&](const std::vector<double>& v, c10::ScalarType type) {
+        return at::tensor(v, at::TensorOptions().dtype(at::kDouble)).to(bytes.device(), type);
+      };
+      at::Tensor scales = q.scales ? view_of(*q.scales, storages, device)
+                                   : from_list(q.scale_list, float_qparams ? at::kFloat : at::kDouble);
+      at::Tensor zero_points = q.zero_points ? view_of(*q.zero_points, storages, device)
+                                             : from_list(q.zero_point_list, float_qparams ? at::kFloat : at::kLong);
+      out = at::_empty_per_channel_affine_quantized(t.shape, scales, zero_points, q.axis, options);
+    }
+    return out.set_(bytes.storage(), t.storage_offset, t.shape, t.stride);
+  } catch (const c10::Error& e) {
+    throw error(errc::unsupported, "quantized tensor " + path_to_string(t.path) + " (" + q.scheme + " on " +
+                                       bytes.device().str() + "): " + e.what_without_backtrace());
+  }
+}
+
+}  // namespace
+
 at::Tensor view_of(const tensor_record& t, const std::vector<at::Tensor>& storages, const c10::Device& device) {
   c10::ScalarType st = scalar_type(t.type);
-  if (!t.storage) return at::empty_strided(t.shape, t.stride, at::TensorOptions().dtype(st).device(at::kMeta));
+  if (!t.storage) return meta_tensor(t, at::TensorOptions().dtype(st).device(at::kMeta));
   const at::Tensor& bytes = storages.at(*t.storage);
+  if (t.quant) return quantized_view(t, bytes, storages, device);
+  if (c10::isQIntType(st))
+    throw error(errc::unsupported, "tensor " + path_to_string(t.path) + " has the quantized dtype " + name(t.type) +
+                                       " but no quantizer (not saved by _rebuild_qtensor)");
   at::Tensor view = at::empty({0}, bytes.options().dtype(st));
   return view.set_(bytes.storage(), t.storage_offset, t.shape, t.stride);
 }

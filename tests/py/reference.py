@@ -378,11 +378,56 @@ def compare_storages(fx, py_tensors: dict, jt: dict, doc, m: Mismatches, layout=
     for k in used:
         if k not in table:
             m.add(f"storage {k!r}", "storages[]", "an entry for every key tensors use", "missing")
+    qparams = _compare_quantizers(py_tensors, jt, common, m)
     for k in table:
-        if k not in used:
+        if k not in used and k not in qparams:
             m.add(f"storage {k!r}", "storages[]", "only keys some tensor uses", "unused key")
+    for k, v in qparams.items():
+        s = table.get(k)
+        where = f"storage {k!r} (quantizer values)"
+        if s is None:
+            m.add(where, "storages[]", "an entry for every key quantizers use", "missing")
+            continue
+        for f, want in {"dtype": dtype_name(v.dtype), "nbytes": v.numel() * v.element_size(), "tensors": 1}.items():
+            if s.get(f) != want:
+                m.add(where, f, want, s.get(f))
+        if isinstance(s.get("offset"), int):
+            with open(fx.path, "rb") as fh:
+                fh.seek(s["offset"])
+                if fh.read(s["nbytes"]) != v.contiguous().numpy().tobytes():
+                    m.add(where, "bytes at offset", "torch's per-channel values", "different bytes")
     with open(fx.path, "rb") as fh:
         _compare_storage_table(fx, py_tensors, used, table, layout, m, fh)
+
+
+def _compare_quantizers(py_tensors, jt, common, m) -> dict:
+    """Each quantized tensor's "quantization" against torch's quantizer; returns the storage
+    keys that hold per-channel scales and zero points, with the tensors torch rebuilt."""
+    qparams = {}
+    for p in common:
+        t, q = py_tensors[p], jt[p].get("quantization")
+        if not t.is_quantized:
+            if q is not None:
+                m.add(show(p), "quantization", None, q)
+            continue
+        if not isinstance(q, dict):
+            m.add(show(p), "quantization", "the quantizer", q)
+            continue
+        if t.qscheme() == torch.per_tensor_affine:
+            exp = {"scheme": "per_tensor_affine", "scale": t.q_scale(), "zero_point": t.q_zero_point()}
+            if q != exp:
+                m.add(show(p), "quantization", exp, q)
+            continue
+        # torch.save names both per-channel variants per_channel_affine.
+        if q.get("scheme") != "per_channel_affine" or q.get("axis") != t.q_per_channel_axis():
+            m.add(show(p), "quantization", f"per_channel_affine on axis {t.q_per_channel_axis()}", q)
+        for field, v in (("scales", t.q_per_channel_scales()), ("zero_points", t.q_per_channel_zero_points())):
+            ref = q.get(field)
+            if not isinstance(ref, dict) or ref.get("dtype") != dtype_name(v.dtype):
+                m.add(show(p), f"quantization.{field}", f"a {dtype_name(v.dtype)} storage", ref)
+                continue
+            qparams[ref.get("storage")] = v
+    return qparams
 
 
 def _compare_storage_table(fx, py_tensors, used, table, layout, m, fh):

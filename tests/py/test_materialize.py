@@ -7,7 +7,9 @@ ckptool's own reader.
     key, '/'-joined path outside the state dict) bit for bit, with its dtype, shape, stride
     and storage offset; storages shared in OUT exactly where they are shared in the input;
     `--mmap` and `--threads` give the same OUT; `--device meta` exits 0, reports 0 bytes and
-    reads no tensor data (/proc/self/io rchar of the reaped child); quantized refused (3);
+    reads no tensor data (/proc/self/io rchar of the reaped child); quantized tensors (every
+    quantizer torch.save writes) equal torch.load's, quantizer included; hostile quantizers
+    refused (3);
   * `--dtype bfloat16`: floating tensors equal torch's `.to(torch.bfloat16)`, others
     untouched; tied weights stay tied;
   * `--model`: a scripted model filled from a real Lightning checkpoint of its compiled twin
@@ -304,11 +306,108 @@ def test_big_cpu_threads_mmap(big_fixture, tmp_path):
         assert p.read_bytes() == first, f"big: OUT with {label} differs from the default"
 
 
-def test_quantized_refused(fixture_set, tmp_path):
-    so, se = materialize(fixture_set["quantized"].path, "-o", tmp_path / "q.pt", rc=3)
-    assert "quantized" in se, f"the refusal does not say why: {se!r}"
-    assert se.strip().count("\n") == 0, f"not one line: {se!r}"
-    no_leftovers(tmp_path, "q.pt")
+def quantized_checkpoint(path: Path) -> dict:
+    """Every quantizer torch.save writes: per tensor, per channel on either axis (saved as
+    per_channel_affine with scales and zero points as tensors of their own), the
+    float-qparams variant, a packed 4-bit dtype, a view at an offset and a tied name."""
+    x = torch.linspace(-1, 1, 24).reshape(4, 6)
+    whole = torch.quantize_per_tensor(x, 0.01, 3, torch.qint8)
+    obj = {
+        "qint8": whole,
+        "quint8": torch.quantize_per_tensor(x, 0.02, 128, torch.quint8),
+        "qint32": torch.quantize_per_tensor(x, 0.001, -7, torch.qint32),
+        "quint4x2": torch.quantize_per_tensor(x, 0.1, 2, torch.quint4x2),
+        "per_channel": torch.quantize_per_channel(x, torch.tensor([0.1, 0.2, 0.3, 0.4]),
+                                                  torch.tensor([0, 1, 2, 3]), 0, torch.qint8),
+        "per_channel_axis1": torch.quantize_per_channel(x, torch.linspace(0.01, 0.06, 6),
+                                                        torch.arange(6), 1, torch.quint8),
+        "float_qparams": torch.quantize_per_channel(x, torch.tensor([0.1, 0.2, 0.3, 0.4]),
+                                                    torch.tensor([0.0, 1.0, 2.0, 3.0]), 0, torch.quint8),
+        "view": whole[1:3],
+    }
+    obj["tied"] = obj["view"]
+    torch.save(obj, path)
+    return obj
+
+
+def assert_same_quantized(ref: dict, out: dict):
+    assert list(out) == list(ref)
+    for k, x in ref.items():
+        y = out[k]
+        assert y.is_quantized and y.dtype == x.dtype and y.qscheme() == x.qscheme(), k
+        assert (y.shape, y.stride(), y.storage_offset()) == (x.shape, x.stride(), x.storage_offset()), k
+        assert torch.equal(y.int_repr(), x.int_repr()), k
+        assert bytes(y.untyped_storage()) == bytes(x.untyped_storage()), k
+        if x.qscheme() == torch.per_tensor_affine:
+            assert (y.q_scale(), y.q_zero_point()) == (x.q_scale(), x.q_zero_point()), k
+        else:
+            assert y.q_per_channel_axis() == x.q_per_channel_axis(), k
+            for a, b in ((x.q_per_channel_scales(), y.q_per_channel_scales()),
+                         (x.q_per_channel_zero_points(), y.q_per_channel_zero_points())):
+                assert a.dtype == b.dtype and torch.equal(a, b), k
+    assert out["tied"].untyped_storage().data_ptr() == out["view"].untyped_storage().data_ptr()
+    assert out["view"].untyped_storage().data_ptr() == out["qint8"].untyped_storage().data_ptr()
+
+
+@pytest.mark.parametrize("extra", [[], ["--mmap"], ["--threads", "1"]], ids=["default", "mmap", "threads1"])
+def test_quantized_matches_torch(extra, tmp_path):
+    src = tmp_path / "quantized.pt"
+    quantized_checkpoint(src)
+    out = tmp_path / "out.pt"
+    materialize(src, "--device", "cpu", *extra, "-o", out)
+    assert_same_quantized(tload(src), tload(out))
+
+
+def test_quantized_fixture_and_meta(fixture_set, tmp_path):
+    fx = fixture_set["quantized"]
+    materialize(fx.path, "-o", tmp_path / "q.pt")
+    ref = tload(fx.path)
+    out = tload(tmp_path / "q.pt")
+    for k, x in ref.items():
+        assert torch.equal(out[k].int_repr(), x.int_repr()) and out[k].qscheme() == x.qscheme(), k
+    so, _ = materialize(fx.path, "--device", "meta", "--json")
+    assert json.loads(so)["tensors"] == len(ref)
+
+
+def test_quantized_inspect_names_the_quantizer(tmp_path):
+    src = tmp_path / "quantized.pt"
+    obj = quantized_checkpoint(src)
+    rc, so, se = run_ckptool("inspect", "--json", str(src))
+    assert rc == 0, se
+    rows = {r["path"][0]: r for r in json.loads(so)["tensors"]}
+    assert rows["qint32"]["quantization"] == {"scheme": "per_tensor_affine", "scale": 0.001, "zero_point": -7}
+    assert rows["quint4x2"]["nbytes"] == obj["quint4x2"].untyped_storage().nbytes() == 12
+    pc = rows["per_channel_axis1"]["quantization"]
+    assert pc["scheme"] == "per_channel_affine" and pc["axis"] == 1
+    assert pc["scales"]["dtype"] == "float64" and pc["zero_points"]["dtype"] == "int64"
+    assert all("quantization" in r for r in rows.values())
+
+
+def test_quantized_hostile_quantizer(tmp_path):
+    """A per-channel quantizer whose scales do not match the channel count, or whose axis
+    is out of range, is refused (3) with the byte offset, before LibTorch sees it."""
+    import pickle
+
+    class Evil:
+        def __init__(self, t, params):
+            self.t, self.params = t, params
+
+        def __reduce_ex__(self, proto):
+            st = self.t.untyped_storage()
+            return (torch._utils._rebuild_qtensor,
+                    (torch.storage.TypedStorage(wrap_storage=st, dtype=torch.qint8, _internal=True),
+                     0, tuple(self.t.shape), self.t.stride(), self.params, False, OrderedDict()))
+
+    x = torch.quantize_per_tensor(torch.ones(4, 6), 0.1, 0, torch.qint8)
+    for label, params in [
+        ("scales", (torch.per_channel_affine, torch.ones(3, dtype=torch.double), torch.zeros(4, dtype=torch.long), 0)),
+        ("axis", (torch.per_channel_affine, torch.ones(4, dtype=torch.double), torch.zeros(4, dtype=torch.long), 2)),
+        ("scheme", (torch.per_tensor_symmetric, 0.1, 0)),
+    ]:
+        p = tmp_path / f"{label}.pt"
+        torch.save({"w": Evil(x, params)}, p, pickle_protocol=pickle.DEFAULT_PROTOCOL)
+        _, se = materialize(p, rc=3)
+        assert "byte" in se and se.strip().count("\n") == 0, f"{label}: {se!r}"
 
 
 # --------------------------------------------------------------------------- 2. --dtype
