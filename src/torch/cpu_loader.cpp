@@ -29,12 +29,6 @@ namespace {
 constexpr uint64_t kPieceBytes = 16ull << 20;  // large enough to amortize, small enough to share out
 constexpr uint64_t kMaxGap = 4096;             // file bytes between neighbours of a block (zip headers)
 
-int reader_threads(const load_options& o) {
-  if (o.threads > 0) return o.threads;
-  unsigned hw = std::thread::hardware_concurrency();
-  return int(std::clamp(hw == 0 ? 4u : hw, 1u, 8u));
-}
-
 uint64_t page_floor(uint64_t n) { return n & ~(kPageBytes - 1); }
 uint64_t page_ceil(uint64_t n) { return page_floor(n + kPageBytes - 1); }
 
@@ -78,7 +72,7 @@ class cpu_loader {
   }
 
   std::vector<at::Tensor> run() {
-    int n = std::min<int>(reader_threads(o_), int(std::max<size_t>(pieces_.size(), 1)));
+    int n = std::min<int>(loader_threads(o_), int(std::max<size_t>(pieces_.size(), 1)));
     std::vector<std::thread> pool;
     for (int t = 1; t < n; ++t) pool.emplace_back([this] { work(); });
     work();

@@ -83,12 +83,6 @@ void populate(uint8_t* base, std::vector<std::pair<uint64_t, uint64_t>> ranges, 
   if (failure) std::rethrow_exception(failure);
 }
 
-int populate_threads(const load_options& o) {
-  if (o.threads > 0) return o.threads;
-  unsigned hw = std::thread::hardware_concurrency();
-  return int(std::clamp(hw == 0 ? 4u : hw, 1u, 8u));
-}
-
 // torch.load(mmap=True) semantics: a private mapping, so writing to a tensor copies the
 // page instead of touching the file.
 std::vector<at::Tensor> load_mmap(const checkpoint& c, const std::vector<bool>& needed, const load_options& o) {
@@ -111,11 +105,17 @@ std::vector<at::Tensor> load_mmap(const checkpoint& c, const std::vector<bool>& 
     bytes[i] = at::from_blob(p, {int64_t(s.nbytes)}, [mapping](void*) {}, at::TensorOptions().dtype(at::kByte));
     ranges.emplace_back(*s.file_offset, *s.file_offset + s.nbytes);
   }
-  if (o.populate) populate(static_cast<uint8_t*>(base), std::move(ranges), populate_threads(o), o.progress);
+  if (o.populate) populate(static_cast<uint8_t*>(base), std::move(ranges), loader_threads(o), o.progress);
   return bytes;
 }
 
 }  // namespace
+
+int loader_threads(const load_options& o) {
+  if (o.threads > 0) return o.threads;
+  unsigned hw = std::thread::hardware_concurrency();
+  return int(std::clamp(hw == 0 ? 4u : hw, 1u, 8u));
+}
 
 void check_device(const c10::Device& device) {
   if (device.is_cpu() || device.is_meta()) return;

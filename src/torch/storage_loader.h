@@ -20,6 +20,9 @@ std::vector<at::Tensor> load_storages(const checkpoint& c, const std::vector<boo
 /// checkpoint meta tensor).
 at::Tensor view_of(const tensor_record& t, const std::vector<at::Tensor>& storages, const c10::Device& device);
 
+/// Threads that read or map storages: options.threads, else the machine's cores (1-8).
+int loader_threads(const load_options& options);
+
 /// The CPU path (cpu_loader.cpp).
 std::vector<at::Tensor> load_storages_cpu(const checkpoint& c, const std::vector<bool>& needed,
                                           const load_options& options);
