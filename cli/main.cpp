@@ -4,6 +4,7 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include <cstdio>
 #include <iostream>
 #include <new>
 
@@ -14,7 +15,9 @@
 #include "cmd_verify.h"
 #include "common.h"
 
-int main(int argc, char** argv) {
+namespace {
+
+int run(int argc, char** argv) {
   auto logger = spdlog::stderr_color_mt("ckptool");
   logger->set_pattern("ckptool: %l: %v");
   spdlog::set_default_logger(logger);
@@ -44,8 +47,7 @@ int main(int argc, char** argv) {
     std::cerr << "ckptool: " << ckpt::errc_name(e.kind()) << ": " << e.one_line() << "\n";
     return ckpt::exit_code(e.kind());
   } catch (const std::bad_alloc&) {
-    std::cerr << "ckptool: io: out of memory\n";
-    return 4;
+    throw;  // main() reports it without allocating
   } catch (const std::exception& e) {
     std::string what = e.what();
     for (char& c : what)
@@ -54,4 +56,17 @@ int main(int argc, char** argv) {
     return 3;
   }
   return cli::last_exit_code();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Out of memory anywhere, even while the command line is being set up (ulimit -v): one
+  // line, exit 4, and nothing allocated to say so.
+  try {
+    return run(argc, argv);
+  } catch (const std::bad_alloc&) {
+    std::fputs("ckptool: io: out of memory\n", stderr);
+    return 4;
+  }
 }

@@ -4,6 +4,8 @@
 // record data is only touched by read_record() and verify_crc().
 #include "ckpt/zip_reader.h"
 
+#include <sys/resource.h>
+
 #include <zlib.h>
 
 #include <algorithm>
@@ -12,6 +14,7 @@
 #include <deque>
 #include <limits>
 #include <new>
+#include <system_error>
 #include <thread>
 #include <unordered_map>
 
@@ -675,14 +678,28 @@ class archive_parser {
       }
     };
     std::vector<std::thread> helpers;
-    for (size_t run = 1; run < runs; ++run) helpers.emplace_back(scan, run);
+    size_t unstarted = runs;
+    for (size_t run = 1; run < runs; ++run) {
+      try {
+        helpers.emplace_back(scan, run);
+      } catch (const std::system_error&) {  // no thread to be had (ulimit -v, -u): do it here
+        unstarted = run;
+        break;
+      }
+    }
     scan(0);
+    for (size_t run = unstarted; run < runs; ++run) scan(run);
     for (auto& t : helpers) t.join();
     for (auto& f : failures)
       if (f) std::rethrow_exception(f);
   }
 
   static size_t header_threads() {
+    // Under an address-space limit (ulimit -v) each thread's stack and malloc arena
+    // reservation count against it: a reader that fits with one thread must not fail
+    // with several.
+    struct rlimit as {};
+    if (::getrlimit(RLIMIT_AS, &as) == 0 && as.rlim_cur != RLIM_INFINITY) return 1;
     unsigned hw = std::thread::hardware_concurrency();
     return std::clamp<size_t>(hw, 1, 4);
   }

@@ -16,6 +16,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <system_error>
 #include <thread>
 
 #include "ckpt/error.h"
@@ -74,7 +75,13 @@ class cpu_loader {
   std::vector<at::Tensor> run() {
     int n = std::min<int>(loader_threads(o_), int(std::max<size_t>(pieces_.size(), 1)));
     std::vector<std::thread> pool;
-    for (int t = 1; t < n; ++t) pool.emplace_back([this] { work(); });
+    for (int t = 1; t < n; ++t) {
+      try {
+        pool.emplace_back([this] { work(); });
+      } catch (const std::system_error&) {  // no more threads to be had: fewer share the work
+        break;
+      }
+    }
     work();
     for (auto& t : pool) t.join();
     if (failure_) std::rethrow_exception(failure_);

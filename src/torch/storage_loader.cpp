@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstring>
 #include <memory>
+#include <system_error>
 #include <thread>
 
 #include <torch/cuda.h>
@@ -77,7 +78,13 @@ void populate(uint8_t* base, std::vector<std::pair<uint64_t, uint64_t>> ranges, 
   };
   int n = std::clamp<int>(threads, 1, int(std::max<size_t>(pieces.size(), 1)));
   std::vector<std::thread> pool;
-  for (int t = 1; t < n; ++t) pool.emplace_back(work);
+  for (int t = 1; t < n; ++t) {
+    try {
+      pool.emplace_back(work);
+    } catch (const std::system_error&) {  // no more threads to be had: fewer share the work
+      break;
+    }
+  }
   work();
   for (auto& t : pool) t.join();
   if (failure) std::rethrow_exception(failure);

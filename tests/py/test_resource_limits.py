@@ -23,6 +23,7 @@ limited runs are skipped for sanitized builds (CKPTOOL_SANITIZE, or libasan in `
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import resource
@@ -31,6 +32,7 @@ import subprocess
 import time
 
 import pytest
+import torch
 
 import hostile as H
 import test_corruption as T
@@ -307,3 +309,29 @@ def test_limit_error_names_its_flag(flag, limit_files):
     _, over, _ = LIMIT_FLAGS[flag]
     rc, out, err, _ = run_limited(["inspect", *([] if over is None else [flag, str(over)]), limit_files[flag]], None)
     assert rc == 3 and f"(raise with {flag})" in err, err
+
+
+@needs_rlimit
+def test_many_records_need_no_more_address_space_than_one_thread(tmp_path):
+    """Archives of 2048+ records read their local headers on several threads, whose stacks
+    (8 MiB) and malloc arenas count against RLIMIT_AS; under a limit the reader stays on
+    one thread. The least limit that opens 5,000 records exceeds the one for 100 records by
+    their tables alone (~12 MiB), not by a thread's stack and arena as well (~22 MiB)."""
+    def least_limit(path):
+        lo, hi = 4 << 20, 512 << 20
+        while hi - lo > 256 << 10:
+            mid = (lo + hi) // 2
+            if run_limited(["inspect", "--json", path], mid)[0] == 0:
+                hi = mid
+            else:
+                lo = mid
+        return hi
+
+    many, small = tmp_path / "many.pt", tmp_path / "small.pt"
+    torch.save({f"w{i}": torch.zeros(2) for i in range(5000)}, many)
+    torch.save({f"w{i}": torch.zeros(2) for i in range(100)}, small)
+    extra = least_limit(many) - least_limit(small)
+    assert extra < 16 << 20, f"5,000 records need {extra >> 20} MiB more address space than 100"
+    rc, out, err, _ = run_limited(["inspect", "--json", many], least_limit(many))
+    check_outcome("inspect of 5,000 records at its least RLIMIT_AS", rc, out, err, 0)
+    assert len(json.loads(out)["tensors"]) == 5000
