@@ -365,6 +365,9 @@ quantization tensor_collector::quantizer(const value* params, const tensor_recor
                               "-dimensional quantized tensor");
   channel_values(params->items[1], t, q.axis, depth, false, q);
   channel_values(params->items[2], t, q.axis, depth, true, q);
+  // torch.load converts the pair only when both are lists.
+  if (bool(q.scales) != bool(q.zero_points))
+    bad(params, q.scheme + ": scales and zero_points must both be tensors or both be lists");
   return q;
 }
 
@@ -372,7 +375,7 @@ void tensor_collector::channel_values(const value* v, const tensor_record& t, in
                                       bool zero_points, quantization& q) {
   const char* what = zero_points ? "zero_points" : "scales";
   const uint64_t channels = uint64_t(t.shape[size_t(axis)]);
-  if (v->type == kind::list || v->type == kind::tuple) {
+  if (v->type == kind::list) {
     if (v->items.size() != channels)
       bad(v, std::to_string(v->items.size()) + " " + what + " for " + std::to_string(channels) + " channels");
     auto& out = zero_points ? q.zero_point_list : q.scale_list;

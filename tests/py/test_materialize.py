@@ -383,29 +383,52 @@ def test_quantized_inspect_names_the_quantizer(tmp_path):
     assert all("quantization" in r for r in rows.values())
 
 
+class QTensorWithParams:
+    """Pickles as _rebuild_qtensor(storage of `t`, ..., `params`): any quantizer_params,
+    including the list form older writers used and forms torch.save never writes."""
+
+    def __init__(self, t, params):
+        self.t, self.params = t, params
+
+    def __reduce_ex__(self, proto):
+        storage = torch.storage.TypedStorage(wrap_storage=self.t.untyped_storage(), dtype=self.t.dtype,
+                                             _internal=True)
+        return (torch._utils._rebuild_qtensor,
+                (storage, 0, tuple(self.t.shape), self.t.stride(), self.params, False, OrderedDict()))
+
+
+def test_quantized_list_quantizer_matches_torch(tmp_path):
+    """Per-channel scales and zero points saved as lists: torch.load makes float64/int64
+    tensors of them (float32 for the float-qparams variant); so does materialize."""
+    x = torch.quantize_per_tensor(torch.linspace(-1, 1, 24).reshape(4, 6), 0.1, 0, torch.qint8)
+    src = tmp_path / "lists.pt"
+    torch.save({"w": QTensorWithParams(x, (torch.per_channel_affine, [0.1, 0.2, 0.3, 0.4], [0, 1, 2, 3], 0)),
+                "f": QTensorWithParams(x, (torch.per_channel_affine_float_qparams, [0.1, 0.2, 0.3, 0.4],
+                                           [0.5, 1.0, 2.0, 3.0], 0))}, src)
+    out = tmp_path / "out.pt"
+    materialize(src, "-o", out)
+    ref, got = tload(src), tload(out)
+    for k in ref:
+        assert got[k].qscheme() == ref[k].qscheme(), k
+        assert torch.equal(got[k].int_repr(), ref[k].int_repr()), k
+        for a, b in ((ref[k].q_per_channel_scales(), got[k].q_per_channel_scales()),
+                     (ref[k].q_per_channel_zero_points(), got[k].q_per_channel_zero_points())):
+            assert a.dtype == b.dtype and torch.equal(a, b), k
+
+
 def test_quantized_hostile_quantizer(tmp_path):
-    """A per-channel quantizer whose scales do not match the channel count, or whose axis
-    is out of range, is refused (3) with the byte offset, before LibTorch sees it."""
-    import pickle
-
-    class Evil:
-        def __init__(self, t, params):
-            self.t, self.params = t, params
-
-        def __reduce_ex__(self, proto):
-            st = self.t.untyped_storage()
-            return (torch._utils._rebuild_qtensor,
-                    (torch.storage.TypedStorage(wrap_storage=st, dtype=torch.qint8, _internal=True),
-                     0, tuple(self.t.shape), self.t.stride(), self.params, False, OrderedDict()))
-
+    """A per-channel quantizer whose scales do not match the channel count, whose axis is
+    out of range, that mixes a list with a tensor, or an unknown scheme: refused (3) with
+    the byte offset, before LibTorch sees it."""
     x = torch.quantize_per_tensor(torch.ones(4, 6), 0.1, 0, torch.qint8)
     for label, params in [
         ("scales", (torch.per_channel_affine, torch.ones(3, dtype=torch.double), torch.zeros(4, dtype=torch.long), 0)),
         ("axis", (torch.per_channel_affine, torch.ones(4, dtype=torch.double), torch.zeros(4, dtype=torch.long), 2)),
+        ("mixed", (torch.per_channel_affine, [0.1, 0.2, 0.3, 0.4], torch.zeros(4, dtype=torch.long), 0)),
         ("scheme", (torch.per_tensor_symmetric, 0.1, 0)),
     ]:
         p = tmp_path / f"{label}.pt"
-        torch.save({"w": Evil(x, params)}, p, pickle_protocol=pickle.DEFAULT_PROTOCOL)
+        torch.save({"w": QTensorWithParams(x, params)}, p)
         _, se = materialize(p, rc=3)
         assert "byte" in se and se.strip().count("\n") == 0, f"{label}: {se!r}"
 
