@@ -497,6 +497,9 @@ value* machine::make_global(std::string module, std::string name) {
   if (module == "torch.tensor") module = "torch._tensor";
   if (options_.globals_seen) options_.globals_seen->push_back(module + "." + name);
   value* g = make(kind::global);
+  // CPython resolves a dotted name as nested attributes from protocol 4 on, and below it
+  // as one attribute whose name holds the dots: the writer must know which it was.
+  g->flag = proto_ < 4 && name.find('.') != std::string::npos;
   g->items = {make_str(std::move(module)), make_str(std::move(name))};
   return g;
 }

@@ -190,6 +190,9 @@ class writer {
       case kind::frozenset:
         return save_set(v);
       case kind::global:
+        // A literal dotted name goes out as it came in: at protocol 2 GLOBAL keeps its
+        // meaning, while the getattr spelling would name nested attributes instead.
+        if (v->flag) return save_literal_global(v->global_module(), v->global_attr());
         return save_global(v->global_module(), v->global_attr());
       case kind::object:
         return save_object(v);
@@ -297,6 +300,12 @@ class writer {
       put(op::REDUCE);
       named_memo_[prefix_key(end)] = memoize_fresh();
     }
+  }
+
+  void save_literal_global(std::string_view module_name, std::string_view attr) {
+    std::string key = std::string(module_name) + "\n\x01literal\n" + std::string(attr);
+    if (auto it = named_memo_.find(key); it != named_memo_.end()) return get(it->second);
+    save_plain_global(module_name, attr, key);
   }
 
   void save_plain_global(std::string_view module_name, std::string_view attr,

@@ -48,7 +48,9 @@ enum object_slot : size_t {
 
 struct value {
   kind type = kind::none;
-  bool flag = false;      // boolean: the value; dict: true for collections.OrderedDict
+  bool flag = false;      // boolean: the value; dict: true for collections.OrderedDict;
+                          // global: a dotted name read below protocol 4, which names one
+                          // attribute with dots in it, not nested ones
   object_op op = object_op::reduce;
   int64_t integer = 0;    // integer
   double floating = 0;    // floating

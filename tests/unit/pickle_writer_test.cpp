@@ -359,3 +359,25 @@ TEST_CASE("pickle_writer: a Python 2 global name from protocol 3+ is refused, ne
   document d2 = parse(reinterpret_cast<const uint8_t*>(ok.data()), ok.size());
   CHECK_NOTHROW(write(d2.root));
 }
+
+TEST_CASE("pickle_writer: a dotted name read below protocol 4 is one attribute, and stays one") {
+  // Protocol 2, GLOBAL 'm' 'A.B': CPython looks up the attribute named "A.B" of m.
+  const std::string literal = std::string("\x80\x02") + "cm\nA.B\n.";
+  document doc = parse_bytes(std::vector<uint8_t>(literal.begin(), literal.end()));
+  REQUIRE(doc.root->type == kind::global);
+  CHECK(doc.root->flag);
+  std::vector<uint8_t> out = write(doc.root);
+  CHECK(count(out, op::GLOBAL) == 1);
+  CHECK(count(out, op::REDUCE) == 0);  // not respelled as getattr(m.A, 'B')
+  document back = parse_bytes(out);
+  CHECK((back.root->type == kind::global && back.root->flag && back.root->global_attr() == "A.B"));
+  CHECK(write(back.root) == out);
+
+  // Protocol 4, STACK_GLOBAL 'm' 'A.B': nested attributes, which protocol 2 spells with
+  // getattr.
+  const std::string nested = std::string("\x80\x04") + "\x8c\x01m\x8c\x03" + "A.B\x93.";
+  document n = parse_bytes(std::vector<uint8_t>(nested.begin(), nested.end()));
+  REQUIRE(n.root->type == kind::global);
+  CHECK_FALSE(n.root->flag);
+  CHECK(repr(parse_bytes(write(n.root)).root, 200) == "builtins.getattr(m.A, 'B')");
+}
