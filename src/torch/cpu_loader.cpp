@@ -15,9 +15,6 @@
 #include <cerrno>
 #include <cstring>
 #include <memory>
-#include <mutex>
-#include <system_error>
-#include <thread>
 
 #include "ckpt/error.h"
 #include "host_buffer.h"
@@ -73,18 +70,13 @@ class cpu_loader {
   }
 
   std::vector<at::Tensor> run() {
-    int n = std::min<int>(loader_threads(o_), int(std::max<size_t>(pieces_.size(), 1)));
-    std::vector<std::thread> pool;
-    for (int t = 1; t < n; ++t) {
-      try {
-        pool.emplace_back([this] { work(); });
-      } catch (const std::system_error&) {  // no more threads to be had: fewer share the work
-        break;
-      }
-    }
-    work();
-    for (auto& t : pool) t.join();
-    if (failure_) std::rethrow_exception(failure_);
+    for_each_piece(pieces_.size(), loader_threads(o_), [this](size_t j) {
+      const piece& p = pieces_[j];
+      read_piece(blocks_[p.block], p.begin, p.size);
+      // Gap bytes inside a block are read but are no storage's: progress counts storages.
+      uint64_t now = done_ += p.size;
+      if (o_.progress) o_.progress(std::min(now, total_), total_);
+    });
     return std::move(bytes_);
   }
 
@@ -163,23 +155,6 @@ class cpu_loader {
     }
   }
 
-  void work() {
-    for (size_t j = next_++; j < pieces_.size(); j = next_++) {
-      const piece& p = pieces_[j];
-      try {
-        read_piece(blocks_[p.block], p.begin, p.size);
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(failure_mutex_);
-        if (!failure_) failure_ = std::current_exception();
-        next_ = pieces_.size();
-        return;
-      }
-      // Gap bytes inside a block are read but are no storage's: progress counts storages.
-      uint64_t now = done_ += p.size;
-      if (o_.progress) o_.progress(std::min(now, total_), total_);
-    }
-  }
-
   void read_piece(const block& b, uint64_t begin, uint64_t size) {
     if (b.filled_by_pages) {
       // Whole pages around the piece: bytes before the block's first storage and after
@@ -211,10 +186,7 @@ class cpu_loader {
   // Declared after bytes_, so destroyed before: closing the userfaultfd drops every
   // registration, and nothing may be left waiting on a page nobody supplies.
   std::unique_ptr<page_filler> filler_;
-  std::atomic<size_t> next_{0};
   std::atomic<uint64_t> done_{0};
-  std::exception_ptr failure_;
-  std::mutex failure_mutex_;
 };
 
 }  // namespace

@@ -61,33 +61,12 @@ void populate(uint8_t* base, std::vector<std::pair<uint64_t, uint64_t>> ranges, 
       total += pieces.back().second - at;
     }
   }
-  std::atomic<size_t> next{0};
   std::atomic<uint64_t> done{0};
-  std::exception_ptr failure;
-  std::atomic<bool> failed{false};
-  auto work = [&] {
-    try {
-      for (size_t i; !failed && (i = next++) < pieces.size();) {
-        populate_range(base + pieces[i].first, base + pieces[i].second);
-        uint64_t now = done += pieces[i].second - pieces[i].first;
-        if (progress) progress(now, total);
-      }
-    } catch (...) {
-      if (!failed.exchange(true)) failure = std::current_exception();
-    }
-  };
-  int n = std::clamp<int>(threads, 1, int(std::max<size_t>(pieces.size(), 1)));
-  std::vector<std::thread> pool;
-  for (int t = 1; t < n; ++t) {
-    try {
-      pool.emplace_back(work);
-    } catch (const std::system_error&) {  // no more threads to be had: fewer share the work
-      break;
-    }
-  }
-  work();
-  for (auto& t : pool) t.join();
-  if (failure) std::rethrow_exception(failure);
+  for_each_piece(pieces.size(), threads, [&](size_t i) {
+    populate_range(base + pieces[i].first, base + pieces[i].second);
+    uint64_t now = done += pieces[i].second - pieces[i].first;
+    if (progress) progress(now, total);
+  });
 }
 
 // torch.load(mmap=True) semantics: a private mapping, so writing to a tensor copies the
@@ -122,6 +101,31 @@ int loader_threads(const load_options& o) {
   if (o.threads > 0) return o.threads;
   unsigned hw = std::thread::hardware_concurrency();
   return int(std::clamp(hw == 0 ? 4u : hw, 1u, 8u));
+}
+
+void for_each_piece(size_t count, int threads, const std::function<void(size_t)>& piece) {
+  std::atomic<size_t> next{0};
+  std::atomic<bool> failed{false};
+  std::exception_ptr failure;
+  auto work = [&] {
+    try {
+      for (size_t i; !failed && (i = next++) < count;) piece(i);
+    } catch (...) {
+      if (!failed.exchange(true)) failure = std::current_exception();
+    }
+  };
+  const int n = std::clamp<int>(threads, 1, int(std::max<size_t>(count, 1)));
+  std::vector<std::thread> pool;
+  for (int t = 1; t < n; ++t) {
+    try {
+      pool.emplace_back(work);
+    } catch (const std::system_error&) {  // no more threads to be had: fewer share the work
+      break;
+    }
+  }
+  work();
+  for (auto& t : pool) t.join();
+  if (failure) std::rethrow_exception(failure);
 }
 
 void check_device(const c10::Device& device) {

@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 
+#include <functional>
 #include <vector>
 
 #include "ckpt/checkpoint.h"
@@ -22,6 +23,11 @@ at::Tensor view_of(const tensor_record& t, const std::vector<at::Tensor>& storag
 
 /// Threads that read or map storages: options.threads, else the machine's cores (1-8).
 int loader_threads(const load_options& options);
+
+/// Calls piece(0) ... piece(count - 1), each once, from up to `threads` threads (the caller's
+/// among them; fewer when no more threads can be created). The first exception stops the
+/// pieces not yet started and is rethrown once all threads are done.
+void for_each_piece(size_t count, int threads, const std::function<void(size_t)>& piece);
 
 /// The CPU path (cpu_loader.cpp).
 std::vector<at::Tensor> load_storages_cpu(const checkpoint& c, const std::vector<bool>& needed,

@@ -5,7 +5,9 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdint>
+#include <stdexcept>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -15,6 +17,7 @@
 #include "torch_doctest.h"
 
 #include "ckpt/load.h"
+#include "../../src/torch/storage_loader.h"
 
 namespace {
 
@@ -87,4 +90,21 @@ TEST_CASE("writing to a populated mapped tensor copies the page and leaves the f
   tensors[0].second.fill_(-1);
   auto again = ckpt::load_tensors(ck.path, o);
   CHECK(at::equal(again[0].second, ck.weight));
+}
+
+TEST_CASE("for_each_piece runs every piece once, and stops at the first failure") {
+  std::vector<std::atomic<int>> calls(1000);
+  ckpt::detail::for_each_piece(calls.size(), 4, [&](size_t i) { calls[i]++; });
+  bool each_once = true;
+  for (auto& c : calls) each_once = each_once && c.load() == 1;
+  CHECK(each_once);
+
+  std::atomic<size_t> ran{0};
+  CHECK_THROWS_WITH_AS(ckpt::detail::for_each_piece(10000000, 4,
+                                                     [&](size_t i) {
+                                                       ran++;
+                                                       if (i == 10) throw std::runtime_error("piece 10");
+                                                     }),
+                       "piece 10", std::runtime_error);
+  CHECK(ran.load() < 10000000);  // pieces not yet started when piece 10 failed never ran
 }
