@@ -122,6 +122,15 @@ def test_hostile_keys_escaped(files, args, rc):
         assert "\\x1b[2K" in text and "\\u202e" in text and "\\n" in text, text
 
 
+def test_json_keeps_names_exact(files):
+    # Regression guard: escaping is for terminals; --json carries every name as it is.
+    got, out, err = run("inspect", "--json", files["keys"])
+    assert got == 0, err
+    doc = json.loads(out)
+    names = {t["path"][-1] for t in doc["tensors"]}
+    assert names == set(HOSTILE_KEYS), names
+
+
 def test_materialize_report_escaped(files):
     got, out, err = run("materialize", files["keys"], "--check-finite")
     assert got == 1, err[-500:]  # NaN everywhere: the check fails
