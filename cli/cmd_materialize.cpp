@@ -9,10 +9,12 @@
 
 #include "ckpt/error.h"
 #include "ckpt/report.h"
+#include "ckpt/text_escape.h"
 #include "ckpt/torch_plugin.h"
 #include "common.h"
 #include "input_spec.h"
 #include "progress.h"
+#include "validators.h"
 
 namespace cli {
 namespace {
@@ -29,7 +31,7 @@ struct materialize_options {
 void print_list(const char* title, const std::vector<std::string>& items) {
   if (items.empty()) return;
   std::cout << title << " (" << items.size() << "):\n";
-  for (size_t i = 0; i < items.size() && i < 20; ++i) std::cout << "  " << items[i] << "\n";
+  for (size_t i = 0; i < items.size() && i < 20; ++i) std::cout << "  " << ckpt::display_name(items[i]) << "\n";
   if (items.size() > 20) std::cout << "  ... " << items.size() - 20 << " more\n";
 }
 
@@ -90,7 +92,7 @@ void run_materialize(materialize_options& o) {
               << std::fixed << std::setprecision(3) << r.seconds << " s";
     if (r.bytes) std::cout << " (" << std::setprecision(2) << gbps << " GB/s)";
     std::cout << "\n";
-    if (!o.req.model.empty()) std::cout << "key edit: " << r.key_edit << "\n";
+    if (!o.req.model.empty()) std::cout << "key edit: " << ckpt::escape_controls(r.key_edit) << "\n";
     print_list("missing from the checkpoint", r.missing);
     print_list("filled from the model file", r.filled_from_model);
     print_list("not used by the model", r.unexpected);
@@ -102,23 +104,23 @@ void run_materialize(materialize_options& o) {
         print_list("tensors with NaN or Inf", r.non_finite);
     }
     if (!r.run_method.empty()) {
-      std::cout << r.run_method << " on " << r.device << " returned:\n";
+      std::cout << ckpt::escape_controls(r.run_method) << " on " << r.device << " returned:\n";
       for (size_t i = 0; i < r.outputs.size(); ++i) {
         const auto& x = r.outputs[i];
-        std::cout << "  " << (x.path.empty() ? "(result)" : x.path) << ": ";
+        std::cout << "  " << (x.path.empty() ? "(result)" : ckpt::display_name(x.path)) << ": ";
         if (x.is_tensor)
         {
-          std::cout << x.dtype << " " << shape_string(x.shape);
+          std::cout << ckpt::escape_controls(x.dtype) << " " << shape_string(x.shape);
           if (std::isnan(r.checksums[i]))
             std::cout << "  (meta: no values)\n";
           else
             std::cout << "  checksum " << std::setprecision(6) << r.checksums[i] << "\n";
         }
         else
-          std::cout << x.type << " " << x.value << "\n";
+          std::cout << ckpt::escape_controls(x.type) << " " << ckpt::escape_controls(x.value) << "\n";
       }
     }
-    if (!o.req.output.empty()) std::cout << "wrote " << o.req.output << "\n";
+    if (!o.req.output.empty()) std::cout << "wrote " << ckpt::display_name(o.req.output) << "\n";
   }
   set_exit_code(o.req.check_finite && !r.non_finite.empty() ? 1 : 0);
 }
@@ -132,18 +134,21 @@ void setup_materialize(CLI::App& app) {
                      "tensors; into a TorchScript model's skeleton with --model");
   cmd->add_option("CKPT", o->checkpoint, "torch.save, TorchScript, safetensors or legacy torch file")->required();
   cmd->add_option("--device", o->req.device, "cpu, cuda, cuda:N, or meta (plan and check, copy nothing)")
-      ->capture_default_str();
-  cmd->add_option("--model", o->req.model, "TorchScript model to fill (built on meta; its weights are not read)");
-  cmd->add_option("--dtype", o->req.dtype, "Cast floating tensors to this type on the device (e.g. bfloat16)");
+      ->capture_default_str()->check(device_name());
+  cmd->add_option("--model", o->req.model, "TorchScript model to fill (built on meta; its weights are not read)")
+      ->check(non_empty_path());
+  cmd->add_option("--dtype", o->req.dtype, "Cast floating tensors to this type on the device (e.g. bfloat16)")
+      ->check(floating_dtype());
   auto strict = cmd->add_flag("--strict", "A model tensor missing from CKPT is an error (the default)");
   cmd->add_flag("--no-strict", o->no_strict, "Fill model tensors missing from CKPT from the model file")->excludes(strict);
   cmd->add_option("-o,--output", o->req.output,
-                  "Write the result: the TorchScript module with --model, else a torch.save archive");
+                  "Write the result: the TorchScript module with --model, else a torch.save archive")
+      ->check(non_empty_path());
   cmd->add_option("--run", o->req.run_method, "After loading, call this method (e.g. forward, evaluation_step)");
   cmd->add_option("--input", o->inputs, "An input of --run: SHAPE[:DTYPE], e.g. 4x5:int64 (repeat per argument)");
   cmd->add_flag("--check-finite", o->req.check_finite, "Report floating tensors holding NaN or Inf (exit 1 if any)");
   cmd->add_flag("--mmap", o->req.mmap, "CPU: back the tensors with the mapped file, every page mapped (zero-copy, copy-on-write)");
-  cmd->add_option("--threads", o->req.threads, "Reader threads (default: up to 8)");
+  cmd->add_option("--threads", o->req.threads, "Reader threads, 1 to 256 (default: up to 8)")->check(thread_count());
   cmd->add_flag("--json", o->json, "Print the report as JSON");
   add_reader_flags(*cmd, o->reader);
   cmd->callback([o] { run_materialize(*o); });

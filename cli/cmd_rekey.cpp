@@ -12,9 +12,11 @@
 #include "ckpt/error.h"
 #include "ckpt/rekey_file.h"
 #include "ckpt/report.h"
+#include "ckpt/text_escape.h"
 #include "ckpt/torch_plugin.h"
 #include "common.h"
 #include "progress.h"
+#include "validators.h"
 
 namespace cli {
 namespace {
@@ -89,10 +91,10 @@ ckpt::key_op match_op(const ckpt::checkpoint& c, const std::string& target, cons
   if (!m.shape_mismatches.empty())
     throw ckpt::error(ckpt::errc::check_failed, "--match " + target + ": keys align but shapes differ: " + first(m.shape_mismatches))
         .with_file(c.path);
-  for (const auto& d : m.dtype_mismatches) spdlog::warn("--match: dtype differs: {}", d);
-  spdlog::info("--match {}: edit chosen: {}", target, m.edit);
+  for (const auto& d : m.dtype_mismatches) spdlog::warn("--match: dtype differs: {}", ckpt::escape_controls(d));
+  spdlog::info("--match {}: edit chosen: {}", ckpt::display_name(target), ckpt::escape_controls(m.edit));
   std::map<std::string, std::string> mapping(m.mapping.begin(), m.mapping.end());
-  return ckpt::make_map_op(std::move(mapping), "--match " + target + " (" + m.edit + ")");
+  return ckpt::make_map_op(std::move(mapping), "--match " + target + " (" + m.edit + ")", /*follow_modules=*/true);
 }
 
 std::vector<ckpt::key_op> ops_in_order(const rekey_options& o, const ckpt::checkpoint& c) {
@@ -107,7 +109,7 @@ std::vector<ckpt::key_op> ops_in_order(const rekey_options& o, const ckpt::check
     else if (opt == o.add_prefix) ops.push_back(ckpt::make_op(ckpt::key_op::add_prefix, arg()));
     else if (opt == o.add_compiled) ops.push_back(ckpt::make_op(ckpt::key_op::add_compiled, arg()));
     else if (opt == o.rename) ops.push_back(ckpt::make_rename_op(arg()));
-    else if (opt == o.map) ops.push_back(ckpt::make_map_op(ckpt::mapping_from_json(read_text_file(arg()), arg()), arg()));
+    else if (opt == o.map) ops.push_back(ckpt::make_map_op(ckpt::mapping_from_json(read_text_file(arg()), arg()), arg(), false));
     else if (opt == o.match) ops.push_back(match_op(c, arg(), ops, o.reader));
   }
   return ops;
@@ -136,8 +138,8 @@ void run_rekey(const rekey_options& o) {
   }
   bar.finish();
 
-  for (const auto& op : r.plan.unused_ops) spdlog::warn("{} changed no key (a typo?)", op);
-  for (const auto& d : r.dropped) spdlog::warn("--drop-unsafe removed entry {}", d);
+  for (const auto& op : r.plan.unused_ops) spdlog::warn("{} changed no key (a typo?)", ckpt::escape_controls(op));
+  for (const auto& d : r.dropped) spdlog::warn("--drop-unsafe removed entry {}", ckpt::display_name(d));
   if (!o.save_map.empty()) {
     ckpt::atomic_output map_out(o.save_map);
     std::string text = ckpt::mapping_to_json(r.plan.mapping);
@@ -164,20 +166,20 @@ void run_rekey(const rekey_options& o) {
     doc["bytes_written"] = r.bytes_written;
     std::cout << ckpt::json_text(doc) << "\n";
   } else {
-    size_t width = 3;
-    for (auto& [from, to] : r.plan.mapping)
-      if (from != to) width = std::max(width, std::min<size_t>(from.size(), 60));
-    if (o.dry_run || r.plan.changed <= 50) {
+    std::vector<std::pair<std::string, std::string>> shown;
+    if (o.dry_run || r.plan.changed <= 50)
       for (auto& [from, to] : r.plan.mapping)
-        if (from != to) std::cout << "  " << std::left << std::setw(int(width)) << from << "  ->  " << to << "\n";
-    }
+        if (from != to) shown.emplace_back(ckpt::display_name(from), ckpt::display_name(to));
+    size_t width = 3;
+    for (auto& [from, to] : shown) width = std::max(width, std::min<size_t>(from.size(), 60));
+    for (auto& [from, to] : shown) std::cout << "  " << std::left << std::setw(int(width)) << from << "  ->  " << to << "\n";
     std::cout << r.plan.changed << " of " << r.plan.mapping.size() << " keys renamed";
     if (r.metadata_renamed) std::cout << ", " << r.metadata_renamed << " _metadata module paths";
     if (!r.mirrored_dicts.empty()) std::cout << ", also in " << r.mirrored_dicts.size() << " mirroring dict(s)";
     if (o.dry_run)
       std::cout << " (dry run: nothing written)\n";
     else
-      std::cout << "; wrote " << o.output << " (" << human_bytes(r.bytes_written) << ")\n";
+      std::cout << "; wrote " << ckpt::display_name(o.output) << " (" << human_bytes(r.bytes_written) << ")\n";
   }
 }
 
@@ -190,7 +192,7 @@ void setup_rekey(CLI::App& app) {
                "checkpoints load into each other; everything else is kept exactly");
   o->cmd = cmd;
   cmd->add_option("IN", o->input, "torch.save zip archive or safetensors file")->required();
-  cmd->add_option("-o,--output", o->output, "Where to write the result (same format as IN)");
+  cmd->add_option("-o,--output", o->output, "Where to write the result (same format as IN)")->check(non_empty_path());
   auto ops = "Operations (applied in the order given)";
   o->strip_compiled = cmd->add_flag("--strip-compiled", "Remove every '_orig_mod.' segment (torch.compile)")
                           ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)->group(ops);
@@ -206,7 +208,8 @@ void setup_rekey(CLI::App& app) {
                                     "Insert '_orig_mod.' after module path PATH ('' for the root), for a model "
                                     "whose submodule PATH is compiled")
                         ->type_name("PATH")->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)->group(ops);
-  o->rename = cmd->add_option("--rename", "ECMAScript regex replacement over whole keys ($1 for groups)")
+  o->rename = cmd->add_option("--rename", "Replace every match of an RE2 regex in each key (re.sub-like; $1..$9, $& and $$ in "
+                              "REPLACEMENT; a '=' inside REGEX is written \\=; no lookaround or backreferences)")
                   ->type_name("REGEX=REPLACEMENT")->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)->group(ops);
   o->match = cmd->add_option("--match",
                              "Align the keys to a TorchScript model or another checkpoint: find the wrapper-segment "
@@ -214,7 +217,8 @@ void setup_rekey(CLI::App& app) {
                  ->type_name("TARGET")->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)->group(ops);
   o->map = cmd->add_option("--map", "Apply a key map written by --save-map")
                ->type_name("FILE")->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)->group(ops);
-  cmd->add_option("--save-map", o->save_map, "Write the applied old->new mapping as JSON")->type_name("FILE");
+  cmd->add_option("--save-map", o->save_map, "Write the applied old->new mapping as JSON")
+      ->type_name("FILE")->check(non_empty_path());
   cmd->add_flag("--dry-run", o->dry_run, "Print the old -> new table and write nothing");
   cmd->add_flag("--json", o->json, "Print the result as JSON");
   cmd->add_flag("--force", o->force, "Allow OUT to be the input itself (still replaced atomically)");

@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "ckpt/report.h"
+#include "ckpt/text_escape.h"
 #include "ckpt/verify.h"
 #include "common.h"
 #include "progress.h"
@@ -34,13 +35,13 @@ void run_verify(const verify_options& o) {
                           {"unsafe_globals", r.unsafe_globals}};
     std::cout << ckpt::json_text(doc) << "\n";
   } else {
-    std::cout << o.file << ": " << (r.ok() ? "OK" : "FAILED");
+    std::cout << ckpt::display_name(o.file) << ": " << (r.ok() ? "OK" : "FAILED");
     if (!r.format.empty())
-      std::cout << " (" << r.format << ", " << r.tensors << " tensors, " << r.records_checked << " records' CRC checked, "
+      std::cout << " (" << ckpt::escape_controls(r.format) << ", " << r.tensors << " tensors, " << r.records_checked << " records' CRC checked, "
                 << human_bytes(r.bytes_checked) << ")";
     std::cout << "\n";
-    for (const auto& p : r.problems) std::cout << "  problem: " << p << "\n";
-    for (const auto& n : r.notes) std::cout << "  note: " << n << "\n";
+    for (const auto& p : r.problems) std::cout << "  problem: " << ckpt::escape_controls(p) << "\n";
+    for (const auto& n : r.notes) std::cout << "  note: " << ckpt::escape_controls(n) << "\n";
   }
   set_exit_code(r.ok() ? 0 : 1);
 }

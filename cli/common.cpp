@@ -4,25 +4,29 @@
 
 #include <cstdio>
 
+#include "validators.h"
+
 namespace cli {
+
+// Upper bounds of the limit flags: far above any real checkpoint, low enough that a limit
+// still limits something (a negative or 2^64 value is refused, never read as "unlimited").
+constexpr uint64_t kMaxBytesLimit = 1ull << 40;   // 1 TiB
+constexpr uint64_t kMaxCountLimit = 1ull << 36;   // ~69 billion values
+constexpr uint64_t kMaxDepthLimit = 1'000'000;
 
 void add_reader_flags(CLI::App& cmd, ckpt::open_options& opts) {
   auto& lim = opts.pickle_limits;
-  cmd.add_option("--max-pickle-bytes", lim.max_pickle_bytes, "Largest pickle (data.pkl) to parse")
-      ->capture_default_str()->group("Limits");
-  cmd.add_option("--max-depth", lim.max_depth, "Deepest nesting of pickle values")
-      ->capture_default_str()->group("Limits");
-  cmd.add_option("--max-memo", lim.max_memo, "Most pickle memo entries")->capture_default_str()->group("Limits");
-  cmd.add_option("--max-container", lim.max_container, "Most elements in one container")
-      ->capture_default_str()->group("Limits");
-  cmd.add_option("--max-string", lim.max_string, "Longest string or bytes value")
-      ->capture_default_str()->group("Limits");
-  cmd.add_option("--max-stack", lim.max_stack, "Most values on the pickle stack at once")
-      ->capture_default_str()->group("Limits");
-  cmd.add_option("--max-long-bytes", lim.max_long_bytes, "Longest pickle integer, in bytes")
-      ->capture_default_str()->group("Limits");
-  cmd.add_option("--max-tensors", opts.safetensors_limits.max_tensors, "Most tensors in a safetensors header")
-      ->capture_default_str()->group("Limits");
+  auto limit = [&](const char* flag, uint64_t& value, const char* help, uint64_t max) {
+    cmd.add_option(flag, value, help)->capture_default_str()->check(limit_value(max))->group("Limits");
+  };
+  limit("--max-pickle-bytes", lim.max_pickle_bytes, "Largest pickle (data.pkl) to parse", kMaxBytesLimit);
+  limit("--max-depth", lim.max_depth, "Deepest nesting of pickle values", kMaxDepthLimit);
+  limit("--max-memo", lim.max_memo, "Most pickle memo entries", kMaxCountLimit);
+  limit("--max-container", lim.max_container, "Most elements in one container", kMaxCountLimit);
+  limit("--max-string", lim.max_string, "Longest string or bytes value", kMaxBytesLimit);
+  limit("--max-stack", lim.max_stack, "Most values on the pickle stack at once", kMaxCountLimit);
+  limit("--max-long-bytes", lim.max_long_bytes, "Longest pickle integer, in bytes", kMaxBytesLimit);
+  limit("--max-tensors", opts.safetensors_limits.max_tensors, "Most tensors in a safetensors header", kMaxCountLimit);
   cmd.add_flag("--verify-crc", opts.verify_crc, "Check the CRC-32 of every zip record (reads all data)");
 }
 

@@ -11,11 +11,15 @@
 #include <memory>
 
 #include "ckpt/report.h"
+#include "ckpt/text_escape.h"
 #include "ckpt/wrappers.h"
 #include "common.h"
 
 namespace cli {
 namespace {
+
+using ckpt::display_name;
+using ckpt::escape_controls;
 
 struct row {
   std::string key, dtype, shape, bytes, notes;
@@ -65,20 +69,20 @@ row tensor_row(const ckpt::checkpoint& c, const ckpt::tensor_record& t, std::str
   if (t.quant) {
     const auto& q = *t.quant;
     if (q.per_channel())
-      notes.push_back(q.scheme + ", axis " + std::to_string(q.axis));
+      notes.push_back(escape_controls(q.scheme) + ", axis " + std::to_string(q.axis));
     else
       notes.push_back("scale " + format_number(q.scale) + ", zero point " + std::to_string(q.zero_point));
   }
   if (t.storage) {
     const auto& s = c.storages[*t.storage];
-    if (s.tensor_count > 1) notes.push_back("shares storage " + s.key + " (" + std::to_string(s.tensor_count) + " tensors)");
+    if (s.tensor_count > 1) notes.push_back("shares storage " + display_name(s.key) + " (" + std::to_string(s.tensor_count) + " tensors)");
     if (t.storage_offset != 0) notes.push_back("offset " + std::to_string(t.storage_offset));
   }
   if (!is_contiguous(t)) notes.push_back("strided " + shape_string(t.stride));
-  if (!t.location.empty() && t.location != "cpu" && t.location != "meta") notes.push_back("saved on " + t.location);
+  if (!t.location.empty() && t.location != "cpu" && t.location != "meta") notes.push_back("saved on " + display_name(t.location));
   std::string joined;
   for (const auto& n : notes) joined += (joined.empty() ? "" : ", ") + n;
-  return {std::move(key), ckpt::name(t.type), shape_string(t.shape), human_bytes(t.nbytes()), joined};
+  return {display_name(key), ckpt::name(t.type), shape_string(t.shape), human_bytes(t.nbytes()), joined};
 }
 
 const char* wrapper_origin(const std::string& segment) {
@@ -99,7 +103,7 @@ struct tree_node {
 };
 
 void print_tree(std::ostream& out, const tree_node& node, const std::string& name, int depth) {
-  std::string label = std::string(size_t(depth) * 2, ' ') + name;
+  std::string label = std::string(size_t(depth) * 2, ' ') + display_name(name);
   out << "  " << std::left << std::setw(48) << label;
   if (node.leaf)
     out << "  " << ckpt::name(node.leaf->type) << " " << shape_string(node.leaf->shape);
@@ -117,7 +121,7 @@ bool key_matches(const std::string& glob, const std::string& key) {
 
 void print_inspect_text(std::ostream& out, const ckpt::checkpoint& c, const ckpt::torchscript_info* ts,
                         const text_options& options) {
-  out << c.path << ": " << ckpt::format_name(c.format);
+  out << display_name(c.path) << ": " << ckpt::format_name(c.format);
   if (c.lightning) out << " (Lightning checkpoint)";
   out << ", " << human_bytes(c.file_size) << "\n";
 
@@ -134,7 +138,7 @@ void print_inspect_text(std::ostream& out, const ckpt::checkpoint& c, const ckpt
   if (c.state_dict) {
     uint64_t numel = 0;
     for (auto& [k, t] : sd) numel += t->numel();
-    std::string where = c.state_dict->empty() ? "the root" : "'" + ckpt::path_to_string(*c.state_dict) + "'";
+    std::string where = c.state_dict->empty() ? "the root" : "'" + display_name(ckpt::path_to_string(*c.state_dict)) + "'";
     out << "state dict: " << where << ", " << sd.size() << " tensors, " << with_commas(numel) << " elements\n";
   } else if (c.format != ckpt::file_format::torchscript) {
     out << "state dict: none recognised (tensors listed by path)\n";
@@ -150,18 +154,19 @@ void print_inspect_text(std::ostream& out, const ckpt::checkpoint& c, const ckpt
   }
 
   if (ts) {
-    out << "module: " << ts->type << (ts->training ? " (training)" : " (eval)") << "\n";
+    out << "module: " << escape_controls(ts->type) << (ts->training ? " (training)" : " (eval)") << "\n";
     out << "  methods:\n";
-    for (const auto& m : ts->methods) out << "    " << m.schema << "\n";
+    for (const auto& m : ts->methods) out << "    " << escape_controls(m.schema) << "\n";
     if (!ts->submodules.empty()) {
       out << "  submodules:\n";
-      for (const auto& s : ts->submodules) out << "    " << std::left << std::setw(40) << s.name << " " << s.type << "\n";
+      for (const auto& s : ts->submodules) out << "    " << std::left << std::setw(40) << display_name(s.name) << " " << escape_controls(s.type) << "\n";
     }
     auto list = [&](const char* title, const std::vector<ckpt::ts_tensor>& ts_tensors) {
       out << "  " << title << " (" << ts_tensors.size() << "):\n";
       for (const auto& p : ts_tensors)
         if (key_matches(options.filter, p.name))
-          out << "    " << std::left << std::setw(40) << p.name << " " << std::setw(9) << p.dtype << " "
+          out << "    " << std::left << std::setw(40) << display_name(p.name) << " " << std::setw(9)
+              << escape_controls(p.dtype) << " "
               << shape_string(p.shape) << "\n";
     };
     list("parameters", ts->parameters);
@@ -169,7 +174,8 @@ void print_inspect_text(std::ostream& out, const ckpt::checkpoint& c, const ckpt
     if (!ts->attributes.empty()) {
       out << "  attributes:\n";
       for (const auto& a : ts->attributes)
-        out << "    " << std::left << std::setw(40) << a.name << " " << a.type << (a.value.empty() ? "" : " = " + a.value) << "\n";
+        out << "    " << std::left << std::setw(40) << display_name(a.name) << " " << escape_controls(a.type)
+            << (a.value.empty() ? "" : " = " + escape_controls(a.value)) << "\n";
     }
   }
 
@@ -228,8 +234,8 @@ void print_inspect_text(std::ostream& out, const ckpt::checkpoint& c, const ckpt
   if (!c.entries.empty()) {
     out << "\nentries:\n";
     for (const auto& e : c.entries)
-      out << "  " << std::left << std::setw(32) << ckpt::path_to_string(e.path) << " " << std::setw(12) << e.type
-          << " " << e.value << "\n";
+      out << "  " << std::left << std::setw(32) << display_name(ckpt::path_to_string(e.path)) << " " << std::setw(12)
+          << escape_controls(e.type) << " " << escape_controls(e.value) << "\n";
   }
 
   out << "\n";
@@ -239,23 +245,23 @@ void print_inspect_text(std::ostream& out, const ckpt::checkpoint& c, const ckpt
     out << "unsafe globals: none (torch.load(weights_only=True) would accept the pickle's globals)\n";
   } else {
     out << "UNSAFE globals (torch.load(weights_only=False) would import and may run them):\n";
-    for (const auto& g : c.unsafe_globals) out << "  " << g << "\n";
+    for (const auto& g : c.unsafe_globals) out << "  " << display_name(g) << "\n";
   }
-  if (c.byteorder != "little") out << "byte order: " << c.byteorder << "-endian data\n";
+  if (c.byteorder != "little") out << "byte order: " << escape_controls(c.byteorder) << "-endian data\n";
   if (!c.unknown_records.empty()) {
     out << "records torch.save never writes (torch.load ignores them):\n";
-    for (const auto& r : c.unknown_records) out << "  " << r << "\n";
+    for (const auto& r : c.unknown_records) out << "  " << display_name(r) << "\n";
   }
 }
 
 void print_meta_outputs(std::ostream& out, const std::string& method, const std::vector<ckpt::meta_output>& outputs) {
   out << "\n" << method << " on meta tensors returns:\n";
   for (const auto& o : outputs) {
-    out << "  " << (o.path.empty() ? "(result)" : o.path) << ": ";
+    out << "  " << (o.path.empty() ? "(result)" : display_name(o.path)) << ": ";
     if (o.is_tensor)
-      out << o.dtype << " " << shape_string(o.shape) << "\n";
+      out << escape_controls(o.dtype) << " " << shape_string(o.shape) << "\n";
     else
-      out << o.type << (o.value.empty() ? "" : " = " + o.value) << "\n";
+      out << escape_controls(o.type) << (o.value.empty() ? "" : " = " + escape_controls(o.value)) << "\n";
   }
 }
 

@@ -9,6 +9,7 @@
 #include <new>
 
 #include "ckpt/error.h"
+#include "ckpt/text_escape.h"
 #include "cmd_inspect.h"
 #include "cmd_materialize.h"
 #include "cmd_rekey.h"
@@ -16,6 +17,17 @@
 #include "common.h"
 
 namespace {
+
+// "ckptool: usage: MESSAGE (see 'ckptool VERB --help')": the documented one-line error form,
+// for CLI11's parse errors too (its own format spans two lines).
+void print_usage_error(const CLI::App& app, const std::string& message) {
+  std::string verb;
+  for (const CLI::App* sub : app.get_subcommands()) verb = sub->get_name() + " ";
+  std::string line = message;
+  for (char& c : line)
+    if (c == '\n') c = ' ';
+  std::cerr << "ckptool: usage: " << ckpt::escape_controls(line) << " (see 'ckptool " << verb << "--help')\n";
+}
 
 int run(int argc, char** argv) {
   auto logger = spdlog::stderr_color_mt("ckptool");
@@ -40,8 +52,7 @@ int run(int argc, char** argv) {
   } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    std::cerr << "ckptool: " << e.what() << "\n";
-    std::cerr << "Run 'ckptool --help' for usage.\n";
+    print_usage_error(app, e.what());
     return 2;
   } catch (const ckpt::error& e) {
     std::cerr << "ckptool: " << ckpt::errc_name(e.kind()) << ": " << e.one_line() << "\n";
@@ -52,7 +63,7 @@ int run(int argc, char** argv) {
     std::string what = e.what();
     for (char& c : what)
       if (c == '\n') c = ' ';
-    std::cerr << "ckptool: internal error: " << what << "\n";
+    std::cerr << "ckptool: internal error: " << ckpt::escape_controls(what) << "\n";
     return 3;
   }
   return cli::last_exit_code();

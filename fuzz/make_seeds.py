@@ -338,6 +338,23 @@ def plain_pickles():
     return files
 
 
+def rekey_ops_files():
+    """fuzz_rekey_ops: a --rename spec and keys, one per line, or a --map JSON document."""
+    return {
+        "group_rewrite": b"^(\\w+)\\.(\\d+)\\.=$1_$2.\nlayers.0.weight\nlayers.1.bias\nfc.weight",
+        "escaped_equals": b"^a\\=b\\.=ab.\na=b.weight\nfc.bias",
+        "exponential": b"(a|aa)*c=z\n" + b"a" * 60,
+        "strip_collision": b"_orig_mod\\.=\nmodel._orig_mod.enc.w\nmodel._orig_mod.dec.b\nmodel.enc.w",
+        "empty_key": b"^flag$=\nflag\nbf",
+        "backreference": b"(a)\\1=x\naa",
+        "hostile_keys": b".*=$$&[$&]\nx\x1b[2K\ny\r\nz\xe2\x80\xae\nw\xed\xa0\x80",
+        "map_swap": b'{"ckptool_key_map": 1, "mapping": {"weight": "layer.weight", "layer.weight": "weight"}}',
+        "map_duplicate": b'{"ckptool_key_map": 1, "mapping": {"a": "x", "a": "y"}}',
+        "map_version": b'{"ckptool_key_map": 2, "mapping": {"a": "b"}}',
+        "map_empty_collision": b'{"ckptool_key_map": 1, "mapping": {"a": "", "b": "c", "d": "c"}}',
+    }
+
+
 def main():
     if os.path.isdir(SEEDS):
         shutil.rmtree(SEEDS)
@@ -385,6 +402,9 @@ def main():
     out("pickle", "legacy_views.stream.pkl", legacy["legacy_views.pt"])
     for name, data in plain_pickles().items():
         out("pickle", name, data)
+
+    for name, data in rekey_ops_files().items():
+        out("rekey_ops", name, data)
 
     total = sum(os.path.getsize(os.path.join(dp, f)) for dp, _, fs in os.walk(SEEDS) for f in fs)
     count = sum(len(fs) for _, _, fs in os.walk(SEEDS))

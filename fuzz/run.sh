@@ -37,7 +37,7 @@ if [ "$ci" = 1 ]; then seconds=25; jobs=1; fi
 case "$seconds$jobs" in *[!0-9]*) echo "run.sh: SECONDS and JOBS must be integers" >&2; exit 2 ;; esac
 
 build=${BUILD_DIR:-build-fuzz}
-all_targets="pickle zip_index torch_archive safetensors torchscript_meta rewrite_roundtrip"
+all_targets="pickle zip_index torch_archive safetensors torchscript_meta rewrite_roundtrip rekey_ops"
 targets=${FUZZ_TARGETS:-$all_targets}
 nice_level=${FUZZ_NICE:-10}
 
@@ -66,12 +66,14 @@ dict_for() {
     pickle) echo fuzz/pickle.dict ;;
     zip_index) echo fuzz/zip.dict ;;
     safetensors) echo fuzz/safetensors.dict ;;
+    rekey_ops) echo fuzz/rekey.dict ;;
     *) echo "$build/torch.dict" ;;
   esac
 }
 max_len_for() {
   case "$1" in
     pickle|safetensors) echo 32768 ;;
+    rekey_ops) echo 4096 ;;
     *) echo 65536 ;;
   esac
 }

@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cinttypes>
 #include <cstdio>
@@ -14,6 +15,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -22,9 +24,11 @@
 #include "ckpt/error.h"
 #include "ckpt/pickle.h"
 #include "ckpt/pickle_writer.h"
+#include "ckpt/rekey.h"
 #include "ckpt/rekey_file.h"
 #include "ckpt/report.h"
 #include "ckpt/safetensors.h"
+#include "ckpt/text_escape.h"
 #include "ckpt/wrappers.h"
 #include "ckpt/zip_reader.h"
 #include "ckpt/zip_writer.h"
@@ -649,6 +653,117 @@ int rewrite_roundtrip_target(const uint8_t* data, size_t size) {
 // ======================================================================================
 
 namespace {
+
+// What a terminal may receive from the escaper: no C0 control (not even '\n'), no DEL,
+// valid UTF-8, none of the invisible or bidi characters. Returns a reason, or "".
+std::string terminal_unsafe(const std::string& s) {
+  for (size_t i = 0; i < s.size();) {
+    auto c = uint8_t(s[i]);
+    if (c < 0x20 || c == 0x7F) return "control byte " + std::to_string(c) + " at " + std::to_string(i);
+    size_t n = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 0;
+    if (n == 0 || i + n > s.size()) return "invalid UTF-8 at " + std::to_string(i);
+    uint32_t cp = n == 1 ? c : c & (0x7F >> n);
+    for (size_t k = 1; k < n; ++k) {
+      if ((uint8_t(s[i + k]) & 0xC0) != 0x80) return "invalid UTF-8 at " + std::to_string(i);
+      cp = (cp << 6) | (uint8_t(s[i + k]) & 0x3F);
+    }
+    static const uint32_t kMin[] = {0, 0, 0x80, 0x800, 0x10000};
+    if (cp < kMin[n] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return "invalid UTF-8 at " + std::to_string(i);
+    if ((cp >= 0x80 && cp <= 0x9F) || cp == 0x061C || (cp >= 0x200B && cp <= 0x200F) || (cp >= 0x2028 && cp <= 0x202E) ||
+        (cp >= 0x2060 && cp <= 0x2069) || cp == 0xFEFF || (cp >= 0xFFF9 && cp <= 0xFFFB))
+      return "format character U+" + std::to_string(cp) + " at " + std::to_string(i);
+    i += n;
+  }
+  return {};
+}
+
+void check_escaped(const char* T, const std::string& s) {
+  for (const std::string& shown : {escape_controls(s), display_name(s), error(errc::usage, s).one_line()}) {
+    std::string why = terminal_unsafe(shown);
+    if (!why.empty()) fail(T, "escaped text is not terminal-safe: " + why + ": " + clip(shown, 200));
+  }
+  // Plain printable names are shown as they are; anything else is quoted.
+  std::string d = display_name(s);
+  if (d != s && (d.size() < 2 || d.front() != '"' || d.back() != '"')) fail(T, "an escaped name is not quoted");
+}
+
+std::vector<std::string> lines_of(std::string_view text) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start <= text.size()) {
+    size_t nl = text.find('\n', start);
+    if (nl == std::string_view::npos) nl = text.size();
+    out.emplace_back(text.substr(start, nl - start));
+    start = nl + 1;
+  }
+  return out;
+}
+
+}  // namespace
+
+int rekey_ops_target(const uint8_t* data, size_t size) {
+  static const char* const T = "fuzz_rekey_ops";
+  std::string_view text(reinterpret_cast<const char*>(data), size);
+  std::vector<std::string> keys;
+  std::vector<key_op> ops;
+  std::map<std::string, std::string> listed;
+  try {
+    if (!text.empty() && text.front() == '{') {
+      // A key map: its own keys and values are the state dict it is applied to.
+      listed = mapping_from_json(std::string(text), "fuzz.json");
+      for (auto& [from, to] : listed) {
+        keys.push_back(from);
+        keys.push_back(to);
+        keys.push_back(to + ".x");
+      }
+      ops.push_back(make_map_op(listed, "fuzz.json", /*follow_modules=*/false));
+    } else {
+      // First line: a --rename spec; the other lines: keys.
+      keys = lines_of(text);
+      std::string spec = keys.front();
+      keys.erase(keys.begin());
+      ops.push_back(make_rename_op(spec));
+    }
+  } catch (const error& e) {
+    note(T, e);
+    check_escaped(T, e.what());
+    return 0;
+  }
+  stats().parsed++;
+  // State-dict keys are unique.
+  std::set<std::string> seen;
+  keys.erase(std::remove_if(keys.begin(), keys.end(), [&](const std::string& k) { return !seen.insert(k).second; }),
+             keys.end());
+  rekey_plan plan = plan_rekey(keys, ops);
+  if (plan.mapping.size() != keys.size()) fail(T, "the plan lost keys");
+  std::map<std::string, std::vector<std::string>> by_new;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const auto& [from, to] = plan.mapping[i];
+    if (from != keys[i]) fail(T, "the plan reordered keys");
+    if (apply_op(ops[0], from) != to) fail(T, "apply_op is not deterministic for " + clip(from, 200));
+    // A map renames exactly the keys it lists.
+    if (!listed.empty()) {
+      auto it = listed.find(from);
+      if (to != (it == listed.end() ? from : it->second)) fail(T, "--map renamed an unlisted key: " + clip(from, 200));
+    }
+    if (to.empty() && !from.empty() &&
+        std::find(plan.emptied.begin(), plan.emptied.end(), from) == plan.emptied.end())
+      fail(T, "a key renamed to '' is not reported");
+    by_new[to].push_back(from);
+    check_escaped(T, from);
+    check_escaped(T, to);
+  }
+  size_t claimed = 0;
+  for (auto& [to, froms] : by_new)
+    if (froms.size() > 1) ++claimed;
+  if (claimed != plan.collisions.size()) fail(T, "collisions reported: " + std::to_string(plan.collisions.size()) +
+                                                     ", found: " + std::to_string(claimed));
+  return 0;
+}
+
+// ======================================================================================
+
+namespace {
 const target kTargets[] = {
     {"pickle", pickle_target},
     {"zip_index", zip_index_target},
@@ -656,6 +771,7 @@ const target kTargets[] = {
     {"safetensors", safetensors_target},
     {"torchscript_meta", torchscript_meta_target},
     {"rewrite_roundtrip", rewrite_roundtrip_target},
+    {"rekey_ops", rekey_ops_target},
 };
 }  // namespace
 

@@ -41,6 +41,13 @@ int torchscript_meta_target(const uint8_t* data, size_t size);
 /// output must re-open with an identical tensor table, or the target traps.
 int rewrite_roundtrip_target(const uint8_t* data, size_t size);
 
+/// `rekey --rename` and `--map` without a file: an input starting with '{' is a key map
+/// (mapping_from_json) applied to its own keys; any other input is a --rename spec on its
+/// first line and keys on the others. The plan must keep every key in order, a map must
+/// rename exactly the keys it lists, collisions and empty keys must be reported, and every
+/// key, new name and error message must come out of the escaper terminal-safe.
+int rekey_ops_target(const uint8_t* data, size_t size);
+
 /// Separator of torchscript_meta's two-pickle input form.
 constexpr std::string_view kPickleSplit = "\n--ckpt-fuzz-constants.pkl--\n";
 

@@ -1,5 +1,7 @@
 #include "ckpt/error.h"
 
+#include "ckpt/text_escape.h"
+
 namespace ckpt {
 
 int exit_code(errc kind) {
@@ -54,10 +56,9 @@ void error::refresh() {
   if (!file_.empty()) line += file_ + ": ";
   if (offset_) line += "byte " + std::to_string(*offset_) + ": ";
   line += message_;
-  // One line, always: a hostile file name or pickle string must not forge extra lines.
-  for (char& c : line)
-    if (c == '\n' || c == '\r') c = ' ';
-  what_ = std::move(line);
+  // One line, always, and nothing a terminal acts on: a hostile file name or pickle string
+  // must not forge extra lines or erase this one.
+  what_ = escape_controls(line);
 }
 
 

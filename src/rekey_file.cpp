@@ -312,6 +312,11 @@ rekey_result rekey_file(checkpoint& c, const rekey_request& req) {
     old_keys = str_keys(c.state_dict_node);
   }
   result.plan = plan_rekey(old_keys, req.ops);
+  if (!result.plan.emptied.empty())
+    throw error(errc::check_failed, std::to_string(result.plan.emptied.size()) +
+                                        " key(s) would be renamed to the empty string; nothing written: " +
+                                        join_names(result.plan.emptied, 5))
+        .with_file(c.path);
   if (!result.plan.collisions.empty()) {
     std::vector<std::string> lines;
     for (auto& [to, from] : result.plan.collisions) lines.push_back("'" + to + "' <- " + join_names(from, 4));

@@ -6,6 +6,8 @@
 #include "ckpt/error.h"
 #include "ckpt/rekey.h"
 #include "ckpt/wrappers.h"
+#include "json_input.h"
+#include "rename_spec.h"
 
 namespace ckpt {
 namespace {
@@ -49,24 +51,10 @@ std::string key_op::describe() const {
     case strip_prefix: return "--strip-prefix '" + arg + "'";
     case add_prefix: return "--add-prefix '" + arg + "'";
     case add_compiled: return "--add-compiled '" + arg + "'";
-    case rename: return "--rename '" + arg + "=" + replacement + "'";
+    case rename: return "--rename '" + arg + "'";
     case map: return "--map " + arg;
   }
   return "?";
-}
-
-key_op make_rename_op(const std::string& spec) {
-  size_t eq = spec.find('=');
-  if (eq == std::string::npos || eq == 0)
-    throw error(errc::usage, "--rename expects REGEX=REPLACEMENT, got '" + spec + "'");
-  key_op op = make_op(key_op::rename, spec.substr(0, eq));
-  op.replacement = spec.substr(eq + 1);
-  try {
-    op.pattern = std::make_shared<std::regex>(op.arg, std::regex::ECMAScript);
-  } catch (const std::regex_error& e) {
-    throw error(errc::usage, "--rename: bad regular expression '" + op.arg + "': " + e.what());
-  }
-  return op;
 }
 
 std::string apply_op(const key_op& op, const std::string& key) {
@@ -85,7 +73,7 @@ std::string apply_op(const key_op& op, const std::string& key) {
         return op.arg + "._orig_mod" + key.substr(op.arg.size());
       return key;
     case key_op::rename:
-      return std::regex_replace(key, *op.pattern, op.replacement);
+      return apply_rename(op, key);
     case key_op::map: {
       auto it = op.mapping.find(key);
       if (it != op.mapping.end()) return it->second;
@@ -99,8 +87,9 @@ std::string apply_op(const key_op& op, const std::string& key) {
   return key;
 }
 
-key_op make_map_op(std::map<std::string, std::string> mapping, std::string origin) {
+key_op make_map_op(std::map<std::string, std::string> mapping, std::string origin, bool follow_modules) {
   key_op op{key_op::map, std::move(origin), {}, nullptr, std::move(mapping), {}};
+  if (!follow_modules) return op;
   auto module_of = [](const std::string& k) {
     size_t dot = k.rfind('.');
     return dot == std::string::npos ? std::string() : k.substr(0, dot);
@@ -134,6 +123,7 @@ rekey_plan plan_rekey(const std::vector<std::string>& keys, const std::vector<ke
   for (size_t i = 0; i < keys.size(); ++i) {
     plan.mapping.emplace_back(keys[i], current[i]);
     if (keys[i] != current[i]) plan.changed++;
+    if (current[i].empty() && !keys[i].empty()) plan.emptied.push_back(keys[i]);
     by_new[current[i]].push_back(keys[i]);
   }
   for (const auto& [old_key, new_key] : plan.mapping) {
@@ -329,19 +319,28 @@ match_result match_keys(const std::vector<keyed_tensor>& source, const std::vect
 std::string mapping_to_json(const std::vector<std::pair<std::string, std::string>>& mapping) {
   nlohmann::ordered_json m = nlohmann::ordered_json::object();
   for (auto& [a, b] : mapping) m[a] = b;
-  nlohmann::ordered_json doc = {{"ckptool_key_map", 1}, {"mapping", m}};
+  nlohmann::ordered_json doc = {{"ckptool_key_map", kKeyMapVersion}, {"mapping", m}};
   return doc.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
 }
 
 std::map<std::string, std::string> mapping_from_json(const std::string& text, const std::string& file) {
   nlohmann::json doc;
   try {
-    doc = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
-    throw error(errc::usage, std::string("key map is not valid JSON: ") + e.what()).with_file(file);
+    doc = parse_json_unique_keys(text, "key map");
+  } catch (error& e) {
+    e.with_file(file);
+    throw;
   }
-  if (!doc.is_object() || !doc.contains("mapping") || !doc["mapping"].is_object())
-    throw error(errc::usage, "key map must be {\"ckptool_key_map\": 1, \"mapping\": {old: new}}").with_file(file);
+  const char* shape = "key map must be {\"ckptool_key_map\": 1, \"mapping\": {old: new}}";
+  if (!doc.is_object()) throw error(errc::usage, shape).with_file(file);
+  auto version = doc.find("ckptool_key_map");
+  if (version == doc.end())
+    throw error(errc::unsupported, "not a ckptool key map: no \"ckptool_key_map\" format version").with_file(file);
+  if (!version->is_number_integer() || version->get<int64_t>() != kKeyMapVersion)
+    throw error(errc::unsupported, "key map format version " + version->dump() + " is not supported (this ckptool reads version " +
+                                       std::to_string(kKeyMapVersion) + ")")
+        .with_file(file);
+  if (!doc.contains("mapping") || !doc["mapping"].is_object()) throw error(errc::usage, shape).with_file(file);
   std::map<std::string, std::string> out;
   for (auto& [k, v] : doc["mapping"].items()) {
     if (!v.is_string()) throw error(errc::usage, "key map value for '" + k + "' is not a string").with_file(file);

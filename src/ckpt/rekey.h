@@ -4,25 +4,30 @@
 #pragma once
 
 #include <map>
+#include <memory>
 #include <optional>
-#include <regex>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "ckpt/dtype.h"
 
+namespace re2 {
+class RE2;
+}
+
 namespace ckpt {
 
 struct key_op {
   enum kind_t { strip_compiled, strip_wrappers, strip_prefix, add_prefix, add_compiled, rename, map };
   kind_t kind;
-  std::string arg;         // prefix, module path, "REGEX=REPLACEMENT", or map file name
-  std::string replacement; // rename: the replacement (ECMAScript $1 syntax)
-  std::shared_ptr<std::regex> pattern;        // rename
+  std::string arg;         // prefix, module path, "REGEX=REPLACEMENT" as given, or map origin
+  std::string replacement; // rename: the replacement in RE2 rewrite syntax (\1)
+  std::shared_ptr<const re2::RE2> pattern;    // rename
   std::map<std::string, std::string> mapping; // map: old -> new
-  // map: module path -> module path, derived from `mapping` (derive_module_mapping), so keys
-  // that are not tensors (`_extra_state`) and `_metadata` entries follow their tensors.
+  // --match only: module path -> module path, derived from `mapping` (tensor keys), so keys
+  // that are not tensors (`_extra_state`) follow their tensors. Empty for a --map replay,
+  // which renames exactly the keys its file lists.
   std::map<std::string, std::string> module_mapping;
   /// "--strip-compiled", "--rename 'a=b'": how the user spelled it, for reports.
   std::string describe() const;
@@ -36,12 +41,15 @@ inline key_op make_op(key_op::kind_t kind, std::string arg = {}) {
   return op;
 }
 
-/// Parses "--rename REGEX=REPLACEMENT" (split at the first '=' not inside the regex's
-/// brackets is not attempted: the first '=' separates). Throws errc::usage on a bad regex.
+/// Parses "--rename REGEX=REPLACEMENT": REGEX in RE2 syntax, split from REPLACEMENT at the
+/// first '=' that no backslash escapes (`\=` is a literal '=' in RE2); REPLACEMENT takes
+/// $1..$9, $& and $$. Throws errc::usage naming the spec on a bad pattern or replacement.
 key_op make_rename_op(const std::string& spec);
 
-/// A map operation from old -> new key pairs, with its module mapping derived.
-key_op make_map_op(std::map<std::string, std::string> mapping, std::string origin);
+/// A map operation from old -> new key pairs. With `follow_modules` (--match, whose mapping
+/// lists tensors only) keys it does not list follow their module's move; without (--map)
+/// only the listed keys change.
+key_op make_map_op(std::map<std::string, std::string> mapping, std::string origin, bool follow_modules);
 
 /// Applies one operation to a state-dict key. Returns the key unchanged when the
 /// operation does not apply to it.
@@ -50,8 +58,10 @@ std::string apply_op(const key_op& op, const std::string& key);
 struct rekey_plan {
   std::vector<std::pair<std::string, std::string>> mapping;  // old -> new, input order
   std::vector<std::string> unused_ops;  // operations that changed no key (likely typos)
-  /// New names claimed by more than one old key: {new, [old, old, ...]}.
+  /// New names claimed by more than one old key (renamed, or left as it was): {new, [old, ...]}.
   std::vector<std::pair<std::string, std::vector<std::string>>> collisions;
+  /// Old keys an operation renamed to the empty string.
+  std::vector<std::string> emptied;
   size_t changed = 0;
 };
 
@@ -101,7 +111,12 @@ struct match_result {
 match_result match_keys(const std::vector<keyed_tensor>& source, const std::vector<keyed_tensor>& target);
 
 /// Writes / reads the `--save-map` / `--map` JSON: {"ckptool_key_map": 1, "mapping": {old: new}}.
+/// Reading refuses (usage) invalid JSON, a duplicate key in any object and a value that is
+/// not a string, and (unsupported) a missing or unknown "ckptool_key_map" version.
 std::string mapping_to_json(const std::vector<std::pair<std::string, std::string>>& mapping);
 std::map<std::string, std::string> mapping_from_json(const std::string& text, const std::string& file);
+
+/// The format version mapping_to_json writes and mapping_from_json reads.
+constexpr int kKeyMapVersion = 1;
 
 }  // namespace ckpt
