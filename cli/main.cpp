@@ -14,10 +14,12 @@
 #include "cmd_rekey.h"
 #include "cmd_verify.h"
 #include "common.h"
+#include "signals.h"
 
 namespace {
 
 int run(int argc, char** argv) {
+  cli::install_signal_handlers();
   auto logger = spdlog::stderr_color_mt("ckptool");
   logger->set_pattern("ckptool: %l: %v");
   spdlog::set_default_logger(logger);
@@ -54,6 +56,11 @@ int run(int argc, char** argv) {
       if (c == '\n') c = ' ';
     std::cerr << "ckptool: internal error: " << what << "\n";
     return 3;
+  }
+  // A report that did not reach its reader is a failed command, not a silent exit 0.
+  if (!cli::flush_stdout()) {
+    std::cerr << "ckptool: io: cannot write to standard output\n";
+    return 4;
   }
   return cli::last_exit_code();
 }
