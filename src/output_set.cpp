@@ -109,7 +109,12 @@ output_file& output_set::add_output(const std::string& path, mode_t mode, const 
     std::string target = path;
     struct stat st;
     bool exists = false;
-    for (int hops = 0;; ++hops) {
+    // What the name leads to, the way open() would follow it (/dev/stdout, /proc/self/fd/N
+    // are links to a pipe that no chain walk could name): not a regular file, then it is
+    // streamed into, or refused, under the name given.
+    bool followed = ::stat(path.c_str(), &st) == 0;
+    if (followed && !S_ISREG(st.st_mode)) exists = true;
+    for (int hops = 0; !exists; ++hops) {
       if (hops > 40) io_fail("cannot resolve the output", path, ELOOP);
       if (::lstat(target.c_str(), &st) != 0) {
         if (errno != ENOENT) io_fail("cannot use the output", path, errno);

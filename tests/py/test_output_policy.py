@@ -259,6 +259,36 @@ def test_item2_check_finite_failure_writes_no_output(tmp_path):
     assert "w" in so
 
 
+def test_item2_signal_after_commit_is_not_a_failure(small, tmp_path):
+    """SIGINT once OUT is in place (the process blocked writing its report into a full
+    pipe): the command completed, so it exits 0 with OUT complete."""
+    import fcntl
+
+    r, w = os.pipe()
+    fcntl.fcntl(w, fcntl.F_SETFL, fcntl.fcntl(w, fcntl.F_GETFL) | os.O_NONBLOCK)
+    try:
+        while True:
+            os.write(w, b"x" * 4096)
+    except BlockingIOError:
+        pass
+    fcntl.fcntl(w, fcntl.F_SETFL, fcntl.fcntl(w, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+    out = tmp_path / "out.pt"
+    p = popen("rekey", small, "-o", out, "--strip-compiled", stdout=w, stderr=subprocess.PIPE)
+    os.close(w)
+    deadline = time.perf_counter() + LIMIT
+    while not out.exists() and p.poll() is None and time.perf_counter() < deadline:
+        time.sleep(0.001)
+    time.sleep(0.05)  # now blocked in the report's write
+    p.send_signal(signal.SIGINT)
+    time.sleep(0.05)
+    with os.fdopen(r, "rb") as f:
+        f.read()
+    _, err = p.communicate(timeout=LIMIT)
+    assert p.returncode == 0, f"exit {p.returncode}: {err}"
+    assert sorted(torch.load(out, weights_only=True)) == ["b", "w"]
+    assert temps(tmp_path) == []
+
+
 # --------------------------------------------------------------------------- 3. kinds of OUT
 
 
@@ -526,6 +556,32 @@ def test_item9_input_changed_while_read(big, tmp_path, verb):
     assert p.returncode == 4, f"exit {p.returncode}: {err}"
     assert b"changed while being read" in err and str(src).encode() in err, err
     assert not out.exists() and temps(tmp_path) == []
+
+
+def _rchar(pid: int) -> int:
+    with open(f"/proc/{pid}/io") as f:
+        return int(next(line for line in f if line.startswith("rchar:")).split()[1])
+
+
+def test_item9_verify_sees_the_file_change(big, tmp_path):
+    """verify stopped after reading half the file; bytes it already checked are changed:
+    an OK now would be about a file that no longer exists."""
+    src = tmp_path / "in.pt"
+    shutil.copyfile(big, src)
+    p = popen("verify", src, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.perf_counter() + LIMIT
+    while p.poll() is None and _rchar(p.pid) < (50 << 20) and time.perf_counter() < deadline:
+        time.sleep(0.0002)
+    p.send_signal(signal.SIGSTOP)
+    if p.poll() is not None:
+        pytest.skip("verify finished before it could be stopped")
+    with open(src, "r+b") as f:  # inside the first tensor record, checked already
+        f.seek(1 << 20)
+        f.write(b"\xff" * 16)
+    p.send_signal(signal.SIGCONT)
+    out, err = p.communicate(timeout=LIMIT)
+    assert p.returncode == 4, f"exit {p.returncode}: {out} {err}"
+    assert b"changed while being read" in err
 
 
 # --------------------------------------------------------------------------- 10. non-regular inputs
