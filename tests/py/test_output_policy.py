@@ -244,6 +244,18 @@ def test_item2_save_map_failure_restores_out(small, tmp_path):
     assert temps(tmp_path) == []
 
 
+@pytest.mark.parametrize("preexisting", [False, True], ids=["new-out", "out-existed"])
+def test_item2_without_rename_exchange(small, tmp_path, preexisting):
+    """A file system without renameat2 flags (EINVAL): the old OUT is kept as a hard link
+    until the rename succeeded, and nothing is left behind."""
+    out = tmp_path / "out.pt"
+    if preexisting:
+        out.write_bytes(b"previous OUT\n")
+    ck("rekey", small, "-o", out, "--strip-compiled", env={"CKPTOOL_FAULT_INJECT": "rename:1:EINVAL"})
+    assert sorted(torch.load(out, weights_only=True)) == ["b", "w"]
+    assert temps(tmp_path) == []
+
+
 def test_item2_dry_run_writes_nothing(small, tmp_path):
     m = tmp_path / "map.json"
     ck("rekey", small, "--dry-run", "--strip-compiled", "--save-map", m, rc=2)
