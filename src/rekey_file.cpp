@@ -263,7 +263,7 @@ void write_safetensors(checkpoint& c, const rekey_request& req, rekey_result& re
   out.write(len, 8);
   out.write(text.data(), text.size());
   const uint64_t head = 8 + text.size();
-  copy_range(file_of(c).fd(), h.data_start, c.file_size - h.data_start, out.fd(), out.path(),
+  copy_range(file_of(c).fd(), c.path, h.data_start, c.file_size - h.data_start, out.fd(), out.path(),
              [&](uint64_t copied) {
                out.start_writeback(head + copied);
                if (req.progress) req.progress(head + copied, head + c.file_size - h.data_start);

@@ -131,8 +131,8 @@ void write_all(int fd, const void* buf, size_t n, const std::string& what) {
   }
 }
 
-void copy_range(int in_fd, uint64_t offset, uint64_t n, int out_fd, const std::string& what,
-                const std::function<void(uint64_t)>& on_copied) {
+void copy_range(int in_fd, const std::string& in_name, uint64_t offset, uint64_t n, int out_fd,
+                const std::string& out_name, const std::function<void(uint64_t)>& on_copied) {
   bool kernel = true;
   std::vector<uint8_t> buf;
   uint64_t copied = 0;
@@ -154,7 +154,7 @@ void copy_range(int in_fd, uint64_t offset, uint64_t n, int out_fd, const std::s
       if (got < 0 && errno == EINTR) continue;
       if (got < 0 && errno != EXDEV && errno != EINVAL && errno != ENOSYS && errno != EOPNOTSUPP &&
           errno != EBADF && errno != EPERM)
-        io_fail("copy failed", what, errno);
+        io_fail("copy failed", out_name, errno);
       kernel = false;  // not supported here (a pipe, a device), or the source ended: the buffered path tells
     }
     if (buf.empty()) buf.resize(1 << 20);
@@ -162,10 +162,10 @@ void copy_range(int in_fd, uint64_t offset, uint64_t n, int out_fd, const std::s
     ssize_t got = ::pread(in_fd, buf.data(), want, off_t(offset));
     if (got < 0) {
       if (errno == EINTR) continue;
-      io_fail("read failed", what, errno);
+      io_fail("read failed", in_name, errno);
     }
-    if (got == 0) throw error(errc::io, "input ended while copying (changed while being read?)", offset).with_file(what);
-    write_all(out_fd, buf.data(), size_t(got), what);
+    if (got == 0) throw error(errc::io, "ended while being copied (changed while being read)", offset).with_file(in_name);
+    write_all(out_fd, buf.data(), size_t(got), out_name);
     advance(uint64_t(got));
   }
 }

@@ -36,11 +36,12 @@ void load_fault_injection_from_env();
 /// `what`.
 void write_all(int fd, const void* buf, size_t n, const std::string& what);
 
-/// Copies `n` bytes at `offset` of `in_fd` to the current position of `out_fd`, in the
-/// kernel where it can (copy_file_range), else through a buffer. Throws errc::io naming
-/// `what`, also when the input ends early (it changed while being read).
-/// `on_copied`, if set, gets the bytes copied so far after each chunk.
-void copy_range(int in_fd, uint64_t offset, uint64_t n, int out_fd, const std::string& what,
-                const std::function<void(uint64_t)>& on_copied = nullptr);
+/// Copies `n` bytes at `offset` of `in_fd` (named `in_name`) to the current position of
+/// `out_fd` (named `out_name`), in the kernel where it can (copy_file_range), else through
+/// a buffer. Throws errc::io naming the file at fault: the output for a failed write (a
+/// full disk), the input for a failed read or one that ends early (it changed while being
+/// read). `on_copied`, if set, gets the bytes copied so far after each chunk.
+void copy_range(int in_fd, const std::string& in_name, uint64_t offset, uint64_t n, int out_fd,
+                const std::string& out_name, const std::function<void(uint64_t)>& on_copied = nullptr);
 
 }  // namespace ckpt
