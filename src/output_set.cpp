@@ -79,7 +79,9 @@ file_fingerprint output_set::add_input(const std::string& path, const std::strin
   ::close(open_regular_input(path, &fp));
   for (const auto& o : outputs_)
     if (o->exists_ && o->dev_ == fp.dev && o->ino_ == fp.ino)
-      usage("output " + quoted(o->path_) + " is this input (the same file by another name, a hard link or a symlink); nothing written", path);
+      usage("output " + quoted(o->path_) +
+                " is this input (the same file by another name, a hard link or a symlink); nothing written",
+            path);
   inputs_.push_back({path, fp, hint});
   return fp;
 }

@@ -313,14 +313,16 @@ def test_item3_stdout_dash_streams_and_reports_on_stderr(small, model_pair, tmp_
     assert sorted(sd) == ["b", "w"]
     assert b"keys renamed" in p.stderr
     # materialize: a torch.save archive, and a TorchScript module saved to a stream.
-    p = subprocess.run([str(CKPTOOL), "materialize", str(small), "-o", "-"], capture_output=True, timeout=LIMIT * 3)
+    p = subprocess.run([str(CKPTOOL), "materialize", str(small), "-o", "-"], capture_output=True, cwd=tmp_path,
+                       timeout=LIMIT * 3)
     assert p.returncode == 0, p.stderr
     assert sorted(torch.load(io.BytesIO(p.stdout), weights_only=True)) == ["_orig_mod.b", "_orig_mod.w"]
     assert b"materialized" in p.stderr
     model, weights = model_pair
     p = subprocess.run([str(CKPTOOL), "materialize", str(weights), "--model", str(model), "-o", "-"],
-                       capture_output=True, timeout=LIMIT * 3)
+                       capture_output=True, cwd=tmp_path, timeout=LIMIT * 3)
     assert p.returncode == 0, p.stderr
+    assert not (tmp_path / "-").exists(), "wrote a file named '-'"
     m = torch.jit.load(io.BytesIO(p.stdout))
     assert torch.equal(m.lin.weight, torch.load(weights, weights_only=True)["lin.weight"])
     assert temps(tmp_path) == []
@@ -332,7 +334,7 @@ def test_item3_stdout_terminal_refused(small, tmp_path):
     master, slave = pty.openpty()
     try:
         p = subprocess.run([str(CKPTOOL), "rekey", str(small), "-o", "-", "--strip-compiled"],
-                           stdout=slave, stderr=subprocess.PIPE, timeout=LIMIT)
+                           stdout=slave, stderr=subprocess.PIPE, cwd=tmp_path, timeout=LIMIT)
     finally:
         os.close(slave)
         os.close(master)
@@ -434,7 +436,8 @@ def test_item3_block_device_refused(small, tmp_path):
 
 
 def test_item3_closed_pipe_is_exit_4_not_a_signal(big, tmp_path):
-    p = popen("rekey", big, "-o", "-", "--strip-compiled", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p = popen("rekey", big, "-o", "-", "--strip-compiled", stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+              cwd=tmp_path)
     p.stdout.read(10)
     p.stdout.close()
     _, err = p.communicate(timeout=LIMIT * 3)
