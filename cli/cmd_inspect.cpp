@@ -8,6 +8,7 @@
 #include <variant>
 
 #include "ckpt/error.h"
+#include "ckpt/output_set.h"
 #include "ckpt/report.h"
 #include "ckpt/torch_plugin.h"
 #include "common.h"
@@ -32,6 +33,8 @@ struct inspect_options {
 ckpt::checkpoint* g_kept_checkpoint = nullptr;
 
 void run_inspect(const inspect_options& o) {
+  ckpt::output_set inputs;  // no outputs: it refuses a FIFO and sees the file change
+  inputs.add_input(o.file);
   auto owned = std::make_unique<ckpt::checkpoint>(ckpt::open_checkpoint(o.file, o.reader));
   g_kept_checkpoint = owned.release();
   const ckpt::checkpoint& c = *g_kept_checkpoint;
@@ -53,6 +56,9 @@ void run_inspect(const inspect_options& o) {
     throw ckpt::error(ckpt::errc::usage, "--input needs a TorchScript model; " + o.file + " is " +
                                              ckpt::format_name(c.format));
   }
+
+  // A report about bytes that changed while they were read describes no file at all.
+  inputs.check_inputs_unchanged();
 
   if (o.json) {
     ckpt::inspect_json_options jo;

@@ -8,6 +8,7 @@
 #include <spdlog/spdlog.h>
 
 #include "ckpt/error.h"
+#include "ckpt/output_set.h"
 #include "ckpt/report.h"
 #include "ckpt/text_escape.h"
 #include "ckpt/torch_plugin.h"
@@ -25,21 +26,35 @@ struct materialize_options {
   bool no_strict = false;
   bool json = false;
   std::vector<std::string> inputs;
+  std::string output;
+  CLI::Option* output_opt = nullptr;
   ckpt::open_options reader;
 };
 
-void print_list(const char* title, const std::vector<std::string>& items) {
+void print_list(std::ostream& out, const char* title, const std::vector<std::string>& items) {
   if (items.empty()) return;
-  std::cout << title << " (" << items.size() << "):\n";
-  for (size_t i = 0; i < items.size() && i < 20; ++i) std::cout << "  " << ckpt::display_name(items[i]) << "\n";
-  if (items.size() > 20) std::cout << "  ... " << items.size() - 20 << " more\n";
+  out << title << " (" << items.size() << "):\n";
+  for (size_t i = 0; i < items.size() && i < 20; ++i) out << "  " << ckpt::display_name(items[i]) << "\n";
+  if (items.size() > 20) out << "  ... " << items.size() - 20 << " more\n";
 }
 
 void run_materialize(materialize_options& o) {
   o.req.strict = !o.no_strict;
   for (const auto& s : o.inputs) o.req.run_inputs.push_back(parse_input_spec(s));
   if (!o.req.run_inputs.empty() && o.req.run_method.empty()) o.req.run_method = "forward";
+  // Everything read and everything written, declared before anything is read or written.
+  ckpt::output_set set;
+  ckpt::file_fingerprint in = set.add_input(o.checkpoint);
+  if (!o.req.model.empty()) set.add_input(o.req.model);
+  // The output keeps the checkpoint's permission bits: a private checkpoint stays private.
+  if (o.output_opt->count()) {
+    if (o.req.device.rfind("meta", 0) == 0)
+      throw ckpt::error(ckpt::errc::usage, "-o cannot write meta tensors' data; use a real device");
+    o.req.output = &set.add_output(o.output, in.mode & 0777);
+  }
+  std::ostream& report = set.writes_stdout() ? std::cerr : std::cout;
   ckpt::checkpoint c = ckpt::open_checkpoint(o.checkpoint, o.reader);
+  set.open();
   progress_bar bar("materialize");
   if (bar.enabled()) o.req.progress = [&bar](uint64_t done, uint64_t total) { bar.update(done, total); };
   ckpt::materialize_report r;
@@ -51,6 +66,12 @@ void run_materialize(materialize_options& o) {
     throw;
   }
   bar.finish();
+  // Committed last, and only when written (--check-finite that fails writes nothing); the
+  // inputs must not have changed while they were read either way.
+  if (o.req.output && !r.output_written)
+    set.check_inputs_unchanged();
+  else
+    set.commit();
   double gbps = r.seconds > 0 ? double(r.bytes) / r.seconds / 1e9 : 0;
 
   if (o.json) {
@@ -85,42 +106,45 @@ void run_materialize(materialize_options& o) {
       }
       doc["run"] = {{"method", r.run_method}, {"outputs", outs}};
     }
-    doc["output"] = o.req.output.empty() ? nlohmann::json(nullptr) : nlohmann::json(o.req.output);
-    std::cout << ckpt::json_text(doc) << "\n";
+    doc["output"] = r.output_written ? nlohmann::json(o.output) : nlohmann::json(nullptr);
+    report << ckpt::json_text(doc) << "\n";
   } else {
-    std::cout << "materialized " << r.tensors << " tensors (" << human_bytes(r.bytes) << ") on " << r.device << " in "
+    report << "materialized " << r.tensors << " tensors (" << human_bytes(r.bytes) << ") on " << r.device << " in "
               << std::fixed << std::setprecision(3) << r.seconds << " s";
-    if (r.bytes) std::cout << " (" << std::setprecision(2) << gbps << " GB/s)";
-    std::cout << "\n";
-    if (!o.req.model.empty()) std::cout << "key edit: " << ckpt::escape_controls(r.key_edit) << "\n";
-    print_list("missing from the checkpoint", r.missing);
-    print_list("filled from the model file", r.filled_from_model);
-    print_list("not used by the model", r.unexpected);
-    print_list("converted", r.dtype_converted);
+    if (r.bytes) report << " (" << std::setprecision(2) << gbps << " GB/s)";
+    report << "\n";
+    if (!o.req.model.empty()) report << "key edit: " << ckpt::escape_controls(r.key_edit) << "\n";
+    print_list(report, "missing from the checkpoint", r.missing);
+    print_list(report, "filled from the model file", r.filled_from_model);
+    print_list(report, "not used by the model", r.unexpected);
+    print_list(report, "converted", r.dtype_converted);
     if (o.req.check_finite) {
       if (r.non_finite.empty())
-        std::cout << "all floating tensors are finite\n";
+        report << "all floating tensors are finite\n";
       else
-        print_list("tensors with NaN or Inf", r.non_finite);
+        print_list(report, "tensors with NaN or Inf", r.non_finite);
     }
     if (!r.run_method.empty()) {
-      std::cout << ckpt::escape_controls(r.run_method) << " on " << r.device << " returned:\n";
+      report << ckpt::escape_controls(r.run_method) << " on " << r.device << " returned:\n";
       for (size_t i = 0; i < r.outputs.size(); ++i) {
         const auto& x = r.outputs[i];
-        std::cout << "  " << (x.path.empty() ? "(result)" : ckpt::display_name(x.path)) << ": ";
+        report << "  " << (x.path.empty() ? "(result)" : ckpt::display_name(x.path)) << ": ";
         if (x.is_tensor)
         {
-          std::cout << ckpt::escape_controls(x.dtype) << " " << shape_string(x.shape);
+          report << ckpt::escape_controls(x.dtype) << " " << shape_string(x.shape);
           if (std::isnan(r.checksums[i]))
-            std::cout << "  (meta: no values)\n";
+            report << "  (meta: no values)\n";
           else
-            std::cout << "  checksum " << std::setprecision(6) << r.checksums[i] << "\n";
+            report << "  checksum " << std::setprecision(6) << r.checksums[i] << "\n";
         }
         else
-          std::cout << ckpt::escape_controls(x.type) << " " << ckpt::escape_controls(x.value) << "\n";
+          report << ckpt::escape_controls(x.type) << " " << ckpt::escape_controls(x.value) << "\n";
       }
     }
-    if (!o.req.output.empty()) std::cout << "wrote " << ckpt::display_name(o.req.output) << "\n";
+    if (r.output_written)
+      report << "wrote " << ckpt::display_name(o.output) << "\n";
+    else if (o.req.output)
+      report << "not written: " << ckpt::display_name(o.output) << " (--check-finite found NaN or Inf)\n";
   }
   set_exit_code(o.req.check_finite && !r.non_finite.empty() ? 1 : 0);
 }
@@ -141,9 +165,10 @@ void setup_materialize(CLI::App& app) {
       ->check(floating_dtype());
   auto strict = cmd->add_flag("--strict", "A model tensor missing from CKPT is an error (the default)");
   cmd->add_flag("--no-strict", o->no_strict, "Fill model tensors missing from CKPT from the model file")->excludes(strict);
-  cmd->add_option("-o,--output", o->req.output,
-                  "Write the result: the TorchScript module with --model, else a torch.save archive")
-      ->check(non_empty_path());
+  o->output_opt = cmd->add_option("-o,--output", o->output,
+                                  "Write the result: the TorchScript module with --model, else a torch.save archive; "
+                                  "'-' for standard output")
+                      ->check(non_empty_path());
   cmd->add_option("--run", o->req.run_method, "After loading, call this method (e.g. forward, evaluation_step)");
   cmd->add_option("--input", o->inputs, "An input of --run: SHAPE[:DTYPE], e.g. 4x5:int64 (repeat per argument)");
   cmd->add_flag("--check-finite", o->req.check_finite, "Report floating tensors holding NaN or Inf (exit 1 if any)");

@@ -1,15 +1,14 @@
 #include "cmd_rekey.h"
 
-#include <fstream>
 #include <iomanip>
 #include <iostream>
 #include <memory>
-#include <sstream>
 
 #include <spdlog/spdlog.h>
 
-#include "ckpt/atomic_file.h"
 #include "ckpt/error.h"
+#include "ckpt/input_file.h"
+#include "ckpt/output_set.h"
 #include "ckpt/rekey_file.h"
 #include "ckpt/report.h"
 #include "ckpt/text_escape.h"
@@ -28,16 +27,9 @@ struct rekey_options {
   ckpt::open_options reader;
   CLI::App* cmd = nullptr;
   // Option objects whose occurrences, in command-line order, are the operations.
+  CLI::Option *output_opt;
   CLI::Option *strip_compiled, *strip_wrappers, *strip_prefix, *add_prefix, *add_compiled, *rename, *map, *match;
 };
-
-std::string read_text_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw ckpt::error(ckpt::errc::io, "cannot read").with_file(path);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 std::vector<ckpt::keyed_tensor> keyed_tensors(const ckpt::checkpoint& c) {
   std::vector<ckpt::keyed_tensor> out;
@@ -109,24 +101,42 @@ std::vector<ckpt::key_op> ops_in_order(const rekey_options& o, const ckpt::check
     else if (opt == o.add_prefix) ops.push_back(ckpt::make_op(ckpt::key_op::add_prefix, arg()));
     else if (opt == o.add_compiled) ops.push_back(ckpt::make_op(ckpt::key_op::add_compiled, arg()));
     else if (opt == o.rename) ops.push_back(ckpt::make_rename_op(arg()));
-    else if (opt == o.map) ops.push_back(ckpt::make_map_op(ckpt::mapping_from_json(read_text_file(arg()), arg()), arg(), false));
+    else if (opt == o.map) ops.push_back(ckpt::make_map_op(ckpt::mapping_from_json(ckpt::read_text_input(arg()), arg()), arg(), false));
     else if (opt == o.match) ops.push_back(match_op(c, arg(), ops, o.reader));
   }
   return ops;
 }
 
 void run_rekey(const rekey_options& o) {
-  if (!o.dry_run && o.output.empty()) throw ckpt::error(ckpt::errc::usage, "rekey needs -o OUT (or --dry-run)");
+  bool has_output = o.output_opt->count() > 0;
+  if (!o.dry_run && !has_output) throw ckpt::error(ckpt::errc::usage, "rekey needs -o OUT (or --dry-run)");
+  if (o.dry_run && !o.save_map.empty())
+    throw ckpt::error(ckpt::errc::usage, "--dry-run writes nothing, so it cannot --save-map (--json shows the mapping)");
   if (o.keep_unsafe && o.drop_unsafe) throw ckpt::error(ckpt::errc::usage, "--keep-unsafe and --drop-unsafe exclude each other");
-  if (!o.dry_run) ckpt::refuse_overwriting_input(o.input, o.output, o.force);
+
+  // Everything read and everything written, declared before anything is read or written.
+  ckpt::output_set set;
+  ckpt::file_fingerprint in = set.add_input(o.input, o.force ? "" : "pass --force to replace IN (only once the new file is complete)");
+  for (const CLI::Option* opt : {o.map, o.match})
+    for (const auto& path : opt->results()) set.add_input(path);
+  ckpt::output_file* out = nullptr;
+  ckpt::output_file* map_out = nullptr;
+  // Outputs keep the input's permission bits: a private checkpoint stays private.
+  mode_t mode = in.mode & 0777;
+  if (!o.dry_run) out = &set.add_output(o.output, mode, o.force ? o.input : std::string());
+  if (!o.save_map.empty()) map_out = &set.add_output(o.save_map, mode);
+  std::ostream& report = set.writes_stdout() ? std::cerr : std::cout;
 
   ckpt::checkpoint c = ckpt::open_checkpoint(o.input, o.reader);
   ckpt::rekey_request req;
   req.ops = ops_in_order(o, c);
   if (req.ops.empty()) throw ckpt::error(ckpt::errc::usage, "no operation given (see ckptool rekey --help)");
   req.dry_run = o.dry_run;
-  req.output = o.output;
   req.unsafe = o.keep_unsafe ? ckpt::unsafe_policy::keep : o.drop_unsafe ? ckpt::unsafe_policy::drop : ckpt::unsafe_policy::refuse;
+  if (!o.dry_run) {
+    set.open();
+    req.output = out;
+  }
   progress_bar bar("rekey");
   if (bar.enabled() && !o.dry_run) req.progress = [&bar](uint64_t done, uint64_t total) { bar.update(done, total); };
   ckpt::rekey_result r;
@@ -140,12 +150,12 @@ void run_rekey(const rekey_options& o) {
 
   for (const auto& op : r.plan.unused_ops) spdlog::warn("{} changed no key (a typo?)", ckpt::escape_controls(op));
   for (const auto& d : r.dropped) spdlog::warn("--drop-unsafe removed entry {}", ckpt::display_name(d));
-  if (!o.save_map.empty()) {
-    ckpt::atomic_output map_out(o.save_map);
+  if (map_out) {
     std::string text = ckpt::mapping_to_json(r.plan.mapping);
-    map_out.write(text.data(), text.size());
-    map_out.commit();
+    map_out->write(text.data(), text.size());
   }
+  // Every output together, last; a dry run checks that what it reported on held still.
+  set.commit();
 
   if (o.json) {
     nlohmann::json doc;
@@ -164,7 +174,7 @@ void run_rekey(const rekey_options& o) {
     doc["metadata_renamed"] = r.metadata_renamed;
     doc["dropped"] = r.dropped;
     doc["bytes_written"] = r.bytes_written;
-    std::cout << ckpt::json_text(doc) << "\n";
+    report << ckpt::json_text(doc) << "\n";
   } else {
     std::vector<std::pair<std::string, std::string>> shown;
     if (o.dry_run || r.plan.changed <= 50)
@@ -172,14 +182,14 @@ void run_rekey(const rekey_options& o) {
         if (from != to) shown.emplace_back(ckpt::display_name(from), ckpt::display_name(to));
     size_t width = 3;
     for (auto& [from, to] : shown) width = std::max(width, std::min<size_t>(from.size(), 60));
-    for (auto& [from, to] : shown) std::cout << "  " << std::left << std::setw(int(width)) << from << "  ->  " << to << "\n";
-    std::cout << r.plan.changed << " of " << r.plan.mapping.size() << " keys renamed";
-    if (r.metadata_renamed) std::cout << ", " << r.metadata_renamed << " _metadata module paths";
-    if (!r.mirrored_dicts.empty()) std::cout << ", also in " << r.mirrored_dicts.size() << " mirroring dict(s)";
+    for (auto& [from, to] : shown) report << "  " << std::left << std::setw(int(width)) << from << "  ->  " << to << "\n";
+    report << r.plan.changed << " of " << r.plan.mapping.size() << " keys renamed";
+    if (r.metadata_renamed) report << ", " << r.metadata_renamed << " _metadata module paths";
+    if (!r.mirrored_dicts.empty()) report << ", also in " << r.mirrored_dicts.size() << " mirroring dict(s)";
     if (o.dry_run)
-      std::cout << " (dry run: nothing written)\n";
+      report << " (dry run: nothing written)\n";
     else
-      std::cout << "; wrote " << ckpt::display_name(o.output) << " (" << human_bytes(r.bytes_written) << ")\n";
+      report << "; wrote " << ckpt::display_name(o.output) << " (" << human_bytes(r.bytes_written) << ")\n";
   }
 }
 
@@ -192,7 +202,9 @@ void setup_rekey(CLI::App& app) {
                "checkpoints load into each other; everything else is kept exactly");
   o->cmd = cmd;
   cmd->add_option("IN", o->input, "torch.save zip archive or safetensors file")->required();
-  cmd->add_option("-o,--output", o->output, "Where to write the result (same format as IN)")->check(non_empty_path());
+  o->output_opt = cmd->add_option("-o,--output", o->output,
+                                  "Where to write the result (same format as IN); '-' for standard output")
+                      ->check(non_empty_path());
   auto ops = "Operations (applied in the order given)";
   o->strip_compiled = cmd->add_flag("--strip-compiled", "Remove every '_orig_mod.' segment (torch.compile)")
                           ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)->group(ops);
@@ -221,7 +233,7 @@ void setup_rekey(CLI::App& app) {
       ->type_name("FILE")->check(non_empty_path());
   cmd->add_flag("--dry-run", o->dry_run, "Print the old -> new table and write nothing");
   cmd->add_flag("--json", o->json, "Print the result as JSON");
-  cmd->add_flag("--force", o->force, "Allow OUT to be the input itself (still replaced atomically)");
+  cmd->add_flag("--force", o->force, "Allow OUT to be IN itself (replaced only once the new file is complete)");
   cmd->add_flag("--keep-unsafe", o->keep_unsafe, "Keep entries naming unsafe globals as they are (never run)");
   cmd->add_flag("--drop-unsafe", o->drop_unsafe, "Remove the top-level entries naming unsafe globals");
   add_reader_flags(*cmd, o->reader);

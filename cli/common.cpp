@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <iostream>
 
 #include "validators.h"
 
@@ -66,6 +67,13 @@ int last_exit_code() { return g_exit_code; }
 void set_exit_code(int code) { g_exit_code = code; }
 
 bool stdout_is_terminal() { return ::isatty(STDOUT_FILENO) == 1; }
+bool flush_stdout() {
+  std::cout.flush();
+  bool ok = static_cast<bool>(std::cout);
+  if (std::fflush(stdout) != 0 || std::ferror(stdout)) ok = false;
+  return ok;
+}
+
 bool stderr_is_terminal() { return ::isatty(STDERR_FILENO) == 1; }
 
 }  // namespace cli

@@ -24,6 +24,9 @@ int last_exit_code();
 void set_exit_code(int code);
 
 bool stdout_is_terminal();
+/// Flushes standard output; false when anything written to it was lost (a full disk, a
+/// closed pipe).
+bool flush_stdout();
 bool stderr_is_terminal();
 
 }  // namespace cli

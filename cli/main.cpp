@@ -15,6 +15,7 @@
 #include "cmd_rekey.h"
 #include "cmd_verify.h"
 #include "common.h"
+#include "signals.h"
 
 namespace {
 
@@ -30,6 +31,7 @@ void print_usage_error(const CLI::App& app, const std::string& message) {
 }
 
 int run(int argc, char** argv) {
+  cli::install_signal_handlers();
   auto logger = spdlog::stderr_color_mt("ckptool");
   logger->set_pattern("ckptool: %l: %v");
   spdlog::set_default_logger(logger);
@@ -65,6 +67,11 @@ int run(int argc, char** argv) {
       if (c == '\n') c = ' ';
     std::cerr << "ckptool: internal error: " << ckpt::escape_controls(what) << "\n";
     return 3;
+  }
+  // A report that did not reach its reader is a failed command, not a silent exit 0.
+  if (!cli::flush_stdout()) {
+    std::cerr << "ckptool: io: cannot write to standard output\n";
+    return 4;
   }
   return cli::last_exit_code();
 }

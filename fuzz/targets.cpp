@@ -24,6 +24,7 @@
 #include "ckpt/error.h"
 #include "ckpt/pickle.h"
 #include "ckpt/pickle_writer.h"
+#include "ckpt/output_set.h"
 #include "ckpt/rekey.h"
 #include "ckpt/rekey_file.h"
 #include "ckpt/report.h"
@@ -629,9 +630,12 @@ int rewrite_roundtrip_target(const uint8_t* data, size_t size) {
   ::unlink(dest.c_str());
   rekey_request req;
   req.unsafe = unsafe_policy::keep;
-  req.output = dest;
   try {
+    output_set set;
+    req.output = &set.add_output(dest);
+    set.open();
     rekey_result r = rekey_file(c, req);
+    set.commit();
     if (r.plan.changed != 0) fail(T, "an identity rekey changed keys");
   } catch (const error& e) {
     ::unlink(dest.c_str());

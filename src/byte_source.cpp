@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "ckpt/error.h"
+#include "ckpt/input_file.h"
 
 namespace ckpt {
 
@@ -35,19 +36,9 @@ std::vector<uint8_t> byte_source::read_vector(uint64_t offset, size_t n) const {
 }
 
 file_source::file_source(const std::string& path) : path_(path) {
-  fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd_ < 0) throw error(errc::io, std::string("cannot open: ") + std::strerror(errno)).with_file(path);
-  struct stat st;
-  if (::fstat(fd_, &st) != 0) {
-    int e = errno;
-    ::close(fd_);
-    throw error(errc::io, std::string("cannot stat: ") + std::strerror(e)).with_file(path);
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd_);
-    throw error(errc::io, "not a regular file").with_file(path);
-  }
-  size_ = uint64_t(st.st_size);
+  file_fingerprint f;
+  fd_ = open_regular_input(path, &f);
+  size_ = uint64_t(f.size);
 }
 
 file_source::~file_source() {

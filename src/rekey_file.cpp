@@ -1,13 +1,10 @@
 #include "ckpt/rekey_file.h"
 
-#include <sys/stat.h>
-
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <unordered_map>
 #include <unordered_set>
 
-#include "ckpt/atomic_file.h"
 #include "ckpt/byteio.h"
 #include "ckpt/error.h"
 #include "ckpt/pickle_writer.h"
@@ -188,12 +185,6 @@ const file_source& file_of(const checkpoint& c) {
   return *fs;
 }
 
-mode_t output_mode(const checkpoint& c) {
-  struct stat st;
-  if (::fstat(file_of(c).fd(), &st) == 0) return st.st_mode & 0666;
-  return 0644;
-}
-
 uint64_t storage_alignment(const zip::archive& ar) {
   const zip::entry* e = ar.find(".storage_alignment");
   if (!e || e->uncompressed_size == 0 || e->uncompressed_size > 20) return 64;
@@ -207,8 +198,10 @@ uint64_t storage_alignment(const zip::archive& ar) {
 }
 
 // The written file must read back as what we meant to write before it replaces anything.
-void verify_output(const std::string& temp, const checkpoint& in, const std::vector<std::string>& expected_keys) {
-  checkpoint out = open_checkpoint(temp);
+// A stream cannot be read back; it gets the same bytes.
+void verify_output(const output_file& written, const checkpoint& in, const std::vector<std::string>& expected_keys) {
+  if (written.is_stream()) return;
+  checkpoint out = open_checkpoint(written.temp_path());
   if (out.tensors.size() != in.tensors.size() || out.storages.size() != in.storages.size())
     throw error(errc::io, "the written file does not read back with the same tensors (internal error; nothing replaced)");
   std::vector<std::string> got;
@@ -225,7 +218,7 @@ void write_torch_zip(checkpoint& c, const rekey_request& req, rekey_result& resu
                      const std::vector<std::string>& new_keys) {
   std::vector<uint8_t> pkl = pickle::write(c.pickle->root, 2);
   const file_source& src = file_of(c);
-  atomic_output out(req.output, output_mode(c));
+  output_file& out = *req.output;
   zip::writer w(out.fd(), c.zip->prefix(), storage_alignment(*c.zip));
   w.on_bytes_out([&](uint64_t bytes_out) {
     out.start_writeback(bytes_out);
@@ -243,8 +236,7 @@ void write_torch_zip(checkpoint& c, const rekey_request& req, rekey_result& resu
   }
   w.finish();
   result.bytes_written = w.offset();
-  verify_output(out.temp_path(), c, new_keys);
-  out.commit();
+  verify_output(out, c, new_keys);
 }
 
 void write_safetensors(checkpoint& c, const rekey_request& req, rekey_result& result, const renamer& rename,
@@ -265,20 +257,19 @@ void write_safetensors(checkpoint& c, const rekey_request& req, rekey_result& re
   std::string text = out_json.dump();
   // The reference writer pads the header with spaces so the data starts 8-aligned.
   while ((8 + text.size()) % 8 != 0) text += ' ';
-  atomic_output out(req.output, output_mode(c));
+  output_file& out = *req.output;
   uint8_t len[8];
   store_u64(len, text.size());
   out.write(len, 8);
   out.write(text.data(), text.size());
   const uint64_t head = 8 + text.size();
-  copy_range(file_of(c).fd(), h.data_start, c.file_size - h.data_start, out.fd(), req.output,
+  copy_range(file_of(c).fd(), c.path, h.data_start, c.file_size - h.data_start, out.fd(), out.path(),
              [&](uint64_t copied) {
                out.start_writeback(head + copied);
                if (req.progress) req.progress(head + copied, head + c.file_size - h.data_start);
              });
   result.bytes_written = head + (c.file_size - h.data_start);
-  verify_output(out.temp_path(), c, new_names);
-  out.commit();
+  verify_output(out, c, new_names);
 }
 
 }  // namespace
@@ -343,6 +334,7 @@ rekey_result rekey_file(checkpoint& c, const rekey_request& req) {
     }
   }
   if (req.dry_run) return result;
+  if (!req.output || req.output->fd() < 0) throw error(errc::usage, "rekey: no open output given");
 
   std::vector<std::string> new_keys;
   for (auto& [from, to] : result.plan.mapping) new_keys.push_back(to);
@@ -354,7 +346,7 @@ rekey_result rekey_file(checkpoint& c, const rekey_request& req) {
       write_torch_zip(c, req, result, new_keys);
     }
   } catch (error& e) {
-    e.with_file(req.output);
+    e.with_file(req.output->path());
     throw;
   }
   return result;

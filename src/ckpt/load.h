@@ -23,6 +23,8 @@
 
 namespace ckpt {
 
+class output_file;  // ckpt/output_set.h
+
 struct load_options {
   c10::Device device = c10::Device(c10::kCPU);
   /// Cast floating-point tensors to this type on the device, after the copy.
@@ -73,7 +75,9 @@ torch::jit::Module load_module(const std::string& model_path, const std::string&
                                module_load_report* report = nullptr);
 
 /// Writes tensors as a torch.save archive (what torch.load reads; tensors sharing a
-/// storage keep sharing it) to `path`, atomically.
+/// storage keep sharing it) to `path`, atomically (ckpt/output_set.h).
 void save_tensors(const std::vector<std::pair<std::string, at::Tensor>>& tensors, const std::string& path);
+/// The same into an open output of an output_set, which the caller commits.
+void save_tensors(const std::vector<std::pair<std::string, at::Tensor>>& tensors, output_file& out);
 
 }  // namespace ckpt

@@ -13,6 +13,8 @@
 
 namespace ckpt {
 
+class output_file;  // ckpt/output_set.h
+
 struct materialize_request {
   std::string device = "cpu";            // cpu, cuda, cuda:N, meta
   std::string model;                     // TorchScript model to fill; empty: just the tensors
@@ -20,7 +22,9 @@ struct materialize_request {
   bool strict = true;
   bool mmap = false;
   int threads = 0;
-  std::string output;                    // -o: TorchScript (with model) or torch.save archive
+  // -o: TorchScript (with model) or torch.save archive, into an open output of the
+  // caller's output_set (the caller commits it); null for none.
+  output_file* output = nullptr;
   std::string run_method;                // --run
   std::vector<input_spec> run_inputs;
   bool check_finite = false;
@@ -40,10 +44,12 @@ struct materialize_report {
   std::vector<meta_output> outputs;      // --run: output shapes (path, dtype, shape)
   std::vector<double> checksums;         // --run: sum of each tensor output, as float64
   std::string run_method;
+  bool output_written = false;           // false when --check-finite found NaN or Inf
 };
 
 /// Throws ckpt::error: device (exit 4) for an unavailable device; check_failed (exit 1)
 /// for missing keys in strict mode and shape mismatches; the reader's errors otherwise.
+/// With check_finite, an output is written only when every floating tensor is finite.
 materialize_report materialize(const checkpoint& c, const materialize_request& request);
 
 }  // namespace ckpt

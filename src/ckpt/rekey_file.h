@@ -3,7 +3,8 @@
 // as FQN-keyed optimizer state) and writes a new file of the same format. Everything else
 // is kept exactly: non-tensor entries, opaque objects, shared storages, strides, offsets,
 // and the tensor records, which are copied verbatim (copy_file_range) with their CRCs.
-// The output is written through atomic_output and re-read before it replaces anything.
+// The output is written into an output_file of the caller's output_set (which commits it)
+// and, when it is a file, re-read before the commit can replace anything.
 #pragma once
 
 #include <functional>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "ckpt/checkpoint.h"
+#include "ckpt/output_set.h"
 #include "ckpt/rekey.h"
 
 namespace ckpt {
@@ -21,7 +23,9 @@ struct rekey_request {
   std::vector<key_op> ops;
   unsafe_policy unsafe = unsafe_policy::refuse;
   bool dry_run = false;
-  std::string output;  // ignored for dry runs
+  /// Where to write, from an output_set that is open()ed; the caller commits it. Ignored
+  /// for dry runs.
+  output_file* output = nullptr;
   /// Bytes of the output written so far, and the expected total (the input's size: the
   /// output differs only by the pickle). Called often; keep it cheap.
   std::function<void(uint64_t done, uint64_t total)> progress;
@@ -39,7 +43,7 @@ struct rekey_result {
 /// the output. Throws ckpt::error: check_failed when two keys would get one name (the
 /// plan's collisions are listed in the message; nothing is written); unsafe when the pickle
 /// names unsafe globals and the policy is refuse; unsupported for TorchScript (names live
-/// in its code) and legacy files; io when writing fails (the output is left untouched).
+/// in its code) and legacy files; io when writing fails (nothing is committed).
 rekey_result rekey_file(checkpoint& c, const rekey_request& request);
 
 }  // namespace ckpt

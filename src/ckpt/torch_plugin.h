@@ -18,7 +18,7 @@ namespace ckpt {
 
 /// Bumped whenever a function is added or changes signature; the loader refuses a plugin
 /// built for another version.
-constexpr int kTorchPluginAbi = 2;
+constexpr int kTorchPluginAbi = 3;
 
 struct torch_plugin_api {
   int abi = kTorchPluginAbi;

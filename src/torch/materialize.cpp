@@ -3,13 +3,14 @@
 #include <chrono>
 #include <cmath>
 #include <sstream>
+#include <streambuf>
 
 #include <torch/cuda.h>
 
 #include "aten_types.h"
-#include "ckpt/atomic_file.h"
 #include "ckpt/error.h"
 #include "ckpt/load.h"
+#include "ckpt/output_set.h"
 #include "meta_kernels.h"
 
 namespace ckpt {
@@ -31,6 +32,52 @@ std::string one_line(const std::string& msg) {
   }
   if (out.size() > 600) out = out.substr(0, 600) + " ...";
   return out;
+}
+
+// Module::save writes through an ostream: this one hands every byte to the output (a
+// temporary file or a stream alike) and keeps the first error, which LibTorch would
+// otherwise turn into a message without the file's name or the cause.
+class output_streambuf : public std::streambuf {
+ public:
+  explicit output_streambuf(output_file& out) : out_(out) {}
+  std::exception_ptr failure() const { return failure_; }
+
+ protected:
+  std::streamsize xsputn(const char* s, std::streamsize n) override {
+    if (failure_) return 0;
+    try {
+      out_.write(s, size_t(n));
+      written_ += uint64_t(n);
+      out_.start_writeback(written_);
+    } catch (...) {
+      failure_ = std::current_exception();
+      return 0;
+    }
+    return n;
+  }
+  int_type overflow(int_type ch) override {
+    if (traits_type::eq_int_type(ch, traits_type::eof())) return traits_type::not_eof(ch);
+    char c = traits_type::to_char_type(ch);
+    return xsputn(&c, 1) == 1 ? ch : traits_type::eof();
+  }
+
+ private:
+  output_file& out_;
+  uint64_t written_ = 0;
+  std::exception_ptr failure_;
+};
+
+void save_module(torch::jit::Module& m, output_file& out) {
+  output_streambuf buf(out);
+  std::ostream os(&buf);
+  try {
+    m.save(os);
+  } catch (const c10::Error&) {
+    if (buf.failure()) std::rethrow_exception(buf.failure());
+    throw;
+  }
+  if (buf.failure()) std::rethrow_exception(buf.failure());
+  if (!os) throw error(errc::io, "write failed").with_file(out.path());
 }
 
 c10::Device parse_device(const std::string& s) {
@@ -131,7 +178,7 @@ materialize_report materialize(const checkpoint& c, const materialize_request& r
   o.threads = req.threads;
   o.progress = req.progress;
   if (!req.run_method.empty() && req.model.empty()) throw error(errc::usage, "--run needs --model");
-  if (!req.output.empty() && o.device.is_meta()) throw error(errc::usage, "-o cannot write meta tensors' data; use a real device");
+  if (req.output && o.device.is_meta()) throw error(errc::usage, "-o cannot write meta tensors' data; use a real device");
 
   try {
     if (!req.model.empty()) {
@@ -154,10 +201,10 @@ materialize_report materialize(const checkpoint& c, const materialize_request& r
       if (req.check_finite) r.non_finite = non_finite(all);
       // Saved before --run: running a module in training mode updates its buffers
       // (BatchNorm statistics), and OUT must hold exactly the checkpoint's values.
-      if (!req.output.empty()) {
-        atomic_output out(req.output);
-        m.save(out.temp_path());
-        out.commit();
+      // --check-finite that fails writes nothing.
+      if (req.output && r.non_finite.empty()) {
+        save_module(m, *req.output);
+        r.output_written = true;
       }
       if (!req.run_method.empty()) {
         if (o.device.is_meta()) detail::ensure_meta_kernels();
@@ -172,7 +219,10 @@ materialize_report materialize(const checkpoint& c, const materialize_request& r
       for (const auto& s : c.storages) r.bytes += o.device.is_meta() ? 0 : s.nbytes;
       r.storages = c.storages.size();
       if (req.check_finite) r.non_finite = non_finite(tensors);
-      if (!req.output.empty()) save_tensors(tensors, req.output);
+      if (req.output && r.non_finite.empty()) {
+        save_tensors(tensors, *req.output);
+        r.output_written = true;
+      }
     }
   } catch (const c10::Error& e) {
     std::string msg = one_line(e.what_without_backtrace());

@@ -8,9 +8,9 @@
 #include <unordered_map>
 
 #include "aten_types.h"
-#include "ckpt/atomic_file.h"
 #include "ckpt/error.h"
 #include "ckpt/load.h"
+#include "ckpt/output_set.h"
 #include "ckpt/pickle_writer.h"
 #include "ckpt/zip_writer.h"
 
@@ -77,19 +77,43 @@ struct builder {
   }
 };
 
+struct storage_out {
+  at::Storage storage;
+  dtype type;
+  std::string key;
+};
+
+void write_archive(output_file& out, const std::vector<uint8_t>& pkl, const std::vector<storage_out>& storages) {
+  zip::writer w(out.fd(), "archive");
+  w.add_record("data.pkl", pkl);
+  w.add_record(".format_version", "1", 1);
+  w.add_record(".storage_alignment", "64", 2);
+  w.add_record("byteorder", "little", 6);
+  for (const auto& s : storages) {
+    uint64_t nbytes = s.storage.nbytes();
+    w.begin_record("data/" + s.key, nbytes);
+    if (nbytes) {
+      at::Tensor bytes = at::empty({0}, at::TensorOptions().dtype(at::kByte).device(s.storage.device()))
+                             .set_(s.storage, 0, {int64_t(nbytes)}, {1});
+      // Device storages come back to the host one at a time: host memory stays bounded by
+      // the largest storage, not the checkpoint.
+      if (!bytes.is_cpu()) bytes = bytes.cpu();
+      w.write(bytes.data_ptr<uint8_t>(), size_t(nbytes));
+    }
+    w.end_record();
+  }
+  w.add_record("version", "3\n", 2);
+  w.finish();
+}
+
 }  // namespace
 
-void save_tensors(const std::vector<std::pair<std::string, at::Tensor>>& tensors, const std::string& path) {
+void save_tensors(const std::vector<std::pair<std::string, at::Tensor>>& tensors, output_file& out) {
   builder b;
   value* root = b.ordered_dict();
   b.doc.root = root;
 
   // One record per distinct storage, numbered in the order first met, as torch.save does.
-  struct storage_out {
-    at::Storage storage;
-    dtype type;
-    std::string key;
-  };
   std::vector<storage_out> storages;
   std::unordered_map<const void*, size_t> index_of;
   // The rebuild call torch.save writes for t; quantized tensors carry their quantizer, whose
@@ -145,28 +169,20 @@ void save_tensors(const std::vector<std::pair<std::string, at::Tensor>>& tensors
   }
 
   std::vector<uint8_t> pkl = pickle::write(b.doc.root, 2);
-  atomic_output out(path);
-  zip::writer w(out.fd(), "archive");
-  w.add_record("data.pkl", pkl);
-  w.add_record(".format_version", "1", 1);
-  w.add_record(".storage_alignment", "64", 2);
-  w.add_record("byteorder", "little", 6);
-  for (const auto& s : storages) {
-    uint64_t nbytes = s.storage.nbytes();
-    w.begin_record("data/" + s.key, nbytes);
-    if (nbytes) {
-      at::Tensor bytes = at::empty({0}, at::TensorOptions().dtype(at::kByte).device(s.storage.device()))
-                             .set_(s.storage, 0, {int64_t(nbytes)}, {1});
-      // Device storages come back to the host one at a time: host memory stays bounded by
-      // the largest storage, not the checkpoint.
-      if (!bytes.is_cpu()) bytes = bytes.cpu();
-      w.write(bytes.data_ptr<uint8_t>(), size_t(nbytes));
-    }
-    w.end_record();
+  try {
+    write_archive(out, pkl, storages);
+  } catch (error& e) {
+    e.with_file(out.path());  // a full disk is OUT's, not the checkpoint's
+    throw;
   }
-  w.add_record("version", "3\n", 2);
-  w.finish();
-  out.commit();
+}
+
+void save_tensors(const std::vector<std::pair<std::string, at::Tensor>>& tensors, const std::string& path) {
+  output_set set;
+  output_file& out = set.add_output(path);
+  set.open();
+  save_tensors(tensors, out);
+  set.commit();
 }
 
 }  // namespace ckpt

@@ -83,11 +83,12 @@ def test_missing_file_exit_4(tmp_path):
     assert_one_error_line(p, rc, out, err, 4)
 
 
-def test_directory_exit_4(tmp_path):
+def test_directory_exit_2(tmp_path):
+    """Not a regular file (issue 11 item 10): a usage error, like a FIFO or a device."""
     d = tmp_path / "a_directory.pt"
     d.mkdir()
     rc, out, err = run_ckptool("inspect", "--json", d)
-    assert_one_error_line(d, rc, out, err, 4)
+    assert_one_error_line(d, rc, out, err, 2)
 
 
 # --------------------------------------------------------------------------- corrupt: exit 3
