@@ -4,6 +4,7 @@
 #include <iomanip>
 #include <iostream>
 #include <memory>
+#include <optional>
 
 #include <spdlog/spdlog.h>
 
@@ -12,7 +13,9 @@
 #include "ckpt/torch_plugin.h"
 #include "common.h"
 #include "input_spec.h"
+#include "load_guard.h"
 #include "progress.h"
+#include "sigbus.h"
 
 namespace cli {
 namespace {
@@ -24,6 +27,7 @@ struct materialize_options {
   bool json = false;
   std::vector<std::string> inputs;
   ckpt::open_options reader;
+  code_options code;
 };
 
 void print_list(const char* title, const std::vector<std::string>& items) {
@@ -42,7 +46,15 @@ void run_materialize(materialize_options& o) {
   if (bar.enabled()) o.req.progress = [&bar](uint64_t done, uint64_t total) { bar.update(done, total); };
   ckpt::materialize_report r;
   try {
-    r = ckpt::torch_plugin().materialize(c, o.req);
+    const ckpt::torch_plugin_api& plugin = ckpt::torch_plugin();
+    exit_on_sigbus(o.checkpoint);  // the checkpoint is mapped (--mmap, and the CPU loader's page filler)
+    std::optional<load_guard> guard;
+    if (!o.req.model.empty()) guard.emplace(o.req.model, o.code.load_timeout);
+    o.req.allow_code = o.code.allow_code;
+    o.req.model_built = [&guard] {
+      if (guard) guard->disarm();
+    };
+    r = plugin.materialize(c, o.req);
   } catch (ckpt::error& e) {
     bar.finish();
     e.with_file(o.checkpoint);
@@ -146,6 +158,7 @@ void setup_materialize(CLI::App& app) {
   cmd->add_option("--threads", o->req.threads, "Reader threads (default: up to 8)");
   cmd->add_flag("--json", o->json, "Print the report as JSON");
   add_reader_flags(*cmd, o->reader);
+  add_code_flags(*cmd, o->code);
   cmd->callback([o] { run_materialize(*o); });
 }
 
