@@ -131,6 +131,8 @@ enum class stage { load, run };
 // device cannot do something (no meta kernel, values needed) or because the inputs do not
 // fit the method.
 errc classify(stage st, std::string_view msg, bool not_implemented) {
+  // Allocation failures the interpreter rewrapped as plain errors: the machine's (exit 4).
+  if (contains(msg, "DefaultCPUAllocator: can't allocate memory") || contains(msg, "CUDA out of memory")) return errc::io;
   if (st == stage::load) {
     if (contains(msg, "PytorchStreamReader") || contains(msg, "pickle") ||
         contains(msg, "Unpickler") || contains(msg, "unpickl"))

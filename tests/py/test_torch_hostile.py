@@ -115,7 +115,7 @@ def side() -> int:
 
 
 # No code of the file runs, but LibTorch's compiler folds built-in operations on constants
-# while loading: this makes it build a 3 GB string (6 s in torch.jit.load).
+# while loading: this makes it build a 600 MB string (17 s and 1.9 GB peak unbounded).
 FOLDING_BOMB = '''class Plain(Module):
   __parameters__ = []
   __buffers__ = []
@@ -126,7 +126,7 @@ FOLDING_BOMB = '''class Plain(Module):
     x: Tensor,
     n: int=3) -> Tensor:
     lin = self.lin
-    return torch.add((lin).forward(x, ), len("ab".ljust(3000000000)))
+    return torch.add((lin).forward(x, ), len("ab".ljust(600000000)))
 '''
 
 
@@ -225,7 +225,7 @@ def test_allow_code_is_bounded_in_time(code_files):
     rc, out, err, secs = timed("inspect", "--allow-code", "--load-timeout", "0.5", code_files["spin"], timeout=10)
     line = one_line(err)
     assert rc == 3 and "ran longer than 0.5 s" in line, (rc, line)
-    assert secs < 3 * TIME_SCALE
+    assert secs < 5 * TIME_SCALE, f"{secs:.2f} s"
     rc, _, err, _ = timed("materialize", code_files["weights"], "--model", code_files["spin"], "--allow-code",
                           "--load-timeout", "0.5", timeout=10)
     assert rc == 3 and "ran longer than" in one_line(err)
@@ -236,7 +236,7 @@ def test_constant_folding_is_bounded_without_code(code_files):
     rc, out, err, secs = timed("inspect", "--load-timeout", "0.5", code_files["folding"], timeout=10)
     line = one_line(err)
     assert rc == 3 and "ran longer than 0.5 s" in line, (rc, line)
-    assert secs < 3 * TIME_SCALE
+    assert secs < 5 * TIME_SCALE, f"{secs:.2f} s"
 
 
 def test_plain_torchscript_unaffected(code_files):
