@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
 
 // Why a handler rather than never touching mapped pages after validation: --mmap hands out
@@ -20,9 +21,14 @@ namespace {
 
 char g_line[4096];
 size_t g_length = 0;
+// Several threads (a parallel scan) can fault on the vanished pages at once: one reports,
+// the others wait for its _exit. std::atomic_flag is lock-free, so signal-safe.
+std::atomic_flag g_reporting = ATOMIC_FLAG_INIT;
 
 void on_sigbus(int, siginfo_t* info, void*) {
   if (info && info->si_code == BUS_ADRERR) {
+    if (g_reporting.test_and_set())
+      for (;;) ::pause();
     ssize_t ignored = ::write(STDERR_FILENO, g_line, g_length);
     (void)ignored;
     ::_exit(4);
