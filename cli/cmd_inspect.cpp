@@ -11,9 +11,11 @@
 #include "ckpt/output_set.h"
 #include "ckpt/report.h"
 #include "ckpt/torch_plugin.h"
+#include "ckpt/torchscript_code.h"
 #include "common.h"
 #include "input_spec.h"
 #include "inspect_text.h"
+#include "load_guard.h"
 
 namespace cli {
 namespace {
@@ -25,6 +27,7 @@ struct inspect_options {
   std::vector<std::string> inputs;
   std::string method = "forward";
   ckpt::open_options reader;
+  code_options code;
 };
 
 // The process exits right after the report: freeing a checkpoint of 100,000 tensors (its
@@ -42,11 +45,15 @@ void run_inspect(const inspect_options& o) {
   std::vector<ckpt::meta_output> outputs;
   if (c.format == ckpt::file_format::torchscript) {
     try {
-      ts = ckpt::torch_plugin().inspect_torchscript(o.file, *c.zip);
+      // Refused before LibTorch is even loaded (the plugin checks again for embedders).
+      if (!o.code.allow_code) ckpt::refuse_load_time_code(*c.zip);
+      const ckpt::torch_plugin_api& plugin = ckpt::torch_plugin();
+      load_guard guard(o.file, o.code.load_timeout);
+      ts = plugin.inspect_torchscript(o.file, *c.zip, o.code.allow_code);
       if (!o.inputs.empty()) {
         std::vector<ckpt::input_spec> specs;
         for (const auto& s : o.inputs) specs.push_back(parse_input_spec(s));
-        outputs = ckpt::torch_plugin().run_on_meta(o.file, *c.zip, o.method, specs);
+        outputs = plugin.run_on_meta(o.file, *c.zip, o.method, specs, o.code.allow_code);
       }
     } catch (ckpt::error& e) {
       e.with_file(o.file);
@@ -137,6 +144,7 @@ void setup_inspect(CLI::App& app) {
       ->type_name("SHAPE[:DTYPE]");
   cmd->add_option("--method", opts->method, "TorchScript method to run with --input")->capture_default_str();
   add_reader_flags(*cmd, opts->reader);
+  add_code_flags(*cmd, opts->code);
   cmd->callback([opts] {
     run_inspect(*opts);
     set_exit_code(0);

@@ -4,6 +4,7 @@
 #include <iomanip>
 #include <iostream>
 #include <memory>
+#include <optional>
 
 #include <spdlog/spdlog.h>
 
@@ -14,8 +15,10 @@
 #include "ckpt/torch_plugin.h"
 #include "common.h"
 #include "input_spec.h"
+#include "load_guard.h"
 #include "progress.h"
 #include "validators.h"
+#include "sigbus.h"
 
 namespace cli {
 namespace {
@@ -29,6 +32,7 @@ struct materialize_options {
   std::string output;
   CLI::Option* output_opt = nullptr;
   ckpt::open_options reader;
+  code_options code;
 };
 
 void print_list(std::ostream& out, const char* title, const std::vector<std::string>& items) {
@@ -59,7 +63,15 @@ void run_materialize(materialize_options& o) {
   if (bar.enabled()) o.req.progress = [&bar](uint64_t done, uint64_t total) { bar.update(done, total); };
   ckpt::materialize_report r;
   try {
-    r = ckpt::torch_plugin().materialize(c, o.req);
+    const ckpt::torch_plugin_api& plugin = ckpt::torch_plugin();
+    exit_on_sigbus(o.checkpoint);  // the checkpoint is mapped (--mmap, and the CPU loader's page filler)
+    std::optional<load_guard> guard;
+    if (!o.req.model.empty()) guard.emplace(o.req.model, o.code.load_timeout);
+    o.req.allow_code = o.code.allow_code;
+    o.req.model_built = [&guard] {
+      if (guard) guard->disarm();
+    };
+    r = plugin.materialize(c, o.req);
   } catch (ckpt::error& e) {
     bar.finish();
     e.with_file(o.checkpoint);
@@ -176,6 +188,7 @@ void setup_materialize(CLI::App& app) {
   cmd->add_option("--threads", o->req.threads, "Reader threads, 1 to 256 (default: up to 8)")->check(thread_count());
   cmd->add_flag("--json", o->json, "Print the report as JSON");
   add_reader_flags(*cmd, o->reader);
+  add_code_flags(*cmd, o->code);
   cmd->callback([o] { run_materialize(*o); });
 }
 

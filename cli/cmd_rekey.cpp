@@ -13,7 +13,9 @@
 #include "ckpt/report.h"
 #include "ckpt/text_escape.h"
 #include "ckpt/torch_plugin.h"
+#include "ckpt/torchscript_code.h"
 #include "common.h"
+#include "load_guard.h"
 #include "progress.h"
 #include "validators.h"
 
@@ -25,6 +27,7 @@ struct rekey_options {
   bool dry_run = false, json = false, force = false, keep_unsafe = false, drop_unsafe = false;
   std::string save_map;
   ckpt::open_options reader;
+  code_options code;
   CLI::App* cmd = nullptr;
   // Option objects whose occurrences, in command-line order, are the operations.
   CLI::Option *output_opt;
@@ -39,7 +42,8 @@ std::vector<ckpt::keyed_tensor> keyed_tensors(const ckpt::checkpoint& c) {
 
 // --match TARGET: the TorchScript model's parameters and buffers, or another checkpoint's
 // state dict.
-std::vector<ckpt::keyed_tensor> target_tensors(const std::string& path, const ckpt::open_options& reader) {
+std::vector<ckpt::keyed_tensor> target_tensors(const std::string& path, const ckpt::open_options& reader,
+                                               const code_options& code) {
   ckpt::checkpoint t = ckpt::open_checkpoint(path, reader);
   if (t.format != ckpt::file_format::torchscript) {
     if (!t.state_dict) throw ckpt::error(ckpt::errc::unsupported, "--match: no state dict found").with_file(path);
@@ -47,7 +51,10 @@ std::vector<ckpt::keyed_tensor> target_tensors(const std::string& path, const ck
   }
   ckpt::torchscript_info ts;
   try {
-    ts = ckpt::torch_plugin().inspect_torchscript(path, *t.zip);
+    if (!code.allow_code) ckpt::refuse_load_time_code(*t.zip);
+    const ckpt::torch_plugin_api& plugin = ckpt::torch_plugin();
+    load_guard guard(path, code.load_timeout);
+    ts = plugin.inspect_torchscript(path, *t.zip, code.allow_code);
   } catch (ckpt::error& e) {
     e.with_file(path);
     throw;
@@ -62,11 +69,11 @@ std::vector<ckpt::keyed_tensor> target_tensors(const std::string& path, const ck
 }
 
 ckpt::key_op match_op(const ckpt::checkpoint& c, const std::string& target, const std::vector<ckpt::key_op>& so_far,
-                      const ckpt::open_options& reader) {
+                      const ckpt::open_options& reader, const code_options& code) {
   std::vector<ckpt::keyed_tensor> source = keyed_tensors(c);
   for (auto& t : source)
     for (const auto& op : so_far) t.key = ckpt::apply_op(op, t.key);
-  ckpt::match_result m = ckpt::match_keys(source, target_tensors(target, reader));
+  ckpt::match_result m = ckpt::match_keys(source, target_tensors(target, reader, code));
   auto first = [](const std::vector<std::string>& v) {
     std::string s;
     for (size_t i = 0; i < v.size() && i < 5; ++i) s += (i ? ", " : "") + v[i];
@@ -102,7 +109,7 @@ std::vector<ckpt::key_op> ops_in_order(const rekey_options& o, const ckpt::check
     else if (opt == o.add_compiled) ops.push_back(ckpt::make_op(ckpt::key_op::add_compiled, arg()));
     else if (opt == o.rename) ops.push_back(ckpt::make_rename_op(arg()));
     else if (opt == o.map) ops.push_back(ckpt::make_map_op(ckpt::mapping_from_json(ckpt::read_text_input(arg()), arg()), arg(), false));
-    else if (opt == o.match) ops.push_back(match_op(c, arg(), ops, o.reader));
+    else if (opt == o.match) ops.push_back(match_op(c, arg(), ops, o.reader, o.code));
   }
   return ops;
 }
@@ -237,6 +244,7 @@ void setup_rekey(CLI::App& app) {
   cmd->add_flag("--keep-unsafe", o->keep_unsafe, "Keep entries naming unsafe globals as they are (never run)");
   cmd->add_flag("--drop-unsafe", o->drop_unsafe, "Remove the top-level entries naming unsafe globals");
   add_reader_flags(*cmd, o->reader);
+  add_code_flags(*cmd, o->code);
   cmd->callback([o] {
     run_rekey(*o);
     set_exit_code(0);

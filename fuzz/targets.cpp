@@ -30,6 +30,7 @@
 #include "ckpt/report.h"
 #include "ckpt/safetensors.h"
 #include "ckpt/text_escape.h"
+#include "ckpt/torchscript_code.h"
 #include "ckpt/wrappers.h"
 #include "ckpt/zip_reader.h"
 #include "ckpt/zip_writer.h"
@@ -507,6 +508,8 @@ int torchscript_meta_target(const uint8_t* data, size_t size) {
       checkpoint c = open_checkpoint(memory(data, size));
       stats().parsed++;
       inspect_checkpoint(T, c);
+      // The code/ scanner reads whatever text the records hold (issue 11 item 11).
+      if (c.zip && c.format == file_format::torchscript) (void)find_load_time_code(*c.zip);
     } catch (const error& swallowed) {
       note(__func__, swallowed);
     }

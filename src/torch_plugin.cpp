@@ -4,7 +4,9 @@
 #include <limits.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 
 #include "ckpt/error.h"
@@ -24,6 +26,10 @@ std::string executable_dir() {
 const torch_plugin_api* load() {
   std::vector<std::string> candidates;
   if (const char* env = std::getenv("CKPTOOL_TORCH_PLUGIN"); env && *env) {
+    // The user named this file: not finding it is not "the plugin was not found next to
+    // ckptool", and nothing else is tried in its place.
+    if (::access(env, F_OK) != 0)
+      throw error(errc::io, std::string("CKPTOOL_TORCH_PLUGIN=") + env + ": " + std::strerror(errno));
     candidates.push_back(env);
   } else {
     std::string dir = executable_dir();

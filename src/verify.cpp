@@ -3,6 +3,7 @@
 #include <set>
 
 #include "ckpt/error.h"
+#include "ckpt/torchscript_code.h"
 
 namespace ckpt {
 namespace {
@@ -41,6 +42,19 @@ verify_report verify_file(const std::string& path, const open_options& options,
   r.unsafe_globals = c.unsafe_globals;
   for (const auto& g : c.unsafe_globals)
     r.problems.push_back("unsafe global " + g + " (torch.load(weights_only=False) would import it and may run it)");
+  // torch.jit.load runs these while loading, on any device; ckptool refuses to hand such a
+  // file to LibTorch without --allow-code, so verify cannot call it OK either.
+  if (c.format == file_format::torchscript && c.zip) {
+    try {
+      for (const auto& code : find_load_time_code(*c.zip))
+        r.problems.push_back("code runs on load: " + describe(code) +
+                             (code.offset ? " at byte " + std::to_string(*code.offset) : std::string()));
+    } catch (error& e) {
+      if (e.kind() == errc::io) throw;
+      e.with_file(path);
+      r.problems.push_back(std::string(errc_name(e.kind())) + ": " + e.one_line());
+    }
+  }
 
   if (c.zip) {
     uint64_t total = 0, done = 0;

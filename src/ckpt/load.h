@@ -43,6 +43,13 @@ struct load_options {
   uint64_t chunk_bytes = 64ull << 20;
   /// Called with (bytes done, bytes total) as data arrives; from reader threads.
   std::function<void(uint64_t, uint64_t)> progress;
+  /// load_module: load a TorchScript model whose file holds code LibTorch runs on load
+  /// (ckpt/torchscript_code.h); refused as errc::unsafe otherwise.
+  bool allow_code = false;
+  /// load_module: called once the model's skeleton is built on meta (the only part where
+  /// the model file's code may run unasked), before any weight is read. A caller that
+  /// bounds that part (a timer) ends the bound here.
+  std::function<void()> model_built;
 };
 
 /// The tensors of `c` by name, in file order: state-dict keys for the tensors of the state

@@ -27,7 +27,9 @@ struct materialize_request {
   output_file* output = nullptr;
   std::string run_method;                // --run
   std::vector<input_spec> run_inputs;
-  bool check_finite = false;
+  bool check_finite = false;              // refused on meta: meta tensors have no values
+  bool allow_code = false;               // --model whose file runs code on load (load.h)
+  std::function<void()> model_built;     // see load_options::model_built
   std::function<void(uint64_t, uint64_t)> progress;
 };
 

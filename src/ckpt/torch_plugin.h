@@ -24,9 +24,10 @@ struct torch_plugin_api {
   int abi = kTorchPluginAbi;
   const char* torch_version;  // LibTorch's version string, for --version and reports
   bool has_cuda;              // built with the CUDA code paths
-  torchscript_info (*inspect_torchscript)(const std::string& path, const zip::archive& ar);
+  torchscript_info (*inspect_torchscript)(const std::string& path, const zip::archive& ar, bool allow_code);
   std::vector<meta_output> (*run_on_meta)(const std::string& path, const zip::archive& ar,
-                                          const std::string& method, const std::vector<input_spec>& inputs);
+                                          const std::string& method, const std::vector<input_spec>& inputs,
+                                          bool allow_code);
   materialize_report (*materialize)(const checkpoint& c, const materialize_request& request);
 };
 

@@ -64,7 +64,9 @@ struct torchscript_info {
 /// unsupported for legacy (model.json) or non-TorchScript archives and for anything this
 /// LibTorch cannot load; corrupt when LibTorch rejects the archive's structure.
 /// `ar` is the already opened index of the same file; LibTorch reads through ar.source().
-torchscript_info inspect_torchscript(const std::string& path, const zip::archive& ar);
+/// Unsafe, before LibTorch sees the file, when loading would run the file's own code
+/// (__setstate__, evaluated defaults: ckpt/torchscript_code.h), unless `allow_code`.
+torchscript_info inspect_torchscript(const std::string& path, const zip::archive& ar, bool allow_code = false);
 
 struct input_spec {
   std::vector<int64_t> shape;
@@ -93,6 +95,6 @@ struct meta_output {
 /// flow, .item(), nonzero).
 std::vector<meta_output> run_on_meta(const std::string& path, const zip::archive& ar,
                                      const std::string& method,
-                                     const std::vector<input_spec>& inputs);
+                                     const std::vector<input_spec>& inputs, bool allow_code = false);
 
 }  // namespace ckpt

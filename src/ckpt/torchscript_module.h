@@ -18,8 +18,10 @@ struct meta_load_stats {
 
 /// The TorchScript module in `ar` (the index of `path`) with every parameter, buffer and
 /// tensor constant on the meta device; the tensor records are never read. Throws
-/// ckpt::error naming `path` (see inspect_torchscript).
+/// ckpt::error naming `path` (see inspect_torchscript); errc::unsafe, before LibTorch sees
+/// the file, when the archive holds code LibTorch would run on load (ckpt/torchscript_code.h)
+/// unless `allow_code`.
 torch::jit::Module load_on_meta(const std::string& path, const zip::archive& ar,
-                                meta_load_stats* stats = nullptr);
+                                meta_load_stats* stats = nullptr, bool allow_code = false);
 
 }  // namespace ckpt

@@ -115,7 +115,8 @@ torch::jit::Module load_module(const std::string& model_path, const checkpoint& 
     throw error(errc::usage, "--model must be a TorchScript archive (torch.jit.save); this is " +
                                  std::string(format_name(model_file.format)))
         .with_file(model_path);
-  torch::jit::Module m = load_on_meta(model_path, *model_file.zip);
+  torch::jit::Module m = load_on_meta(model_path, *model_file.zip, nullptr, o.allow_code);
+  if (o.model_built) o.model_built();
 
   // The model's tensors, as the solver sees them.
   struct target {

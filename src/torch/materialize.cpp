@@ -11,7 +11,9 @@
 #include "ckpt/error.h"
 #include "ckpt/load.h"
 #include "ckpt/output_set.h"
+#include "finite_check.h"
 #include "meta_kernels.h"
+#include "torch_message.h"
 
 namespace ckpt {
 namespace {
@@ -80,6 +82,12 @@ void save_module(torch::jit::Module& m, output_file& out) {
   if (!os) throw error(errc::io, "write failed").with_file(out.path());
 }
 
+// The interpreter rewraps an operator's failure, allocation failures included, as a plain
+// error carrying the allocator's text.
+bool is_out_of_memory(const std::string& msg) {
+  return msg.find("out of memory") != std::string::npos || msg.find("can't allocate memory") != std::string::npos;
+}
+
 c10::Device parse_device(const std::string& s) {
   try {
     return c10::Device(s);
@@ -109,10 +117,28 @@ void run_method(torch::jit::Module& m, const materialize_request& req, const c10
   if (!method) throw error(errc::usage, "--run: the model has no method '" + req.run_method + "'");
   torch::NoGradGuard no_grad;
   c10::IValue out;
+  // A method that rejects the inputs given on the command line (dtype, shape, count) is a
+  // usage error, reported as the line of the interpreter's message that names the cause;
+  // out of memory is the machine's (exit 4). The interpreter rethrows non-c10 errors as
+  // std::runtime_error with its traceback, hence the second catch.
+  auto fail = [&](const std::string& what) {
+    std::string line = detail::condense_torch_message(what);
+    if (is_out_of_memory(line))
+      throw error(dev.is_cuda() ? errc::device : errc::io, "--run " + req.run_method + ": out of memory on " + dev.str() + ": " + line);
+    throw error(errc::usage, "--run " + req.run_method + " failed: " + line);
+  };
   try {
     out = (*method)(inputs);
+  } catch (const c10::OutOfMemoryError&) {
+    throw;
   } catch (const c10::Error& e) {
-    throw error(errc::usage, "--run " + req.run_method + " failed: " + one_line(e.what_without_backtrace()));
+    fail(e.what_without_backtrace());
+  } catch (const error&) {
+    throw;
+  } catch (const std::bad_alloc&) {
+    throw;
+  } catch (const std::exception& e) {
+    fail(e.what());
   }
   synchronize(dev);
   r.run_method = req.run_method;
@@ -145,17 +171,6 @@ void run_method(torch::jit::Module& m, const materialize_request& req, const c10
   flatten(out, "");
 }
 
-std::vector<std::string> non_finite(const std::vector<std::pair<std::string, at::Tensor>>& tensors) {
-  std::vector<std::string> bad;
-  for (const auto& [name, t] : tensors) {
-    if (t.is_meta() || !at::isFloatingType(t.scalar_type()) || t.numel() == 0) continue;
-    // float8 types have no isfinite kernel; float32 holds every value they can.
-    at::Tensor probe = t.element_size() < 2 ? t.to(at::kFloat) : t;
-    if (!at::isfinite(probe).all().item<bool>()) bad.push_back(name);
-  }
-  return bad;
-}
-
 }  // namespace
 
 materialize_report materialize(const checkpoint& c, const materialize_request& req) {
@@ -177,8 +192,12 @@ materialize_report materialize(const checkpoint& c, const materialize_request& r
   o.populate = req.mmap;
   o.threads = req.threads;
   o.progress = req.progress;
+  o.allow_code = req.allow_code;
+  o.model_built = req.model_built;
   if (!req.run_method.empty() && req.model.empty()) throw error(errc::usage, "--run needs --model");
   if (req.output && o.device.is_meta()) throw error(errc::usage, "-o cannot write meta tensors' data; use a real device");
+  if (req.check_finite && o.device.is_meta())
+    throw error(errc::usage, "--check-finite cannot check values on meta (meta tensors have none); use --device cpu or cuda");
 
   try {
     if (!req.model.empty()) {
@@ -198,7 +217,7 @@ materialize_report materialize(const checkpoint& c, const materialize_request& r
       for (const auto& p : m.named_parameters(true)) all.emplace_back(p.name, p.value);
       for (const auto& b : m.named_buffers(true)) all.emplace_back(b.name, b.value);
       r.tensors = all.size();
-      if (req.check_finite) r.non_finite = non_finite(all);
+      if (req.check_finite) r.non_finite = detail::non_finite(all);
       // Saved before --run: running a module in training mode updates its buffers
       // (BatchNorm statistics), and OUT must hold exactly the checkpoint's values.
       // --check-finite that fails writes nothing.
@@ -218,16 +237,21 @@ materialize_report materialize(const checkpoint& c, const materialize_request& r
       r.tensors = tensors.size();
       for (const auto& s : c.storages) r.bytes += o.device.is_meta() ? 0 : s.nbytes;
       r.storages = c.storages.size();
-      if (req.check_finite) r.non_finite = non_finite(tensors);
+      if (req.check_finite) r.non_finite = detail::non_finite(tensors);
       if (req.output && r.non_finite.empty()) {
         save_tensors(tensors, *req.output);
         r.output_written = true;
       }
     }
+  } catch (const c10::OutOfMemoryError& e) {
+    // The CPU allocator's and CUDA's allocation failures (exit 4, like std::bad_alloc).
+    throw error(o.device.is_cuda() ? errc::device : errc::io,
+                "out of memory on " + r.device + ": " + detail::condense_torch_message(e.what_without_backtrace()));
   } catch (const c10::Error& e) {
     std::string msg = one_line(e.what_without_backtrace());
-    bool oom = msg.find("out of memory") != std::string::npos;
-    throw error(oom ? errc::device : errc::unsupported, (oom ? "out of memory on " + r.device + ": " : "LibTorch: ") + msg);
+    bool oom = is_out_of_memory(msg);
+    throw error(oom ? (o.device.is_cuda() ? errc::device : errc::io) : errc::unsupported,
+                (oom ? "out of memory on " + r.device + ": " : "LibTorch: ") + msg);
   }
   return r;
 }

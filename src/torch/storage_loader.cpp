@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <csignal>
+#include <cstdlib>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -92,6 +94,10 @@ std::vector<at::Tensor> load_mmap(const checkpoint& c, const std::vector<bool>& 
     ranges.emplace_back(*s.file_offset, *s.file_offset + s.nbytes);
   }
   if (o.populate) populate(static_cast<uint8_t*>(base), std::move(ranges), loader_threads(o), o.progress);
+  // Test hook (tests/py/test_torch_hostile.py, SIGBUS case): with this variable set, the
+  // process stops itself once the file is mapped and populated, so a test can truncate
+  // the file at exactly this point and continue it (SIGCONT); unset, nothing happens.
+  if (std::getenv("CKPTOOL_TEST_STOP_AFTER_MAP")) ::raise(SIGSTOP);
   return bytes;
 }
 

@@ -19,8 +19,10 @@
 
 #include "ckpt/checkpoint.h"
 #include "ckpt/error.h"
+#include "ckpt/torchscript_code.h"
 #include "ckpt/torchscript_module.h"
 #include "meta_kernels.h"
+#include "torch_message.h"
 
 namespace ckpt {
 namespace {
@@ -101,40 +103,7 @@ bool contains(std::string_view s, std::string_view part) {
   return s.find(part) != std::string_view::npos;
 }
 
-// LibTorch messages span many lines (TorchScript tracebacks, source excerpts, suggestions);
-// the CLI prints one. The interpreter wraps an operator's failure as
-// "The following operation failed ...\nTraceback ...\n<Class>Error: <message>", where the
-// traceback lines are indented, so the line that matters is the first unindented
-// "...Error: " one; otherwise it is the first line.
-std::string condense(std::string_view msg) {
-  constexpr size_t kMaxChars = 400;
-  std::string_view line;
-  if (starts_with(msg, "The following operation failed")) {
-    size_t pos = 0;
-    while (pos < msg.size()) {
-      size_t nl = msg.find('\n', pos);
-      std::string_view l =
-          msg.substr(pos, nl == std::string_view::npos ? std::string_view::npos : nl - pos);
-      size_t colon = l.find("Error: ");
-      if (colon != std::string_view::npos && l.find(' ') > colon) {
-        line = l.substr(colon + 7);
-        break;  // the first such line is the error; what follows is its continuation
-      }
-      if (nl == std::string_view::npos) break;
-      pos = nl + 1;
-    }
-  }
-  if (line.empty()) {
-    size_t start = msg.find_first_not_of(" \n\t");
-    if (start == std::string_view::npos) return "(no message)";
-    msg.remove_prefix(start);
-    line = msg.substr(0, msg.find('\n'));
-  }
-  while (!line.empty() && (line.back() == ' ' || line.back() == '\r')) line.remove_suffix(1);
-  std::string out(line);
-  if (out.size() > kMaxChars) out = out.substr(0, kMaxChars) + "...";
-  return out;
-}
+std::string condense(std::string_view msg) { return detail::condense_torch_message(msg); }
 
 // PyTorch's text for a missing meta kernel is a paragraph about torch.compile fake
 // impls; say instead what it means here.
@@ -162,6 +131,8 @@ enum class stage { load, run };
 // device cannot do something (no meta kernel, values needed) or because the inputs do not
 // fit the method.
 errc classify(stage st, std::string_view msg, bool not_implemented) {
+  // Allocation failures the interpreter rewrapped as plain errors: the machine's (exit 4).
+  if (contains(msg, "DefaultCPUAllocator: can't allocate memory") || contains(msg, "CUDA out of memory")) return errc::io;
   if (st == stage::load) {
     if (contains(msg, "PytorchStreamReader") || contains(msg, "pickle") ||
         contains(msg, "Unpickler") || contains(msg, "unpickl"))
@@ -189,6 +160,8 @@ auto translate_errors(const std::string& path, stage st, const std::string& what
   } catch (error& e) {
     e.with_file(path);
     throw;
+  } catch (const c10::OutOfMemoryError& e) {
+    throw error(errc::io, what + "out of memory: " + condense(e.what_without_backtrace())).with_file(path);
   } catch (const c10::NotImplementedError& e) {
     adapter_error();
     std::string m = explain_missing_meta_kernel(condense(e.what_without_backtrace()));
@@ -198,7 +171,7 @@ auto translate_errors(const std::string& path, stage st, const std::string& what
     std::string m = explain_missing_meta_kernel(condense(e.what_without_backtrace()));
     throw error(classify(st, m, false), what + m).with_file(path);
   } catch (const std::bad_alloc&) {
-    throw error(errc::limit, what + "out of memory").with_file(path);
+    throw error(errc::io, what + "out of memory").with_file(path);
   } catch (const std::exception& e) {
     adapter_error();
     std::string m = explain_missing_meta_kernel(condense(e.what()));
@@ -456,10 +429,11 @@ std::optional<torch::jit::Method> find_callable(const torch::jit::Module& m,
 }  // namespace
 
 torch::jit::Module load_on_meta(const std::string& path, const zip::archive& ar,
-                                meta_load_stats* stats) {
+                                meta_load_stats* stats, bool allow_code) {
   try {
     check_torchscript_archive(ar);
     refuse_unsafe_torchscript(ar);
+    if (!allow_code) refuse_load_time_code(ar);
   } catch (error& e) {
     e.with_file(path);
     throw;
@@ -477,9 +451,9 @@ torch::jit::Module load_on_meta(const std::string& path, const zip::archive& ar,
   return m;
 }
 
-torchscript_info inspect_torchscript(const std::string& path, const zip::archive& ar) {
+torchscript_info inspect_torchscript(const std::string& path, const zip::archive& ar, bool allow_code) {
   meta_load_stats stats;
-  torch::jit::Module m = load_on_meta(path, ar, &stats);
+  torch::jit::Module m = load_on_meta(path, ar, &stats, allow_code);
   return translate_errors(path, stage::load, "cannot describe TorchScript module: ", nullptr,
                           [&]() {
     torchscript_info info;
@@ -508,8 +482,8 @@ torchscript_info inspect_torchscript(const std::string& path, const zip::archive
 
 std::vector<meta_output> run_on_meta(const std::string& path, const zip::archive& ar,
                                      const std::string& method,
-                                     const std::vector<input_spec>& inputs) {
-  torch::jit::Module m = load_on_meta(path, ar);
+                                     const std::vector<input_spec>& inputs, bool allow_code) {
+  torch::jit::Module m = load_on_meta(path, ar, nullptr, allow_code);
   std::optional<torch::jit::Method> found = find_callable(m, method, inputs.size());
   if (!found) {
     std::string names;
