@@ -13,6 +13,7 @@
 #include "ckpt/report.h"
 #include "ckpt/text_escape.h"
 #include "ckpt/torch_plugin.h"
+#include "ckpt/torchscript_code.h"
 #include "common.h"
 #include "input_spec.h"
 #include "load_guard.h"
@@ -58,6 +59,19 @@ void run_materialize(materialize_options& o) {
   }
   std::ostream& report = set.writes_stdout() ? std::cerr : std::cout;
   ckpt::checkpoint c = ckpt::open_checkpoint(o.checkpoint, o.reader);
+  if (!o.req.model.empty() && !o.code.allow_code) {
+    // Refused from ckptool's own reading of code/, before LibTorch is loaded (a quarter of
+    // a second) or sees the file, as inspect and rekey --match do.
+    ckpt::checkpoint model = ckpt::open_checkpoint(o.req.model, o.reader);
+    if (model.zip) {
+      try {
+        ckpt::refuse_load_time_code(*model.zip);
+      } catch (ckpt::error& e) {
+        e.with_file(o.req.model);
+        throw;
+      }
+    }
+  }
   set.open();
   progress_bar bar("materialize");
   if (bar.enabled()) o.req.progress = [&bar](uint64_t done, uint64_t total) { bar.update(done, total); };
