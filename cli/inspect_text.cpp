@@ -237,7 +237,22 @@ void print_inspect_text(std::ostream& out, const ckpt::checkpoint& c, const ckpt
         }
     };
     add(sd);
-    if (!(options.tree && c.state_dict)) add(other);
+    if (ts) {
+      // The module listing above names tensors "head.weight", not by pickle path.
+      for (auto& [path, t] : other) {
+        std::string dotted;
+        for (const auto& seg : t->path)
+          dotted += (dotted.empty() ? "" : ".") + (std::holds_alternative<std::string>(seg)
+                                                       ? std::get<std::string>(seg)
+                                                       : std::to_string(std::get<int64_t>(seg)));
+        if (key_matches(options.filter, dotted)) {
+          shown.insert(t);
+          ++shown_paths;
+        }
+      }
+    } else if (!(options.tree && c.state_dict)) {
+      add(other);
+    }
   }
   uint64_t numel = 0, bytes = 0;
   std::set<size_t> storages;

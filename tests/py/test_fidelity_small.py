@@ -228,3 +228,26 @@ def test_aliases_counted_the_same_in_header_and_totals(legacy, tmp_path):
     doc = inspect_json(path, timeout=LIMIT)
     assert doc["totals"]["tensors"] == len(doc["tensors"]) == len(distinct)
     assert doc["totals"]["numel"] == numel and len(doc["aliases"]) == len(ref) - len(distinct)
+
+
+class _Two(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(3, 2)
+        self.b = torch.nn.Linear(2, 5)
+
+    def forward(self, x):
+        return self.b(self.a(x))
+
+
+def test_inspect_torchscript_totals_match_the_filtered_listing(tmp_path):
+    path = tmp_path / "two.pt"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.jit is deprecated in 2.11
+        torch.jit.save(torch.jit.script(_Two()), path)
+        params = dict(torch.jit.load(path).named_parameters())
+    shown = {k: v for k, v in params.items() if k.startswith("b.")}
+    rc, out, err = run_ckptool("inspect", "--filter", "b.*", path, timeout=60 * TIME_SCALE)
+    assert rc == 0, err
+    assert _totals_line(out).startswith(
+        f"totals of the tensors matching --filter: {len(shown)} tensors, {sum(v.numel() for v in shown.values())} elements"), out
