@@ -9,6 +9,7 @@
 #include <iomanip>
 #include <map>
 #include <memory>
+#include <set>
 
 #include "ckpt/report.h"
 #include "ckpt/text_escape.h"
@@ -136,10 +137,15 @@ void print_inspect_text(std::ostream& out, const ckpt::checkpoint& c, const ckpt
     if (!in_sd[i]) other.emplace_back(ckpt::path_to_string(c.tensors[i].path), &c.tensors[i]);
 
   if (c.state_dict) {
+    // Tied keys (two keys, one tensor object) are one tensor, as in the totals below.
     uint64_t numel = 0;
-    for (auto& [k, t] : sd) numel += t->numel();
+    std::set<const ckpt::tensor_record*> distinct;
+    for (auto& [k, t] : sd)
+      if (distinct.insert(t).second) numel += t->numel();
     std::string where = c.state_dict->empty() ? "the root" : "'" + display_name(ckpt::path_to_string(*c.state_dict)) + "'";
-    out << "state dict: " << where << ", " << sd.size() << " tensors, " << with_commas(numel) << " elements\n";
+    out << "state dict: " << where << ", ";
+    if (distinct.size() != sd.size()) out << sd.size() << " keys, ";
+    out << distinct.size() << " tensors, " << with_commas(numel) << " elements\n";
   } else if (c.format != ckpt::file_format::torchscript) {
     out << "state dict: none recognised (tensors listed by path)\n";
   }
@@ -216,20 +222,59 @@ void print_inspect_text(std::ostream& out, const ckpt::checkpoint& c, const ckpt
     }
   }
 
-  uint64_t numel = 0, bytes = 0;
-  std::map<std::string, std::array<uint64_t, 2>> by_dtype;
-  for (const auto& t : c.tensors) {
-    numel += t.numel();
-    bytes += t.nbytes();
-    by_dtype[ckpt::name(t.type)][0]++;
-    by_dtype[ckpt::name(t.type)][1] += t.nbytes();
+  // The totals count what was listed: with --filter, only the matching tensors.
+  std::set<const ckpt::tensor_record*> shown;
+  size_t shown_paths = 0;
+  if (options.filter.empty()) {
+    for (const auto& t : c.tensors) shown.insert(&t);
+    shown_paths = c.tensors.size() + c.aliases.size();
+  } else {
+    auto add = [&](const auto& list) {
+      for (auto& [key, t] : list)
+        if (key_matches(options.filter, key)) {
+          shown.insert(t);
+          ++shown_paths;
+        }
+    };
+    add(sd);
+    if (ts) {
+      // The module listing above names tensors "head.weight", not by pickle path.
+      for (auto& [path, t] : other) {
+        std::string dotted;
+        for (const auto& seg : t->path)
+          dotted += (dotted.empty() ? "" : ".") + (std::holds_alternative<std::string>(seg)
+                                                       ? std::get<std::string>(seg)
+                                                       : std::to_string(std::get<int64_t>(seg)));
+        if (key_matches(options.filter, dotted)) {
+          shown.insert(t);
+          ++shown_paths;
+        }
+      }
+    } else if (!(options.tree && c.state_dict)) {
+      add(other);
+    }
   }
-  out << "\ntotals: " << c.tensors.size() << " tensors, " << with_commas(numel) << " elements, "
-      << human_bytes(bytes) << " in " << c.storages.size() << " storages\n";
+  uint64_t numel = 0, bytes = 0;
+  std::set<size_t> storages;
+  std::map<std::string, std::array<uint64_t, 2>> by_dtype;
+  for (const ckpt::tensor_record* t : shown) {
+    numel += t->numel();
+    bytes += t->nbytes();
+    if (t->storage) storages.insert(*t->storage);
+    by_dtype[ckpt::name(t->type)][0]++;
+    by_dtype[ckpt::name(t->type)][1] += t->nbytes();
+  }
+  out << "\ntotals";
+  if (!options.filter.empty()) out << " of the tensors matching --filter";
+  out << ": " << shown.size() << " tensors, " << with_commas(numel) << " elements, " << human_bytes(bytes) << " in "
+      << (options.filter.empty() ? c.storages.size() : storages.size()) << " storages\n";
   for (auto& [dt, v] : by_dtype)
     out << "  " << std::left << std::setw(16) << dt << std::right << std::setw(8) << v[0] << " tensors  "
         << human_bytes(v[1]) << "\n";
-  if (!c.aliases.empty()) out << "  " << c.aliases.size() << " more paths refer to tensors listed above\n";
+  if (shown_paths > shown.size())
+    out << "  " << shown_paths - shown.size() << " more paths refer to tensors listed above (the same tensor object; counted once)\n";
+  if (!options.filter.empty())
+    out << "  (the file holds " << c.tensors.size() << " tensors in " << c.storages.size() << " storages)\n";
 
   if (!c.entries.empty()) {
     out << "\nentries:\n";

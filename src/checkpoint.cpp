@@ -279,6 +279,15 @@ void summarize_entries(checkpoint& c) {
   }
 }
 
+// torch.export.save and AOTInductor packages say so in their archive_format record
+// (shared/docs/pt2.md 1.1); the file name proves nothing.
+bool is_torch_export_archive(const zip::archive& ar) {
+  const zip::entry* f = ar.find("archive_format");
+  if (!f || f->uncompressed_size != 3) return false;
+  auto bytes = ar.read_record(*f);
+  return std::string(bytes.begin(), bytes.end()) == "pt2";
+}
+
 void read_torch_zip(checkpoint& c, const open_options& opt) {
   c.zip = zip::archive::open(*c.source, opt.zip_limits);
   const zip::archive& ar = *c.zip;
@@ -290,6 +299,7 @@ void read_torch_zip(checkpoint& c, const open_options& opt) {
   if (!data) {
     if (ar.find("bytecode.pkl"))
       throw_unsupported("mobile (lite interpreter) TorchScript archive without data.pkl");
+    if (is_torch_export_archive(ar)) throw_unsupported("a torch.export archive; not yet supported");
     throw_unsupported("zip archive without data.pkl: not a PyTorch checkpoint");
   }
   // Without constants.pkl LibTorch cannot load it either; saying so here gives every verb

@@ -12,6 +12,23 @@ namespace {
 
 using pickle::kind;
 
+// " (torch.uint16)" when the untyped storage `pid` is the first argument of a
+// _rebuild_tensor_v3 call naming a dtype, else "".
+std::string untyped_dtype_note(const pickle::document& doc, const pickle::value* pid) {
+  for (const pickle::value& v : doc.nodes()) {
+    if (v.type != kind::object) continue;
+    const pickle::value* fn = v.items[pickle::kCallable];
+    const pickle::value* args = v.items[pickle::kArgs];
+    if (!fn || !fn->is_global("torch._utils", "_rebuild_tensor_v3") || !args || args->type != kind::tuple ||
+        args->items.size() < 7 || args->items[0] != pid)
+      continue;
+    const pickle::value* dt = args->items[6];
+    if (dt && dt->type == kind::global && dt->global_module() == "torch")
+      return " (torch." + std::string(dt->global_attr()) + ")";
+  }
+  return "";
+}
+
 struct stream {
   const byte_source& src;
   uint64_t pos = 0;
@@ -86,8 +103,14 @@ void read_legacy(checkpoint& c, const open_options& options) {
   for (const pickle::value& v : c.pickle->nodes()) {
     if (v.type != kind::persistent_id) continue;
     storage_ref ref = parse_storage_pid(&v, true);
-    // Legacy pids are always typed: UntypedStorage postdates the zip format.
-    if (!ref.typed) throw_corrupt("legacy torch file with an untyped storage", v.offset);
+    // Legacy torch.save writes an UntypedStorage (with the dtype in _rebuild_tensor_v3) for
+    // dtypes that have no typed storage class; torch.load's legacy path then fails on
+    // UntypedStorage.dtype, so no PyTorch can read the file back.
+    if (!ref.typed)
+      throw_unsupported("legacy torch file with an untyped storage" + untyped_dtype_note(*c.pickle, &v) +
+                            ": legacy torch.save writes it but torch.load cannot read it back; "
+                            "save it with the zip format (the default since PyTorch 1.6)",
+                        v.offset);
     auto [it, fresh] = by_key.emplace(ref.key, declared{*ref.typed, ref.numel, v.offset});
     if (!fresh && (it->second.type != *ref.typed || it->second.numel != ref.numel))
       throw_corrupt("storage '" + ref.key + "' declared twice with different types or sizes", v.offset);

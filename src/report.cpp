@@ -129,10 +129,12 @@ void write_storage(detail::json_writer& w, const storage_record& s) {
   w.end_object();
 }
 
-nlohmann::json totals_json(const checkpoint& c) {
-  uint64_t total_numel = 0, total_bytes = 0;
+nlohmann::json totals_json(const checkpoint& c, const std::function<bool(const tensor_record&)>& keep) {
+  uint64_t total_numel = 0, total_bytes = 0, count = 0;
   std::map<std::string, std::array<uint64_t, 3>> by_dtype;
   for (const auto& t : c.tensors) {
+    if (keep && !keep(t)) continue;
+    ++count;
     total_numel += t.numel();
     total_bytes += t.nbytes();
     auto& row = by_dtype[name(t.type)];
@@ -142,7 +144,7 @@ nlohmann::json totals_json(const checkpoint& c) {
   }
   nlohmann::json dtypes = nlohmann::json::object();
   for (auto& [dt, row] : by_dtype) dtypes[dt] = {{"tensors", row[0]}, {"numel", row[1]}, {"nbytes", row[2]}};
-  return {{"tensors", c.tensors.size()}, {"numel", total_numel}, {"nbytes", total_bytes}, {"by_dtype", std::move(dtypes)}};
+  return {{"tensors", count}, {"numel", total_numel}, {"nbytes", total_bytes}, {"by_dtype", std::move(dtypes)}};
 }
 
 }  // namespace
@@ -215,7 +217,9 @@ void write_inspect_json(const checkpoint& c, const inspect_json_options& options
     }
     w.end_array();
   };
-  members["totals"] = [&] { w.value(totals_json(c)); };
+  members["totals"] = [&] { w.value(totals_json(c, nullptr)); };
+  // "totals" has always counted the whole file; what a filter kept is counted beside it.
+  if (options.keep_tensor) members["filtered_totals"] = [&] { w.value(totals_json(c, options.keep_tensor)); };
   for (const auto& [key, v] : options.extra.items()) {
     const nlohmann::json* value = &v;
     members[key] = [&w, value] { w.value(*value); };

@@ -30,9 +30,6 @@ bool as_bool(const value* v, const char* what) {
 }
 
 std::vector<int64_t> as_int_tuple(const value* v, const char* what) {
-  // torch.Size pickles as a tuple; TorchScript writes MARK ... TUPLE; both are tuples here.
-  if (v->type != kind::tuple && v->type != kind::list) bad(v, std::string(what) + " must be a tuple");
-  if (v->items.size() > 64) bad(v, std::string(what) + " has more than 64 dimensions");
   std::vector<int64_t> out;
   out.reserve(v->items.size());
   for (const value* e : v->items) out.push_back(as_int(e, what));
@@ -287,8 +284,8 @@ tensor_record tensor_collector::rebuild(const value* call, uint64_t depth) {
   if (is_rebuild(fn, "_rebuild_meta_tensor_no_storage")) {
     const value* args = tuple_args(call, 4, 4, "_rebuild_meta_tensor_no_storage");
     t.type = dtype_global(arg(args, 0));
-    t.shape = as_int_tuple(arg(args, 1), "size");
-    t.stride = as_int_tuple(arg(args, 2), "stride");
+    t.shape = dims(arg(args, 1), "size");
+    t.stride = dims(arg(args, 2), "stride");
     t.requires_grad = as_bool(arg(args, 3), "requires_grad");
     t.location = "meta";
     if (t.shape.size() != t.stride.size()) bad(call, "size and stride have different lengths");
@@ -325,8 +322,8 @@ tensor_record tensor_collector::rebuild(const value* call, uint64_t depth) {
   t.type = v3_dtype ? *v3_dtype : *ref.typed;
   int64_t offset = as_int(arg(args, 1), "storage_offset");
   if (offset < 0) bad(arg(args, 1), "negative storage offset");
-  t.shape = as_int_tuple(arg(args, 2), "size");
-  t.stride = as_int_tuple(arg(args, 3), "stride");
+  t.shape = dims(arg(args, 2), "size");
+  t.stride = dims(arg(args, 3), "stride");
   if (t.shape.size() != t.stride.size()) bad(call, "size and stride have different lengths");
   uint64_t off;
   if (!checked_add(uint64_t(offset), ref.view_offset_elements, &off) || off > uint64_t(INT64_MAX))
@@ -390,6 +387,22 @@ void tensor_collector::channel_values(const value* v, const tensor_record& t, in
     bad(v, std::string(what) + " must be one value per channel (" + std::to_string(channels) + ")");
   ckpt_.storages[*r.storage].tensor_count++;
   (zero_points ? q.zero_points : q.scales) = std::make_shared<const tensor_record>(std::move(r));
+}
+
+std::vector<int64_t> tensor_collector::dims(const value* v, const char* what) {
+  // torch.Size pickles as a tuple; TorchScript writes MARK ... TUPLE; both are tuples here.
+  if (v->type != kind::tuple && v->type != kind::list) bad(v, std::string(what) + " must be a tuple");
+  // torch.load reads any rank. Memory is what needs a bound: one memoized 10^6-element tuple
+  // can be the size of many tensors, so the entries past 64 per tuple share one budget.
+  if (v->items.size() > 64) {
+    uint64_t extra = v->items.size() - 64;
+    if (extra > kDimsPast64Budget - dims_past_64_)
+      throw_limit("tensor " + std::string(what) + "s with more than 64 dimensions hold more than " +
+                      std::to_string(kDimsPast64Budget) + " dimensions past the 64th in total",
+                  v->offset);
+    dims_past_64_ += extra;
+  }
+  return as_int_tuple(v, what);
 }
 
 void tensor_collector::validate_view(const tensor_record& t, uint64_t offset) const {

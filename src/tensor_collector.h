@@ -50,6 +50,11 @@ class tensor_collector {
   void channel_values(const pickle::value* v, const tensor_record& t, int64_t axis, uint64_t depth, bool zero_points,
                       quantization& q);
   void validate_view(const tensor_record& t, uint64_t offset) const;
+  /// A size or stride tuple, charged to the budget below past its 64th entry.
+  std::vector<int64_t> dims(const pickle::value* v, const char* what);
+
+  /// Entries past the 64th of all size and stride tuples read (8 MiB as int64).
+  static constexpr uint64_t kDimsPast64Budget = uint64_t(1) << 20;
 
   checkpoint& ckpt_;
   binder bind_;
@@ -57,6 +62,7 @@ class tensor_collector {
   bool legacy_;
   pointer_map<size_t> tensor_of_node_;
   pointer_map<bool> visited_;
+  uint64_t dims_past_64_ = 0;
 };
 
 /// Binder for zip archives: storage key k lives in record data/<k> (or constants/<k>

@@ -33,7 +33,9 @@ verify_report verify_file(const std::string& path, const open_options& options,
   try {
     c = open_checkpoint(path, options);
   } catch (const error& e) {
-    if (e.kind() == errc::io || e.kind() == errc::usage) throw;
+    // A file verify cannot read at all (unsupported) was not checked: it is not a failed
+    // check (exit 1) but the refusal every verb gives (exit 3).
+    if (e.kind() == errc::io || e.kind() == errc::usage || e.kind() == errc::unsupported) throw;
     r.problems.push_back(std::string(errc_name(e.kind())) + ": " + e.one_line());
     return r;
   }

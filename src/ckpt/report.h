@@ -20,7 +20,8 @@ struct inspect_json_options {
   nlohmann::json extra = nlohmann::json::object();
   /// Bytes the caller read from the file itself, added to "io"."bytes_read".
   uint64_t extra_bytes_read = 0;
-  /// When set, only the tensors it accepts are listed; "totals" still counts every tensor.
+  /// When set, only the tensors it accepts are listed and counted in "filtered_totals";
+  /// "totals" still counts every tensor.
   std::function<bool(const tensor_record&)> keep_tensor;
 };
 
