@@ -19,6 +19,8 @@ void add_reader_flags(CLI::App& cmd, ckpt::open_options& opts) {
       ->capture_default_str()->group("Limits");
   cmd.add_option("--max-stack", lim.max_stack, "Most values on the pickle stack at once")
       ->capture_default_str()->group("Limits");
+  cmd.add_option("--max-values", lim.max_values, "Most pickle values and container elements decoded (bounds memory)")
+      ->capture_default_str()->group("Limits");
   cmd.add_option("--max-long-bytes", lim.max_long_bytes, "Longest pickle integer, in bytes")
       ->capture_default_str()->group("Limits");
   cmd.add_option("--max-tensors", opts.safetensors_limits.max_tensors, "Most tensors in a safetensors header")
