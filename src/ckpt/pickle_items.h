@@ -108,8 +108,9 @@ class item_list {
   template <class It>
   iterator insert(const_iterator pos, It first, It last) {
     size_t at = size_t(pos - data_), n = size_t(last - first);
+    if (n == 0) return data_ + at;
     if (size_ + n > cap_) grow_to(std::max<size_t>(size_ + n, size_t(cap_) * 2));
-    std::memmove(data_ + at + n, data_ + at, (size_ - at) * sizeof(value*));
+    if (size_ > at) std::memmove(data_ + at + n, data_ + at, (size_ - at) * sizeof(value*));
     for (size_t i = 0; i < n; ++i, ++first) data_[at + i] = *first;
     size_ += uint32_t(n);
     return data_ + at;
@@ -120,7 +121,7 @@ class item_list {
   iterator insert(const_iterator pos, value* v) { return insert(pos, &v, &v + 1); }
   iterator erase(const_iterator first, const_iterator last) {
     size_t at = size_t(first - data_), n = size_t(last - first);
-    std::memmove(data_ + at, data_ + at + n, (size_ - at - n) * sizeof(value*));
+    if (size_ > at + n) std::memmove(data_ + at, data_ + at + n, (size_ - at - n) * sizeof(value*));
     size_ -= uint32_t(n);
     return data_ + at;
   }

@@ -5,7 +5,7 @@ The hostile file is a torch.save zip whose data.pkl is deflated (about 100 KB in
 inflates to 100 MB of 1-byte opcodes: EMPTY_LIST + APPEND pairs, 50 million empty lists in
 one list. Before the fix `inspect` took about 50 bytes per pickle byte (5+ GB for this file).
 Now each list costs one node (72 bytes) and one element (8-16 bytes); the default
---max-values (64,000,000) stops the run at 32 million lists, with peak RSS under BOUND.
+--max-values (48,000,000) stops the run at 24 million lists, with peak RSS under BOUND.
 
 Smaller shapes check that every way of making values or elements is counted (exit 3 naming
 --max-values under a low limit), and that what CPython shares (None, True, False, small ints,
@@ -30,9 +30,10 @@ from conftest import CKPTOOL, SANITIZED, TIME_SCALE, run_ckptool
 
 PROTO = b"\x80\x02"
 GiB = 1 << 30
-# Peak RSS allowed for `inspect` of the 100 MB hostile pickle with default limits: 64 M values
-# at up to ~45 bytes each for this shape, plus the inflated pickle (100 MB) and the binary.
-BOUND = 3.5 * GiB
+# Peak RSS allowed for `inspect` of the 100 MB hostile pickle with default limits: 48 M values
+# at up to ~45 bytes each for this shape (measured: 2.0 GiB), plus the inflated pickle
+# (100 MB) and the binary.
+BOUND = 2.5 * GiB
 # Address-space cap for the runs, so that a regression (or the baseline) fails instead of
 # taking the machine's memory.
 AS_CAP = 6 * GiB
@@ -150,8 +151,8 @@ def test_shared_scalars_cost_nothing(base_zip, tmp_path):
 
 def test_real_checkpoint_within_default(tmp_path):
     # 20,000 tensors in a state dict pass with the default limit and with a limit of
-    # 31 values per tensor (what a torch.save checkpoint needs; 1,000,000 tensors fit in the
-    # default 64,000,000 twice over).
+    # 31 values per tensor (a torch.save checkpoint needs 30 per 1-D tensor: 1,000,000 tensors
+    # fit in the default 48,000,000).
     n = 20_000
     sd = {f"layer.{i}.weight": torch.zeros(1) for i in range(n)}
     f = H.save(sd, tmp_path / "many.pt")
@@ -159,3 +160,26 @@ def test_real_checkpoint_within_default(tmp_path):
     assert rc == 0, err
     rc, out, err = run_ckptool("inspect", "--max-values", str(31 * n), f, timeout=60 * TIME_SCALE)
     assert rc == 0, err
+
+
+def test_alias_paths_are_counted(base_zip, tmp_path):
+    # One tensor referenced 200,000 times at the bottom of 900 nested lists: 400 KB of
+    # pickle, and every reference is an alias whose path (901 steps) is stored. The baseline
+    # used 7 GB and 37 s on it under the default limits; the paths now count against
+    # --max-values.
+    from test_pickle_depth import _tensor_ops
+    ops = _tensor_ops()
+    i = ops.rfind(b"R")
+    assert ops[i + 1:i + 2] == b"q", ops[i:i + 3]  # REDUCE, BINPUT k: the tensor's memo slot
+    get = b"h" + ops[i + 2:i + 3]
+    n, k = 900, 200_000
+    pk = PROTO + b"}X\x01\x00\x00\x00w" + b"]" * n + b"(" + ops + get * k + b"e" + b"a" * (n - 1) + b"s."
+    f = tmp_path / "alias.pt"
+    f.write_bytes(H.replace_record(base_zip, "data.pkl", pk))
+    rc, err, secs, peak = _run_measured(["inspect", "--max-values", "4000000", f], timeout=60)
+    assert rc == 3, err
+    assert re.fullmatch(r"ckptool: limit: .*alias\.pt: byte \d+: tensor paths hold more than 4000000 .*"
+                        r"\(raise with --max-values\)\n", err), err
+    assert secs < 5 * TIME_SCALE, f"{secs:.1f} s"
+    if not SANITIZED:
+        assert peak < 512 << 20, f"peak RSS {peak >> 20} MiB"

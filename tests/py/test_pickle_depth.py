@@ -114,3 +114,18 @@ def test_deep_nesting_reaches_the_tensor(base_zip, max_depth, tmp_path):
     tensors = doc["tensors"]
     assert len(tensors) == 1, tensors
     assert tensors[0]["path"] == ["w"] + [0] * n
+
+
+def test_tree_of_a_key_with_200000_dots(base_zip, tmp_path):
+    # inspect --tree splits keys at dots: the tree (and its indentation) stops at 32 levels,
+    # the rest of the key is one node. The baseline recursed per segment: SIGSEGV.
+    pk = H.record(base_zip, "data.pkl")
+    key = ("a." * 200_000 + "w").encode()
+    pk = pk.replace(b"X\x01\x00\x00\x00w", b"X" + struct.pack("<I", len(key)) + key, 1)
+    f = tmp_path / "dots.pt"
+    f.write_bytes(H.replace_record(base_zip, "data.pkl", pk))
+    rc, out, err = run_ckptool("inspect", "--tree", f, timeout=30 * TIME_SCALE)
+    _check("inspect --tree", rc, out, err, (0,))
+    assert len(out) < 2 * len(key), len(out)
+    tree = out[out.index("tree:"):].splitlines()
+    assert max(len(line) - len(line.lstrip()) for line in tree[1:] if line.strip()) <= 2 + 2 * 32

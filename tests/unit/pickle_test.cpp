@@ -8,6 +8,7 @@
 #include <chrono>
 #include <initializer_list>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -805,4 +806,39 @@ TEST_CASE("pickle: bytes per value (issue 11 item 12)") {
   document doc;
   CHECK(uint64_t(doc.make(kind::none, uint64_t(1) << 50)->offset) == (uint64_t(1) << 40) - 1);
   CHECK(uint64_t(doc.make(kind::none, 12345)->offset) == 12345);
+}
+
+TEST_CASE("pickle: item_list behaves like the vector it replaced") {
+  document d;
+  value* a = d.make(kind::none, 0);
+  value* b = d.make(kind::none, 1);
+  item_list l;
+  CHECK(l.empty());
+  l.insert(l.end(), l.begin(), l.end());  // nothing into nothing (a fuzz finding: null memmove)
+  l.erase(l.begin(), l.end());
+  CHECK(l.size() == 0);
+  for (int i = 0; i < 1000; ++i) l.push_back(i % 2 ? a : b);
+  CHECK(l.size() == 1000);
+  CHECK(l[0] == b);
+  CHECK(l.back() == a);
+  l.insert(l.begin() + 1, {a, a});
+  CHECK(l.size() == 1002);
+  CHECK(l[1] == a);
+  CHECK(l[3] == a);
+  l.erase(l.begin(), l.begin() + 2);
+  CHECK(l[0] == a);
+  CHECK(l.size() == 1000);
+  item_list copy = l;
+  CHECK(copy == l);
+  std::vector<value*> v = {a, b};
+  copy = v;
+  CHECK(copy.size() == 2);
+  CHECK(copy.at(1) == b);
+  CHECK_THROWS_AS(copy.at(2), std::out_of_range);
+  item_list moved = std::move(copy);
+  CHECK(moved.size() == 2);
+  CHECK(copy.empty());
+  moved.assign(3, nullptr);
+  CHECK(moved.size() == 3);
+  CHECK(moved[2] == nullptr);
 }
