@@ -13,7 +13,9 @@ namespace cli {
 // still limits something (a negative or 2^64 value is refused, never read as "unlimited").
 constexpr uint64_t kMaxBytesLimit = 1ull << 40;   // 1 TiB
 constexpr uint64_t kMaxCountLimit = 1ull << 36;   // ~69 billion values
-constexpr uint64_t kMaxDepthLimit = 1'000'000;
+// Depth is a policy limit only: nothing recurses as deep as the input nests (the pickle
+// machine and every walk keep their own stacks), so it shares the count bound.
+constexpr uint64_t kMaxDepthLimit = kMaxCountLimit;
 
 void add_reader_flags(CLI::App& cmd, ckpt::open_options& opts) {
   auto& lim = opts.pickle_limits;
@@ -26,6 +28,8 @@ void add_reader_flags(CLI::App& cmd, ckpt::open_options& opts) {
   limit("--max-container", lim.max_container, "Most elements in one container", kMaxCountLimit);
   limit("--max-string", lim.max_string, "Longest string or bytes value", kMaxBytesLimit);
   limit("--max-stack", lim.max_stack, "Most values on the pickle stack at once", kMaxCountLimit);
+  limit("--max-values", lim.max_values, "Most pickle values and container elements decoded (bounds memory)",
+        kMaxCountLimit);
   limit("--max-long-bytes", lim.max_long_bytes, "Longest pickle integer, in bytes", kMaxBytesLimit);
   limit("--max-tensors", opts.safetensors_limits.max_tensors, "Most tensors in a safetensors header", kMaxCountLimit);
   cmd.add_flag("--verify-crc", opts.verify_crc, "Check the CRC-32 of every zip record (reads all data)");

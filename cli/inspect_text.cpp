@@ -96,6 +96,8 @@ const char* wrapper_origin(const std::string& segment) {
   return "";
 }
 
+constexpr size_t kMaxTreeDepth = 32;
+
 struct tree_node {
   std::map<std::string, std::unique_ptr<tree_node>> children;
   std::vector<std::string> order;
@@ -191,7 +193,15 @@ void print_inspect_text(std::ostream& out, const ckpt::checkpoint& c, const ckpt
       if (!key_matches(options.filter, key)) continue;
       tree_node* node = &root;
       root.numel += t->numel();
-      for (auto seg : ckpt::split_key(key)) {
+      std::vector<std::string_view> segs = ckpt::split_key(key);
+      // Keys come from the file: past kMaxTreeDepth levels the rest of a key is one node,
+      // so neither the tree nor its printing follows a key of a million dots.
+      if (segs.size() > kMaxTreeDepth) {
+        size_t from = size_t(segs[kMaxTreeDepth - 1].data() - key.data());
+        segs.resize(kMaxTreeDepth);
+        segs.back() = std::string_view(key).substr(from);
+      }
+      for (auto seg : segs) {
         std::string s(seg);
         auto& child = node->children[s];
         if (!child) {

@@ -305,11 +305,41 @@ class machine {
 
   // --- values ------------------------------------------------------------------------
   value* make(kind k) {
+    charge(1);
     value* v = doc_.make(k, where());
-    if (is_container(k)) {
-      v->integer = 1;  // nesting height, see link()
-      containers_.push_back(v);
+    if (is_container(k)) v->integer = 1;  // nesting height, see link()
+    return v;
+  }
+  // Every node made and every element put in a container counts against max_values, which
+  // is what bounds the machine's memory (see limits::max_values).
+  void charge(uint64_t n) {
+    values_ += n;
+    if (values_ > lim_.max_values)
+      over_limit("pickle decodes more values than", lim_.max_values, "--max-values");
+  }
+  // Immutable values CPython itself shares (None, True, False, the small-int cache, the
+  // empty tuple) are one node each, so the 1-byte opcodes that make them cost no memory.
+  // Their offset is where the first one was made.
+  value* singleton(value** slot, kind k) {
+    if (!*slot) *slot = make(k);
+    return *slot;
+  }
+  value* make_none() { return singleton(&none_, kind::none); }
+  value* make_bool(bool b) {
+    value** slot = b ? &true_ : &false_;
+    if (!*slot) {
+      *slot = make(kind::boolean);
+      (*slot)->flag = b;
     }
+    return *slot;
+  }
+  value* make_empty_tuple() { return singleton(&empty_tuple_, kind::tuple); }
+  value* make_small(int64_t i) {
+    bool cached = i >= kSmallIntMin && i <= kSmallIntMax;
+    if (cached && small_ints_[i - kSmallIntMin]) return small_ints_[i - kSmallIntMin];
+    value* v = make(kind::integer);
+    v->integer = i;
+    if (cached) small_ints_[i - kSmallIntMin] = v;
     return v;
   }
   value* make_str(std::string text) {
@@ -318,11 +348,7 @@ class machine {
     return v;
   }
   value* make_int(const python_int& i) {
-    if (i.is_small) {
-      value* v = make(kind::integer);
-      v->integer = i.small;
-      return v;
-    }
+    if (i.is_small) return make_small(i.small);
     value* v = make(kind::big_integer);
     v->text = i.big;
     return v;
@@ -362,6 +388,7 @@ class machine {
   value* make_object(object_op how, value* callable, value* args) {
     value* v = make(kind::object);
     v->op = how;
+    charge(kObjectSlots);
     v->items.assign(kObjectSlots, nullptr);
     v->items[kCallable] = callable;
     v->items[kArgs] = args;
@@ -463,7 +490,8 @@ class machine {
   uint64_t text_memo_key(bool for_put);
   void check_depth(const value* root);
   void clear_scratch() {
-    for (value* c : containers_) c->integer = 0;
+    for (const value& v : doc_.nodes())
+      if (is_container(v.type)) const_cast<value&>(v).integer = 0;
   }
 
   const uint8_t* data_;
@@ -486,8 +514,14 @@ class machine {
   std::unordered_map<const value*, container_index> indexes_;
   const value* indexed_ = nullptr;  // the container index_ belongs to
   container_index* index_ = nullptr;
-  std::vector<value*> containers_;
   bool late_ = false;
+  uint64_t values_ = 0;
+  static constexpr int64_t kSmallIntMin = -5, kSmallIntMax = 256;  // CPython's small ints
+  value* none_ = nullptr;
+  value* true_ = nullptr;
+  value* false_ = nullptr;
+  value* empty_tuple_ = nullptr;
+  value* small_ints_[kSmallIntMax - kSmallIntMin + 1] = {};
 };
 
 value* machine::make_global(std::string module, std::string name) {
@@ -500,6 +534,7 @@ value* machine::make_global(std::string module, std::string name) {
   // CPython resolves a dotted name as nested attributes from protocol 4 on, and below it
   // as one attribute whose name holds the dots: the writer must know which it was.
   g->flag = proto_ < 4 && name.find('.') != std::string::npos;
+  charge(2);
   g->items = {make_str(std::move(module)), make_str(std::move(name))};
   return g;
 }
@@ -507,7 +542,7 @@ value* machine::make_global(std::string module, std::string name) {
 value* machine::fold_data_constructor(const value* callable, const value* args) {
   if (callable->type != kind::global) return nullptr;
   std::string_view module = callable->global_module(), name = callable->global_attr();
-  const std::vector<value*>& a = args->items;
+  const item_list& a = args->items;
   if (module == "collections" && name == "OrderedDict") {
     if (!a.empty()) return nullptr;
     value* d = make(kind::dict);
@@ -596,7 +631,7 @@ long machine::index_find_or_add(value* container, const value* key, uint32_t pos
     index_ = &indexes_[container];
   }
   size_t stride = container->type == kind::dict ? 2 : 1;
-  const std::vector<value*>& items = container->items;
+  const item_list& items = container->items;
   if (key->type == kind::str) {
     uint64_t h = mix(std::hash<std::string_view>()(key->text));
     return index_->find_or_add(h, pos, [&](uint32_t at) {
@@ -631,6 +666,7 @@ void machine::dict_set(value* d, value* key, value* val) {
     return;
   }
   check_container(n + 1);
+  charge(2);
   link(d, key);
   d->items.push_back(key);
   d->items.push_back(val);
@@ -650,6 +686,7 @@ void machine::set_add(value* s, value* item) {
     return;
   }
   check_container(n + 1);
+  charge(1);
   link(s, item);
   s->items.push_back(item);
 }
@@ -662,6 +699,7 @@ void machine::append(value* target, value* item) {
   }
   if (target->type != kind::list) wrong_target(target);
   check_container(target->items.size() + 1);
+  charge(1);
   link(target, item);
   target->items.push_back(item);
   if (owner) grow_owner(owner, target);
@@ -675,6 +713,7 @@ void machine::extend(value* target, size_t from) {
   }
   if (target->type != kind::list) wrong_target(target);
   check_container(target->items.size() + (stack_.size() - from));
+  charge(stack_.size() - from);
   for (size_t i = from; i < stack_.size(); ++i) link(target, stack_[i]);
   target->items.insert(target->items.end(), stack_.begin() + long(from), stack_.end());
   if (owner) grow_owner(owner, target);
@@ -759,6 +798,10 @@ void machine::load_collection(kind k) {
   size_t from = pop_mark();
   size_t n = stack_.size() - from;
   check_container(n);
+  if (k == kind::tuple && n == 0) {
+    stack_.resize(from);
+    return push(make_empty_tuple());
+  }
   value* v = make(k);
   if (k == kind::dict) {
     if (n % 2) corrupt("odd number of items for DICT");
@@ -766,6 +809,7 @@ void machine::load_collection(kind k) {
   } else if (k == kind::frozenset) {
     for (size_t i = from; i < stack_.size(); ++i) set_add(v, stack_[i]);
   } else {
+    charge(n);
     for (size_t i = from; i < stack_.size(); ++i) link(v, stack_[i]);
     v->items.assign(stack_.begin() + long(from), stack_.end());
   }
@@ -828,44 +872,30 @@ void machine::step() {
       return;
     // --- scalars
     case NONE:
-      push(make(kind::none));
+      push(make_none());
       return;
     case NEWTRUE:
-    case NEWFALSE: {
-      value* v = make(kind::boolean);
-      v->flag = code_ == NEWTRUE;
-      push(v);
+    case NEWFALSE:
+      push(make_bool(code_ == NEWTRUE));
       return;
-    }
     case INT: {
       std::string_view text = line();
       if (text == "00" || text == "01") {  // Python 2's spelling of False / True
-        value* v = make(kind::boolean);
-        v->flag = text == "01";
-        push(v);
+        push(make_bool(text == "01"));
         return;
       }
       push(make_int(parse_int(text, true, lim_.max_long_bytes)));
       return;
     }
-    case BININT: {
-      value* v = make(kind::integer);
-      v->integer = int32_t(load_u32(take(4)));
-      push(v);
+    case BININT:
+      push(make_small(int32_t(load_u32(take(4)))));
       return;
-    }
-    case BININT1: {
-      value* v = make(kind::integer);
-      v->integer = take_u8();
-      push(v);
+    case BININT1:
+      push(make_small(take_u8()));
       return;
-    }
-    case BININT2: {
-      value* v = make(kind::integer);
-      v->integer = load_u16(take(2));
-      push(v);
+    case BININT2:
+      push(make_small(load_u16(take(2))));
       return;
-    }
     case LONG: {
       std::string_view text = line();
       if (!text.empty() && text.back() == 'L') text.remove_suffix(1);
@@ -959,7 +989,7 @@ void machine::step() {
     }
     // --- containers
     case EMPTY_TUPLE:
-      push(make(kind::tuple));
+      push(make_empty_tuple());
       return;
     case EMPTY_LIST:
       push(make(kind::list));
@@ -984,6 +1014,7 @@ void machine::step() {
       size_t n = size_t(code_ - TUPLE1 + 1);
       need(n);
       value* t = make(kind::tuple);
+      charge(n);
       t->items.assign(stack_.end() - long(n), stack_.end());
       for (value* item : t->items) link(t, item);
       stack_.resize(stack_.size() - n);
@@ -1063,6 +1094,7 @@ void machine::step() {
       if (code_ == GLOBAL) return push(g);
       size_t from = pop_mark();
       value* args = make(kind::tuple);
+      charge(stack_.size() - from);
       args->items.assign(stack_.begin() + long(from), stack_.end());
       for (value* item : args->items) link(args, item);
       stack_.resize(from);
@@ -1084,6 +1116,7 @@ void machine::step() {
       if (stack_.size() == from) corrupt("no class after the MARK");
       value* cls = stack_[from];
       value* args = make(kind::tuple);
+      charge(stack_.size() - from - 1);
       args->items.assign(stack_.begin() + long(from) + 1, stack_.end());
       for (value* item : args->items) link(args, item);
       stack_.resize(from);
@@ -1132,6 +1165,7 @@ void machine::step() {
       std::string_view pid = line();
       if (!ascii_only(pid)) corrupt("persistent IDs in protocol 0 must be ASCII strings");
       value* v = make(kind::persistent_id);
+      charge(1);
       v->items = {make_str(std::string(pid))};
       push(v);
       return;
@@ -1139,6 +1173,7 @@ void machine::step() {
     case BINPERSID: {
       value* pid = pop();
       value* v = make(kind::persistent_id);
+      charge(1);
       v->items = {pid};
       link(v, pid);
       push(v);
@@ -1166,7 +1201,7 @@ void machine::step() {
 // Marks live in the containers' `integer`: 0 unvisited, kOpen on the current path, else
 // the height.
 void machine::check_depth(const value* root) {
-  for (value* c : containers_) c->integer = 0;
+  clear_scratch();
   if (!is_container(root->type)) return;
   constexpr int64_t kOpen = -1;
   struct frame {

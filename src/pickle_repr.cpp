@@ -184,14 +184,14 @@ class printer {
     }
   }
 
-  void put_items(const std::vector<value*>& items, int depth) {
+  void put_items(const item_list& items, int depth) {
     for (size_t i = 0; i < items.size() && !full(); ++i) {
       if (i) out_ += ", ";
       put(items[i], depth + 1);
     }
   }
 
-  void put_dict(const std::vector<value*>& items, int depth) {
+  void put_dict(const item_list& items, int depth) {
     out_ += "{";
     for (size_t i = 0; i + 1 < items.size() && !full(); i += 2) {
       if (i) out_ += ", ";
@@ -210,7 +210,7 @@ class printer {
   }
 
   void put_object(const value* v, int depth) {
-    const std::vector<value*>& slots = v->items;
+    const item_list& slots = v->items;
     auto slot = [&](size_t i) { return i < slots.size() ? slots[i] : nullptr; };
     put(slot(kCallable), depth + 1);
     out_ += "(";

@@ -2,12 +2,15 @@
 
 #include "ckpt/pickle.h"
 
+static_assert(sizeof(ckpt::pickle::value) == 72, "see limits::max_values before growing a node");
+
 namespace ckpt::pickle {
 
 value* document::make(kind type, uint64_t offset) {
   value& v = nodes_.emplace_back();
   v.type = type;
-  v.offset = offset;
+  constexpr uint64_t kMaxOffset = (uint64_t(1) << 40) - 1;  // value::offset has 40 bits
+  v.offset = offset < kMaxOffset ? offset : kMaxOffset;
   return &v;
 }
 

@@ -49,6 +49,23 @@ bool memo_only_if_shared(const value* v) {
   }
 }
 
+// Values CPython shares by itself (None, True, False, the small-int cache, the empty tuple):
+// the reader keeps one node for each, and CPython never memoizes them, so neither does the
+// writer, however often they appear.
+bool never_memoized(const value* v) {
+  switch (v->type) {
+    case kind::none:
+    case kind::boolean:
+      return true;
+    case kind::integer:
+      return v->integer >= -5 && v->integer <= 256;
+    case kind::tuple:
+      return v->items.empty();
+    default:
+      return false;
+  }
+}
+
 class writer {
  public:
   std::vector<uint8_t> run(const value* root) {
@@ -202,7 +219,7 @@ class writer {
         put(op::BINPERSID);
         break;
     }
-    if (shared(v)) memoize(v);
+    if (shared(v) && !never_memoized(v)) memoize(v);
   }
 
   void save_int(int64_t i) {
@@ -343,7 +360,6 @@ class writer {
     size_t n = items.size();
     if (n == 0) {
       put(op::EMPTY_TUPLE);
-      if (shared(v)) memoize(v);
       return;
     }
     if (n > 3) put(op::MARK);
@@ -478,7 +494,7 @@ class writer {
   // APPEND/SETITEM, otherwise every batch, even a last batch of one, is MARK ... APPENDS.
   // Items from a __reduce__ iterator (batch_list / batch_dict) end with APPEND/SETITEM when
   // the last batch holds a single item.
-  void batch_appends(const std::vector<value*>& items, bool exact) {
+  void batch_appends(const item_list& items, bool exact) {
     size_t n = items.size();
     if (n == 0) return;
     if (n == 1) {
@@ -499,7 +515,7 @@ class writer {
     }
   }
 
-  void batch_setitems(const std::vector<value*>& kv, bool exact) {
+  void batch_setitems(const item_list& kv, bool exact) {
     size_t n = kv.size() / 2;
     if (n == 0) return;
     if (n == 1) {
@@ -565,11 +581,11 @@ std::vector<uint8_t> write(const value* root, int protocol) {
   pthread_t thread;
   int rc = pthread_create(&thread, &attr, body, &j);
   pthread_attr_destroy(&attr);
-  if (rc != 0) {
-    body(&j);  // no thread to be had: the caller's stack it is
-  } else {
-    pthread_join(thread, nullptr);
-  }
+  // Without that thread, kMaxDepth levels of recursion could overflow whatever stack the
+  // caller has: refuse rather than risk it.
+  if (rc != 0)
+    throw error(errc::io, std::string("cannot start the pickle writer's thread: ") + std::strerror(rc));
+  pthread_join(thread, nullptr);
   if (failure) std::rethrow_exception(failure);
   return out;
 }

@@ -139,12 +139,21 @@ void find_mirrors(value* v, const std::unordered_set<std::string>& sd_keys, cons
   }
 }
 
-bool subtree_has_unsafe(const value* v, std::unordered_set<const value*>& seen, int depth) {
-  if (!v || depth > 10000 || !seen.insert(v).second) return false;
-  if (v->type == kind::global) return !is_weights_only_safe_global(v->global_module(), v->global_attr());
-  for (const value* c : v->items)
-    if (subtree_has_unsafe(c, seen, depth + 1)) return true;
-  return subtree_has_unsafe(v->state, seen, depth + 1);
+// Iterative: a subtree may nest as deep as --max-depth allows.
+bool subtree_has_unsafe(const value* root, std::unordered_set<const value*>& seen) {
+  std::vector<const value*> todo{root};
+  while (!todo.empty()) {
+    const value* v = todo.back();
+    todo.pop_back();
+    if (!v || !seen.insert(v).second) continue;
+    if (v->type == kind::global) {
+      if (!is_weights_only_safe_global(v->global_module(), v->global_attr())) return true;
+      continue;
+    }
+    todo.push_back(v->state);
+    for (size_t i = v->items.size(); i-- > 0;) todo.push_back(v->items[i]);
+  }
+  return false;
 }
 
 std::vector<std::string> drop_unsafe_entries(checkpoint& c) {
@@ -154,7 +163,7 @@ std::vector<std::string> drop_unsafe_entries(checkpoint& c) {
     std::vector<value*> kept;
     for (size_t i = 0; i < d->dict_size(); ++i) {
       std::unordered_set<const value*> seen;
-      if (subtree_has_unsafe(d->dict_value(i), seen, 0)) {
+      if (subtree_has_unsafe(d->dict_value(i), seen)) {
         dropped.push_back(prefix + pickle::repr(d->dict_key(i), 120));
       } else {
         kept.push_back(d->dict_key(i));
@@ -167,7 +176,7 @@ std::vector<std::string> drop_unsafe_entries(checkpoint& c) {
   if (c.state_dict_node && c.state_dict_node != c.pickle->root)
     drop_from(const_cast<value*>(c.state_dict_node), path_to_string(*c.state_dict) + "/");
   std::unordered_set<const value*> seen;
-  if (subtree_has_unsafe(c.pickle->root, seen, 0))
+  if (subtree_has_unsafe(c.pickle->root, seen))
     throw error(errc::unsafe, "--drop-unsafe: unsafe globals remain outside droppable top-level entries");
   return dropped;
 }

@@ -133,81 +133,157 @@ void tensor_collector::collect(const value* root) {
   walk(root, path, 0);
 }
 
-void tensor_collector::walk(const value* v, value_path& path, uint64_t depth) {
-  if (!v) return;
-  if (depth > max_depth_)
-    throw_limit("value nesting deeper than " + std::to_string(max_depth_) + " (raise with --max-depth)",
-                v->offset);
-  switch (v->type) {
-    case kind::dict:
-    case kind::list:
-    case kind::tuple:
-    case kind::set:
-    case kind::frozenset:
-    case kind::object:
-      break;
-    default:
-      return;  // scalars hold no tensors
-  }
-  if (v->type == kind::object) {
-    if (const size_t* seen = tensor_of_node_.find(v)) {
-      ckpt_.aliases.push_back({path, *seen});
-      return;
-    }
-    if (try_tensor(v, path)) return;
-  }
-  // A container reached twice (memo sharing, or a cycle) is walked once: its tensors keep
-  // their first path, which is also what bounds the walk on "billion laughs" inputs.
-  if (!visited_.insert(v, true)) return;
+namespace {
 
-  auto descend = [&](path_element step, const value* child) {
-    path.push_back(std::move(step));
-    walk(child, path, depth + 1);
-    path.pop_back();
+// One container being walked: 16 bytes, since a walk may hold millions of them. Its
+// children come in up to five sequences (sources()), each a dict (steps are its keys), a
+// list (steps are indexes) or one child under a fixed name.
+struct walk_frame {
+  enum class seq : uint8_t { dict, list, named };
+  struct source {
+    seq how;
+    const value* node;  // the dict or list; for `named`, the child itself
+    const char* name;   // for `named`
   };
-  auto descend_dict = [&](const value* d) {
-    for (size_t i = 0; i < d->dict_size(); ++i) {
-      const value* k = d->dict_key(i);
-      if (k->type == kind::integer)
-        descend(k->integer, d->dict_value(i));
-      else
-        descend(key_string(k), d->dict_value(i));
-    }
-  };
+  const value* node;
+  uint64_t next : 61;    // position in the current sequence
+  uint64_t current : 3;  // which sequence
 
-  switch (v->type) {
-    case kind::dict:
-      descend_dict(v);
-      break;
-    case kind::list:
-    case kind::tuple:
-    case kind::set:
-    case kind::frozenset:
-      for (size_t i = 0; i < v->items.size(); ++i) descend(int64_t(i), v->items[i]);
-      break;
-    case kind::object: {
+  static size_t sources(const value* v, source* out) {
+    size_t n = 0;
+    if (v->type == kind::dict) {
+      out[n++] = {seq::dict, v, nullptr};
+    } else if (v->type == kind::object) {
       // Opaque objects: their attributes live in the BUILD state (a dict, or the
       // (dict, slots) pair of __setstate__); container-like ones also received items.
       const value* state = v->state;
       if (state && state->type == kind::dict) {
-        descend_dict(state);
+        out[n++] = {seq::dict, state, nullptr};
       } else if (state && state->type == kind::tuple && state->items.size() == 2) {
         for (const value* part : state->items)
-          if (part->type == kind::dict) descend_dict(part);
+          if (part->type == kind::dict) out[n++] = {seq::dict, part, nullptr};
       } else if (state) {
-        descend(std::string("__state__"), state);
+        out[n++] = {seq::named, state, "__state__"};
       }
-      if (const value* items = v->items[pickle::kDictItems]) descend_dict(items);
-      if (const value* items = v->items[pickle::kListItems])
-        for (size_t i = 0; i < items->items.size(); ++i) descend(int64_t(i), items->items[i]);
-      if (const value* args = v->items[pickle::kArgs]) {
-        if (args->items.size() > 0) descend(std::string("__args__"), args);
-      }
-      break;
+      if (const value* items = v->items[pickle::kDictItems]) out[n++] = {seq::dict, items, nullptr};
+      if (const value* items = v->items[pickle::kListItems]) out[n++] = {seq::list, items, nullptr};
+      if (const value* args = v->items[pickle::kArgs]; args && args->items.size() > 0)
+        out[n++] = {seq::named, args, "__args__"};
+    } else {
+      out[n++] = {seq::list, v, nullptr};
     }
-    default:
-      break;
+    return n;
   }
+
+  // The next (step, child) pair, or false when every sequence is done.
+  bool advance(path_element* step, const value** child) {
+    source all[5];
+    size_t count = sources(node, all);
+    while (current < count) {
+      const source& s = all[current];
+      if (s.how == seq::named) {
+        if (next++ > 0) {
+          ++current;
+          next = 0;
+          continue;
+        }
+        *step = std::string(s.name);
+        *child = s.node;
+        return true;
+      }
+      size_t n = s.how == seq::dict ? s.node->dict_size() : s.node->items.size();
+      if (next >= n) {
+        ++current;
+        next = 0;
+        continue;
+      }
+      size_t i = next;
+      next = next + 1;
+      if (s.how == seq::list) {
+        *step = int64_t(i);
+        *child = s.node->items[i];
+        return true;
+      }
+      const value* k = s.node->dict_key(i);
+      if (k->type == kind::integer)
+        *step = k->integer;
+      else
+        *step = key_string(k);
+      *child = s.node->dict_value(i);
+      return true;
+    }
+    return false;
+  }
+};
+
+}  // namespace
+
+// Iterative, with an explicit stack of frames: --max-depth may be raised far beyond what
+// the C++ stack could recurse through, and the walk must stay safe whatever its value.
+void tensor_collector::walk(const value* root, value_path& path, uint64_t depth) {
+  std::vector<walk_frame> frames;
+  // Visits `v` at `depth`; returns whether a frame was pushed for its children.
+  auto visit = [&](const value* v, uint64_t d) {
+    if (!v) return false;
+    if (d > max_depth_)
+      throw_limit("value nesting deeper than " + std::to_string(max_depth_) + " (raise with --max-depth)",
+                  v->offset);
+    switch (v->type) {
+      case kind::dict:
+      case kind::list:
+      case kind::tuple:
+      case kind::set:
+      case kind::frozenset:
+      case kind::object:
+        break;
+      default:
+        return false;  // scalars hold no tensors
+    }
+    if (v->type == kind::object) {
+      if (const size_t* seen = tensor_of_node_.find(v)) {
+        charge_path(path, v);
+        ckpt_.aliases.push_back({path, *seen});
+        return false;
+      }
+      if (try_tensor(v, path)) return false;
+    }
+    // A container reached twice (memo sharing, or a cycle) is walked once: its tensors keep
+    // their first path, which is also what bounds the walk on "billion laughs" inputs.
+    if (!visited_.insert(v, true)) return false;
+    frames.push_back({v, 0, 0});
+    return true;
+  };
+  visit(root, depth);
+  const size_t base = path.size();
+  path_element step;
+  const value* child = nullptr;
+  while (!frames.empty()) {
+    walk_frame& f = frames.back();
+    if (!f.advance(&step, &child)) {
+      frames.pop_back();
+      // Every frame but the root's was entered through a step.
+      if (path.size() > base) path.pop_back();
+      continue;
+    }
+    // Frame k (from 0) is a node at depth + k: its children are one deeper.
+    uint64_t d = depth + frames.size();
+    path.push_back(std::move(step));
+    if (!visit(child, d)) path.pop_back();
+  }
+}
+
+// Every stored path is a copy: a tensor shared many times deep down a nest (a few bytes of
+// pickle per reference) would otherwise cost depth x references. One value per step, and one
+// per 64 bytes of a key's text, keeps paths within the memory max_values stands for.
+void tensor_collector::charge_path(const value_path& path, const value* at) {
+  uint64_t cost = 0;
+  for (const path_element& step : path)
+    cost += 1 + (std::holds_alternative<std::string>(step) ? std::get<std::string>(step).size() / 64 : 0);
+  path_values_ += cost;
+  if (path_values_ > max_values_)
+    throw_limit("tensor paths hold more than " + std::to_string(max_values_) +
+                    " values' worth of steps (raise with --max-values)",
+                at->offset);
 }
 
 bool tensor_collector::try_tensor(const value* v, value_path& path) {
@@ -224,6 +300,7 @@ bool tensor_collector::try_tensor(const value* v, value_path& path) {
   if (std::find(std::begin(kTensorRebuilds), std::end(kTensorRebuilds), name) == std::end(kTensorRebuilds))
     return false;
   tensor_record t = rebuild(v, 0);
+  charge_path(path, v);
   t.path = path;
   size_t index = ckpt_.tensors.size();
   tensor_of_node_.assign(v, index);

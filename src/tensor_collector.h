@@ -33,8 +33,9 @@ class tensor_collector {
   /// storage index in `ckpt.storages`, creating the record on first use.
   using binder = std::function<size_t(const storage_ref&, dtype element_type)>;
 
-  tensor_collector(checkpoint& ckpt, binder bind, uint64_t max_depth, bool legacy)
-      : ckpt_(ckpt), bind_(std::move(bind)), max_depth_(max_depth), legacy_(legacy) {}
+  tensor_collector(checkpoint& ckpt, binder bind, const pickle::limits& lim, bool legacy)
+      : ckpt_(ckpt), bind_(std::move(bind)), max_depth_(lim.max_depth), max_values_(lim.max_values),
+        legacy_(legacy) {}
 
   /// Walks the tree from `root`, recording every tensor at the first path it is reached by.
   void collect(const pickle::value* root);
@@ -56,9 +57,14 @@ class tensor_collector {
   /// Entries past the 64th of all size and stride tuples read (8 MiB as int64).
   static constexpr uint64_t kDimsPast64Budget = uint64_t(1) << 20;
 
+  /// Counts a path about to be stored (a tensor's or an alias's) against max_values.
+  void charge_path(const value_path& path, const pickle::value* at);
+
   checkpoint& ckpt_;
   binder bind_;
   uint64_t max_depth_;
+  uint64_t max_values_;
+  uint64_t path_values_ = 0;
   bool legacy_;
   pointer_map<size_t> tensor_of_node_;
   pointer_map<bool> visited_;

@@ -23,6 +23,8 @@
 #include <string_view>
 #include <vector>
 
+#include "ckpt/pickle_items.h"
+
 namespace ckpt::pickle {
 
 enum class kind : uint8_t {
@@ -46,22 +48,30 @@ enum object_slot : size_t {
   kObjectSlots = 5,
 };
 
+// 72 bytes (tests/unit/pickle_test.cpp measures it): the machine's memory is about this
+// per decoded value, which is what limits::max_values multiplies.
 struct value {
+  value() : offset(0) {}
+
   kind type = kind::none;
   bool flag = false;      // boolean: the value; dict: true for collections.OrderedDict;
                           // global: a dotted name read below protocol 4, which names one
                           // attribute with dots in it, not nested ones
   object_op op = object_op::reduce;
-  int64_t integer = 0;    // integer
-  double floating = 0;    // floating
+  // Stream offset of the opcode that made this node, in the 40 bits left of the first
+  // word (1 TiB; document::make saturates larger ones).
+  uint64_t offset : 40;
+  union {
+    int64_t integer = 0;  // integer (the reader keeps nesting heights here while it runs)
+    double floating;      // floating
+  };
   // str: UTF-8 (lone surrogates kept as WTF-8, as CPython's surrogatepass would);
   // bytes/bytearray: raw bytes; big_integer: two's complement, little-endian, minimal.
   std::string text;
   // tuple/list/set/frozenset: elements; dict: k0, v0, k1, v1, ... in insertion order;
   // global, object, persistent_id: see above.
-  std::vector<value*> items;
+  item_list items;
   value* state = nullptr;  // BUILD state (objects, OrderedDict)
-  uint64_t offset = 0;     // stream offset of the opcode that made this node
 
   size_t dict_size() const { return items.size() / 2; }
   value* dict_key(size_t i) const { return items[2 * i]; }
@@ -87,6 +97,16 @@ struct limits {
   uint64_t max_container = 100'000'000;     // elements of one container
   uint64_t max_string = 1ull << 30;         // one str/bytes operand
   uint64_t max_long_bytes = 1u << 16;       // LONG1/LONG4/text LONG operand
+  // Values decoded: every node made plus every element put in a container. None, True,
+  // False, the ints -5..256 and the empty tuple are made once and cost nothing after.
+  // This is what bounds the reader's memory: a value costs at most about 80 bytes (a node
+  // is 72 bytes plus its share of the node deque; an element 8-16 bytes; a new dict key
+  // with its index and hash entries about 60 per value it counts), so the default keeps
+  // the machine under about 3.6 GiB whatever the input (measured: 50 M popped dicts, 75
+  // bytes each). A torch.save checkpoint needs 30 values per 1-D tensor, 34 per 2-D one:
+  // 1,000,000 tensors fit. The tensor collector counts the paths it stores against the
+  // same number (one value per step, ~40 bytes), separately.
+  uint64_t max_values = 48'000'000;
 };
 
 /// Owns every node of one decoded pickle.

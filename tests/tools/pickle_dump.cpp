@@ -191,7 +191,7 @@ class canonical {
     return out + "\"}";
   }
 
-  std::string array(const std::vector<value*>& items, int depth) {
+  std::string array(const ckpt::pickle::item_list& items, int depth) {
     std::string out = "[";
     for (size_t i = 0; i < items.size(); ++i) {
       if (i) out += ",";
@@ -200,7 +200,7 @@ class canonical {
     return out + "]";
   }
 
-  std::string pairs(const std::vector<value*>& items, int depth) {
+  std::string pairs(const ckpt::pickle::item_list& items, int depth) {
     std::string out = "[";
     for (size_t i = 0; i + 1 < items.size(); i += 2) {
       if (i) out += ",";
@@ -211,7 +211,7 @@ class canonical {
   }
 
   // Set order is hash order in CPython: render each element on its own and sort.
-  std::string sorted(const std::vector<value*>& items, int depth) {
+  std::string sorted(const ckpt::pickle::item_list& items, int depth) {
     std::vector<std::string> parts;
     for (const value* item : items) parts.push_back(canonical().render(item, depth + 1));
     std::sort(parts.begin(), parts.end());

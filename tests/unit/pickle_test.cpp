@@ -8,6 +8,7 @@
 #include <chrono>
 #include <initializer_list>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -645,8 +646,8 @@ TEST_CASE("pickle: offsets, trailing bytes and stacked pickles") {
   parse_options opt;
   opt.base_offset = 1000;
   document d = P(P2 + K(1) + O(op::TUPLE1) + STOP, opt);
-  CHECK(d.root->offset == 1004);
-  CHECK(d.root->items[0]->offset == 1002);
+  CHECK(uint64_t(d.root->offset) == 1004);
+  CHECK(uint64_t(d.root->items[0]->offset) == 1002);
   CHECK(d.end_offset == 6);
   CHECK(d.protocol == 2);
   failure f = F(P2 + "J" + "\x01", opt);
@@ -763,3 +764,81 @@ TEST_CASE("pickle: a 20,000-tensor state dict parses quickly") {
 }
 
 }  // TEST_SUITE
+
+TEST_CASE("pickle: bytes per value (issue 11 item 12)") {
+  // A node is 72 bytes (it was 96, plus a separately allocated vector per container);
+  // limits::max_values multiplies this.
+  CHECK(sizeof(value) == 72);
+  CHECK(sizeof(item_list) == 16);
+
+  // What CPython shares is one node however often it appears: 1-byte opcodes make none.
+  std::string s = P2 + "](";
+  for (int i = 0; i < 1000; ++i) s += std::string("N") + "\x88" + "\x89" + ")" + K(i % 200);
+  s += "e" + STOP;
+  document d = P(s);
+  REQUIRE(d.root->items.size() == 5000);
+  CHECK(d.node_count() < 210);  // the list, None, True, False, (), 200 ints
+  CHECK(d.root->items[0] == d.root->items[5]);
+  CHECK(d.root->items[4]->integer == 0);
+  // Ints outside CPython's small-int cache are values of their own.
+  document big = P(P2 + "(" + bin({op::BININT2, 0x00, 0x10}) + bin({op::BININT2, 0x00, 0x10}) + "l" + STOP);
+  CHECK(big.root->items[0] != big.root->items[1]);
+
+  // Every node and every element counts against max_values.
+  parse_options o;
+  std::string lists = P2 + "]";
+  for (int i = 0; i < 1000; ++i) lists += "]a";
+  lists += STOP;
+  o.lim.max_values = 2001;  // 1001 lists + 1000 elements
+  CHECK(P(lists, o).root->items.size() == 1000);
+  o.lim.max_values = 2000;
+  failure f = F(lists, o);
+  CHECK(f.kind == errc::limit);
+  CHECK(f.message.find("more values than 2000 (raise with --max-values)") != std::string::npos);
+  // Elements alone: a list appending itself, no new node.
+  std::string self = P2 + "]";
+  for (int i = 0; i < 1000; ++i) self += "2a";
+  self += STOP;
+  o.lim.max_values = 500;
+  CHECK(F(self, o).message.find("--max-values") != std::string::npos);
+
+  // Offsets beyond value::offset's 40 bits saturate rather than wrap.
+  document doc;
+  CHECK(uint64_t(doc.make(kind::none, uint64_t(1) << 50)->offset) == (uint64_t(1) << 40) - 1);
+  CHECK(uint64_t(doc.make(kind::none, 12345)->offset) == 12345);
+}
+
+TEST_CASE("pickle: item_list behaves like the vector it replaced") {
+  document d;
+  value* a = d.make(kind::none, 0);
+  value* b = d.make(kind::none, 1);
+  item_list l;
+  CHECK(l.empty());
+  l.insert(l.end(), l.begin(), l.end());  // nothing into nothing (a fuzz finding: null memmove)
+  l.erase(l.begin(), l.end());
+  CHECK(l.size() == 0);
+  for (int i = 0; i < 1000; ++i) l.push_back(i % 2 ? a : b);
+  CHECK(l.size() == 1000);
+  CHECK(l[0] == b);
+  CHECK(l.back() == a);
+  l.insert(l.begin() + 1, {a, a});
+  CHECK(l.size() == 1002);
+  CHECK(l[1] == a);
+  CHECK(l[3] == a);
+  l.erase(l.begin(), l.begin() + 2);
+  CHECK(l[0] == a);
+  CHECK(l.size() == 1000);
+  item_list copy = l;
+  CHECK(copy == l);
+  std::vector<value*> v = {a, b};
+  copy = v;
+  CHECK(copy.size() == 2);
+  CHECK(copy.at(1) == b);
+  CHECK_THROWS_AS(copy.at(2), std::out_of_range);
+  item_list moved = std::move(copy);
+  CHECK(moved.size() == 2);
+  CHECK(copy.empty());
+  moved.assign(3, nullptr);
+  CHECK(moved.size() == 3);
+  CHECK(moved[2] == nullptr);
+}

@@ -1,0 +1,144 @@
+// The element list of a pickle node: a vector of node pointers in 16 bytes (std::vector
+// takes 24), grown with realloc so that a large list grows in place instead of being copied
+// (no transient second copy: the memory bound of the pickle machine counts on it).
+#pragma once
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <algorithm>
+#include <initializer_list>
+#include <new>
+#include <stdexcept>
+#include <vector>
+
+namespace ckpt::pickle {
+
+struct value;
+
+class item_list {
+ public:
+  using value_type = value*;
+  using iterator = value**;
+  using const_iterator = value* const*;
+  using size_type = size_t;
+
+  item_list() = default;
+  item_list(std::initializer_list<value*> init) { assign(init.begin(), init.end()); }
+  item_list(const item_list& o) { assign(o.begin(), o.end()); }
+  item_list(item_list&& o) noexcept : data_(o.data_), size_(o.size_), cap_(o.cap_) {
+    o.data_ = nullptr;
+    o.size_ = o.cap_ = 0;
+  }
+  item_list& operator=(const item_list& o) {
+    if (this != &o) assign(o.begin(), o.end());
+    return *this;
+  }
+  item_list& operator=(item_list&& o) noexcept {
+    if (this != &o) {
+      std::free(data_);
+      data_ = o.data_;
+      size_ = o.size_;
+      cap_ = o.cap_;
+      o.data_ = nullptr;
+      o.size_ = o.cap_ = 0;
+    }
+    return *this;
+  }
+  item_list& operator=(std::initializer_list<value*> init) {
+    assign(init.begin(), init.end());
+    return *this;
+  }
+  item_list& operator=(const std::vector<value*>& v) {
+    assign(v.data(), v.data() + v.size());
+    return *this;
+  }
+  ~item_list() { std::free(data_); }
+
+  size_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+  value*& operator[](size_t i) { return data_[i]; }
+  value* operator[](size_t i) const { return data_[i]; }
+  value* at(size_t i) const {
+    if (i >= size_) throw std::out_of_range("item_list::at");
+    return data_[i];
+  }
+  value*& back() { return data_[size_ - 1]; }
+  value* back() const { return data_[size_ - 1]; }
+  value*& front() { return data_[0]; }
+  value* front() const { return data_[0]; }
+  iterator begin() { return data_; }
+  iterator end() { return data_ + size_; }
+  const_iterator begin() const { return data_; }
+  const_iterator end() const { return data_ + size_; }
+  value** data() { return data_; }
+  value* const* data() const { return data_; }
+  std::vector<value*> to_vector() const { return {begin(), end()}; }
+  bool operator==(const item_list& o) const {
+    return size_ == o.size_ && (size_ == 0 || std::memcmp(data_, o.data_, size_ * sizeof(value*)) == 0);
+  }
+  bool operator!=(const item_list& o) const { return !(*this == o); }
+
+  void clear() { size_ = 0; }
+  void reserve(size_t n) {
+    if (n > cap_) grow_to(n);
+  }
+  void push_back(value* v) {
+    if (size_ == cap_) grow_to(size_t(cap_) < 4 ? 4 : size_t(cap_) * 2);
+    data_[size_++] = v;
+  }
+  void pop_back() { --size_; }
+  void resize(size_t n, value* fill = nullptr) {
+    reserve(n);
+    for (size_t i = size_; i < n; ++i) data_[i] = fill;
+    size_ = uint32_t(n);
+  }
+  void assign(size_t n, value* fill) {
+    clear();
+    resize(n, fill);
+  }
+  template <class It>
+  void assign(It first, It last) {
+    size_t n = size_t(last - first);
+    if (n > cap_) grow_to(n);  // exact: most lists are built once from the stack
+    size_ = uint32_t(n);
+    for (size_t i = 0; i < n; ++i, ++first) data_[i] = *first;
+  }
+  // Inserts [first, last) before pos; pos must point into this list.
+  template <class It>
+  iterator insert(const_iterator pos, It first, It last) {
+    size_t at = size_t(pos - data_), n = size_t(last - first);
+    if (n == 0) return data_ + at;
+    if (size_ + n > cap_) grow_to(std::max<size_t>(size_ + n, size_t(cap_) * 2));
+    if (size_ > at) std::memmove(data_ + at + n, data_ + at, (size_ - at) * sizeof(value*));
+    for (size_t i = 0; i < n; ++i, ++first) data_[at + i] = *first;
+    size_ += uint32_t(n);
+    return data_ + at;
+  }
+  iterator insert(const_iterator pos, std::initializer_list<value*> init) {
+    return insert(pos, init.begin(), init.end());
+  }
+  iterator insert(const_iterator pos, value* v) { return insert(pos, &v, &v + 1); }
+  iterator erase(const_iterator first, const_iterator last) {
+    size_t at = size_t(first - data_), n = size_t(last - first);
+    if (size_ > at + n) std::memmove(data_ + at, data_ + at + n, (size_ - at - n) * sizeof(value*));
+    size_ -= uint32_t(n);
+    return data_ + at;
+  }
+
+ private:
+  // Sizes are 32-bit: the pickle machine caps every container below 2^32 elements.
+  void grow_to(size_t n) {
+    if (n > UINT32_MAX) throw std::bad_alloc();
+    void* p = std::realloc(data_, n * sizeof(value*));
+    if (!p) throw std::bad_alloc();
+    data_ = static_cast<value**>(p);
+    cap_ = uint32_t(n);
+  }
+
+  value** data_ = nullptr;
+  uint32_t size_ = 0;
+  uint32_t cap_ = 0;
+};
+
+}  // namespace ckpt::pickle
