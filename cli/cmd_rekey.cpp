@@ -124,6 +124,8 @@ void run_rekey(const rekey_options& o) {
   if (req.ops.empty()) throw ckpt::error(ckpt::errc::usage, "no operation given (see ckptool rekey --help)");
   req.dry_run = o.dry_run;
   req.output = o.output;
+  req.reader = o.reader;
+  req.release_input = true;  // c is not used after the write
   req.unsafe = o.keep_unsafe ? ckpt::unsafe_policy::keep : o.drop_unsafe ? ckpt::unsafe_policy::drop : ckpt::unsafe_policy::refuse;
   progress_bar bar("rekey");
   if (bar.enabled() && !o.dry_run) req.progress = [&bar](uint64_t done, uint64_t total) { bar.update(done, total); };

@@ -21,7 +21,7 @@ void add_reader_flags(CLI::App& cmd, ckpt::open_options& opts) {
       ->capture_default_str()->group("Limits");
   cmd.add_option("--max-long-bytes", lim.max_long_bytes, "Longest pickle integer, in bytes")
       ->capture_default_str()->group("Limits");
-  cmd.add_option("--max-tensors", opts.safetensors_limits.max_tensors, "Most tensors in a safetensors header")
+  cmd.add_option("--max-tensors", opts.max_tensors, "Most tensors in a checkpoint (torch zip, legacy, TorchScript data, safetensors)")
       ->capture_default_str()->group("Limits");
   cmd.add_flag("--verify-crc", opts.verify_crc, "Check the CRC-32 of every zip record (reads all data)");
 }

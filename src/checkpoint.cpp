@@ -309,7 +309,7 @@ void read_torch_zip(checkpoint& c, const open_options& opt) {
   c.storages.reserve(ar.entries().size());
   c.tensors.reserve(ar.entries().size());
   detail::tensor_collector collector(c, detail::zip_storage_binder(c, "data/"),
-                                     opt.pickle_limits.max_depth, false);
+                                     opt.pickle_limits.max_depth, opt.max_tensors, false);
   collector.collect(c.pickle->root);
   collect_globals(c, torchscript);
   if (!torchscript) c.unknown_records = records_torch_save_never_writes(ar);
@@ -320,7 +320,7 @@ void read_torch_zip(checkpoint& c, const open_options& opt) {
       auto doc = parse_record_pickle(ar, *consts, opt.pickle_limits, true);
       size_t first = c.tensors.size();
       detail::tensor_collector cc(c, detail::zip_storage_binder(c, "constants/"),
-                                  opt.pickle_limits.max_depth, false);
+                                  opt.pickle_limits.max_depth, opt.max_tensors, false);
       cc.collect(doc->root);
       for (size_t i = first; i < c.tensors.size(); ++i)
         c.tensors[i].path.insert(c.tensors[i].path.begin(), std::string("<constants>"));
@@ -338,7 +338,9 @@ void read_torch_zip(checkpoint& c, const open_options& opt) {
 
 void read_safetensors(checkpoint& c, const open_options& opt) {
   c.format = file_format::safetensors;
-  c.st_header = safetensors::read_header(*c.source, opt.safetensors_limits);
+  safetensors::limits lim = opt.safetensors_limits;
+  lim.max_tensors = opt.max_tensors;
+  c.st_header = safetensors::read_header(*c.source, lim);
   for (const auto& t : c.st_header->tensors) {
     storage_record s;
     s.key = t.name;

@@ -140,7 +140,7 @@ void read_legacy(checkpoint& c, const open_options& options) {
         if (c.storages[i].location.empty()) c.storages[i].location = ref.location;
         return i;
       },
-      options.pickle_limits.max_depth, true);
+      options.pickle_limits.max_depth, options.max_tensors, true);
   collector.collect(c.pickle->root);
 }
 

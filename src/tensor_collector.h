@@ -33,8 +33,9 @@ class tensor_collector {
   /// storage index in `ckpt.storages`, creating the record on first use.
   using binder = std::function<size_t(const storage_ref&, dtype element_type)>;
 
-  tensor_collector(checkpoint& ckpt, binder bind, uint64_t max_depth, bool legacy)
-      : ckpt_(ckpt), bind_(std::move(bind)), max_depth_(max_depth), legacy_(legacy) {}
+  /// `max_tensors` bounds ckpt.tensors as a whole (several collectors may fill it).
+  tensor_collector(checkpoint& ckpt, binder bind, uint64_t max_depth, uint64_t max_tensors, bool legacy)
+      : ckpt_(ckpt), bind_(std::move(bind)), max_depth_(max_depth), max_tensors_(max_tensors), legacy_(legacy) {}
 
   /// Walks the tree from `root`, recording every tensor at the first path it is reached by.
   void collect(const pickle::value* root);
@@ -54,6 +55,7 @@ class tensor_collector {
   checkpoint& ckpt_;
   binder bind_;
   uint64_t max_depth_;
+  uint64_t max_tensors_;
   bool legacy_;
   pointer_map<size_t> tensor_of_node_;
   pointer_map<bool> visited_;

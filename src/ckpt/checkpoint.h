@@ -68,7 +68,9 @@ struct tensor_record {
   bool requires_grad = false;
   std::string location;
   const pickle::value* node = nullptr; // the rebuild call in the pickle tree (torch formats)
-  std::optional<quantization> quant;   // quantized dtypes only
+  // Quantized dtypes only. Held by pointer: a quantization is large, and a million plain
+  // tensors should not each carry an empty one.
+  std::shared_ptr<const quantization> quant;
 
   uint64_t numel() const;
   uint64_t nbytes() const {
@@ -94,6 +96,11 @@ struct open_options {
   pickle::limits pickle_limits;
   zip::open_options zip_limits;
   safetensors::limits safetensors_limits;
+  /// Most tensors a checkpoint may hold, in every format (tensor records: every rebuild
+  /// call of a torch pickle, TorchScript constants included; every safetensors entry).
+  /// Per-tensor metadata costs memory and time, so this bounds both. open_checkpoint uses
+  /// it in place of safetensors_limits.max_tensors.
+  uint64_t max_tensors = 1'000'000;
   /// Verify the CRC-32 of every zip record (reads all the data).
   bool verify_crc = false;
 };

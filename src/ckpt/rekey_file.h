@@ -22,9 +22,17 @@ struct rekey_request {
   unsafe_policy unsafe = unsafe_policy::refuse;
   bool dry_run = false;
   std::string output;  // ignored for dry runs
+  /// The limits the input was opened with: the output is read back under the same ones.
+  open_options reader;
   /// Bytes of the output written so far, and the expected total (the input's size: the
   /// output differs only by the pickle). Called often; keep it cheap.
   std::function<void(uint64_t done, uint64_t total)> progress;
+  /// Lets rekey_file free the input's pickle document once the output's pickle is made, so
+  /// the output is read back without both documents in memory at once (for a million
+  /// tensors they are most of the peak). Afterwards c.pickle is null and every pointer into
+  /// it is cleared (state_dict_node, tensor_record::node): c still names its tensors,
+  /// storages and records, but its tree is gone.
+  bool release_input = false;
 };
 
 struct rekey_result {

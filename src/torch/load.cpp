@@ -85,14 +85,29 @@ std::vector<std::pair<std::string, at::Tensor>> load_tensors(const checkpoint& c
                                                           std::vector<std::string>* converted) {
   std::vector<bool> needed(c.storages.size(), true);
   std::vector<at::Tensor> storages = detail::load_storages(c, needed, o);
+  // Each storage's byte tensor is dropped once the last view of it is made: the views keep
+  // the storage, and a million one-element tensors should not hold a million extra
+  // TensorImpls until the end. Quantizer tensors (per-channel scales) are built from these
+  // too, so a quantized tensor's storages are kept to the end.
+  std::vector<size_t> views_left(c.storages.size(), 0);
+  bool quantized = false;
+  for (const tensor_record& t : c.tensors) {
+    if (t.storage) ++views_left[*t.storage];
+    quantized = quantized || t.quant;
+  }
+  std::vector<std::pair<std::string, size_t>> names = named_tensors(c);
   std::vector<std::pair<std::string, at::Tensor>> out;
+  out.reserve(names.size());
   std::vector<at::Tensor> by_record(c.tensors.size());
   storage_caster caster(o.dtype);
-  for (auto& [name, i] : named_tensors(c)) {
+  for (auto& [name, i] : names) {
     // A tensor object reached under several names stays one tensor object.
-    if (!by_record[i].defined())
+    if (!by_record[i].defined()) {
       by_record[i] = caster.apply(detail::view_of(c.tensors[i], storages, o.device), converted, name);
-    out.emplace_back(name, by_record[i]);
+      const auto& s = c.tensors[i].storage;
+      if (s && !quantized && --views_left[*s] == 0) storages[*s] = at::Tensor();
+    }
+    out.emplace_back(std::move(name), by_record[i]);
   }
   return out;
 }
