@@ -38,6 +38,7 @@ void run_materialize(materialize_options& o) {
   for (const auto& s : o.inputs) o.req.run_inputs.push_back(parse_input_spec(s));
   if (!o.req.run_inputs.empty() && o.req.run_method.empty()) o.req.run_method = "forward";
   ckpt::checkpoint c = ckpt::open_checkpoint(o.checkpoint, o.reader);
+  o.req.release_input = true;  // c is not used after materialize
   progress_bar bar("materialize");
   if (bar.enabled()) o.req.progress = [&bar](uint64_t done, uint64_t total) { bar.update(done, total); };
   ckpt::materialize_report r;

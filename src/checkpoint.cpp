@@ -490,6 +490,27 @@ checkpoint open_checkpoint(const std::string& path, const open_options& options)
   return open_checkpoint(std::move(src), options);
 }
 
+void release_pickle(checkpoint& c) {
+  auto detached = [](const std::shared_ptr<const tensor_record>& t) -> std::shared_ptr<const tensor_record> {
+    if (!t) return t;
+    auto copy = std::make_shared<tensor_record>(*t);
+    copy->node = nullptr;
+    return copy;
+  };
+  for (tensor_record& t : c.tensors) {
+    t.node = nullptr;
+    if (t.quant && (t.quant->scales || t.quant->zero_points)) {
+      auto q = std::make_shared<quantization>(*t.quant);
+      q->scales = detached(q->scales);
+      q->zero_points = detached(q->zero_points);
+      t.quant = std::move(q);
+    }
+  }
+  c.state_dict_node = nullptr;
+  c.extra_pickles.clear();
+  c.pickle.reset();
+}
+
 void refuse_unsafe_torchscript(const zip::archive& ar, const pickle::limits& lim) {
   const zip::entry* data = ar.find("data.pkl");
   if (!data) return;

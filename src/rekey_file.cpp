@@ -322,31 +322,9 @@ void verify_torch_output(const std::string& temp, const checkpoint& in, const st
 // in large pieces: one copy_file_range per record cost two system calls each.
 constexpr uint64_t kSmallRecord = 64 << 10;
 
-// rekey_request::release_input: the tree is written, nothing reads it again.
-void release_tree(checkpoint& c) {
-  auto detached = [](const std::shared_ptr<const tensor_record>& t) -> std::shared_ptr<const tensor_record> {
-    if (!t) return t;
-    auto copy = std::make_shared<tensor_record>(*t);
-    copy->node = nullptr;
-    return copy;
-  };
-  for (tensor_record& t : c.tensors) {
-    t.node = nullptr;
-    if (t.quant && (t.quant->scales || t.quant->zero_points)) {
-      auto q = std::make_shared<quantization>(*t.quant);
-      q->scales = detached(q->scales);
-      q->zero_points = detached(q->zero_points);
-      t.quant = std::move(q);
-    }
-  }
-  c.state_dict_node = nullptr;
-  c.extra_pickles.clear();
-  c.pickle.reset();
-}
-
 void write_torch_zip(checkpoint& c, const rekey_request& req, rekey_result& result) {
   std::vector<uint8_t> pkl = pickle::write(c.pickle->root, 2);
-  if (req.release_input) release_tree(c);
+  if (req.release_input) release_pickle(c);  // the tree is written; nothing reads it again
   const file_source& src = file_of(c);
   atomic_output out(req.output, output_mode(c));
   zip::writer w(out.fd(), c.zip->prefix(), storage_alignment(*c.zip));

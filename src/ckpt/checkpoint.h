@@ -137,6 +137,13 @@ struct checkpoint {
   std::vector<std::pair<std::string, size_t>> state_dict_tensors() const;
 };
 
+/// Frees c's decoded pickles: c.pickle becomes null, extra_pickles empty, and every pointer
+/// into them is cleared (state_dict_node, tensor_record::node, a quantizer's channel
+/// tensors' nodes). Tensors (paths included), aliases, storages, records and entries stay.
+/// For callers that have taken what they need from the tree (state_dict_tensors() needs it):
+/// for a million tensors the tree is most of a checkpoint's memory.
+void release_pickle(checkpoint& c);
+
 /// Throws errc::unsafe when a TorchScript archive's data.pkl names globals outside
 /// TorchScript's vocabulary and the weights_only allowlist: run before handing an archive
 /// to LibTorch, whose unpickler would otherwise be the one to judge them.

@@ -27,7 +27,7 @@ struct torch_plugin_api {
   torchscript_info (*inspect_torchscript)(const std::string& path, const zip::archive& ar);
   std::vector<meta_output> (*run_on_meta)(const std::string& path, const zip::archive& ar,
                                           const std::string& method, const std::vector<input_spec>& inputs);
-  materialize_report (*materialize)(const checkpoint& c, const materialize_request& request);
+  materialize_report (*materialize)(checkpoint& c, const materialize_request& request);
 };
 
 /// The plugin's entry points, loading it on first call from $CKPTOOL_TORCH_PLUGIN, else

@@ -79,10 +79,10 @@ torch::jit::Module submodule(torch::jit::Module m, const std::string& path) {
   return m;
 }
 
-}  // namespace
-
-std::vector<std::pair<std::string, at::Tensor>> load_tensors(const checkpoint& c, const load_options& o,
-                                                          std::vector<std::string>* converted) {
+// The tensors of c under `names` (named_tensors).
+std::vector<std::pair<std::string, at::Tensor>> load_named(const checkpoint& c,
+                                                          std::vector<std::pair<std::string, size_t>> names,
+                                                          const load_options& o, std::vector<std::string>* converted) {
   std::vector<bool> needed(c.storages.size(), true);
   std::vector<at::Tensor> storages = detail::load_storages(c, needed, o);
   // Each storage's byte tensor is dropped once the last view of it is made: the views keep
@@ -95,7 +95,6 @@ std::vector<std::pair<std::string, at::Tensor>> load_tensors(const checkpoint& c
     if (t.storage) ++views_left[*t.storage];
     quantized = quantized || t.quant;
   }
-  std::vector<std::pair<std::string, size_t>> names = named_tensors(c);
   std::vector<std::pair<std::string, at::Tensor>> out;
   out.reserve(names.size());
   std::vector<at::Tensor> by_record(c.tensors.size());
@@ -112,12 +111,27 @@ std::vector<std::pair<std::string, at::Tensor>> load_tensors(const checkpoint& c
   return out;
 }
 
+}  // namespace
+
+std::vector<std::pair<std::string, at::Tensor>> load_tensors(const checkpoint& c, const load_options& o,
+                                                          std::vector<std::string>* converted) {
+  return load_named(c, named_tensors(c), o, converted);
+}
+
+std::vector<std::pair<std::string, at::Tensor>> load_tensors_releasing(checkpoint& c, const load_options& o,
+                                                                       std::vector<std::string>* converted) {
+  auto names = named_tensors(c);
+  release_pickle(c);
+  return load_named(c, std::move(names), o, converted);
+}
+
 std::vector<std::pair<std::string, at::Tensor>> load_tensors(const checkpoint& c, const load_options& o) {
   return load_tensors(c, o, nullptr);
 }
 
 std::vector<std::pair<std::string, at::Tensor>> load_tensors(const std::string& path, const load_options& o) {
-  return load_tensors(open_checkpoint(path), o);
+  checkpoint c = open_checkpoint(path);
+  return load_tensors_releasing(c, o, nullptr);
 }
 
 torch::jit::Module load_module(const std::string& model_path, const checkpoint& c, const load_options& o, bool strict,
