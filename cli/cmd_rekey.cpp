@@ -155,16 +155,15 @@ void run_rekey(const rekey_options& o) {
     nlohmann::json ops = nlohmann::json::array();
     for (const auto& op : req.ops) ops.push_back(op.describe());
     doc["operations"] = ops;
-    nlohmann::json mapping = nlohmann::json::array();
-    for (auto& [from, to] : r.plan.mapping) mapping.push_back({{"old", from}, {"new", to}});
-    doc["mapping"] = mapping;
     doc["changed"] = r.plan.changed;
     doc["unused_operations"] = r.plan.unused_ops;
     doc["mirrored_dicts"] = r.mirrored_dicts;
     doc["metadata_renamed"] = r.metadata_renamed;
     doc["dropped"] = r.dropped;
     doc["bytes_written"] = r.bytes_written;
-    std::cout << ckpt::json_text(doc) << "\n";
+    // The mapping (a million entries for a million tensors) is written, not built as a tree.
+    ckpt::write_json_with_pairs(doc, "mapping", r.plan.mapping, [](std::string_view s) { std::cout << s; });
+    std::cout << "\n";
   } else {
     size_t width = 3;
     for (auto& [from, to] : r.plan.mapping)
