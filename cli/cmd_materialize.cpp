@@ -72,6 +72,7 @@ void run_materialize(materialize_options& o) {
       }
     }
   }
+  o.req.release_input = true;  // c is not used after materialize
   set.open();
   progress_bar bar("materialize");
   if (bar.enabled()) o.req.progress = [&bar](uint64_t done, uint64_t total) { bar.update(done, total); };

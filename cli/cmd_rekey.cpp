@@ -139,6 +139,8 @@ void run_rekey(const rekey_options& o) {
   req.ops = ops_in_order(o, c);
   if (req.ops.empty()) throw ckpt::error(ckpt::errc::usage, "no operation given (see ckptool rekey --help)");
   req.dry_run = o.dry_run;
+  req.reader = o.reader;
+  req.release_input = true;  // c is not used after the write
   req.unsafe = o.keep_unsafe ? ckpt::unsafe_policy::keep : o.drop_unsafe ? ckpt::unsafe_policy::drop : ckpt::unsafe_policy::refuse;
   if (!o.dry_run) {
     set.open();
@@ -172,16 +174,15 @@ void run_rekey(const rekey_options& o) {
     nlohmann::json ops = nlohmann::json::array();
     for (const auto& op : req.ops) ops.push_back(op.describe());
     doc["operations"] = ops;
-    nlohmann::json mapping = nlohmann::json::array();
-    for (auto& [from, to] : r.plan.mapping) mapping.push_back({{"old", from}, {"new", to}});
-    doc["mapping"] = mapping;
     doc["changed"] = r.plan.changed;
     doc["unused_operations"] = r.plan.unused_ops;
     doc["mirrored_dicts"] = r.mirrored_dicts;
     doc["metadata_renamed"] = r.metadata_renamed;
     doc["dropped"] = r.dropped;
     doc["bytes_written"] = r.bytes_written;
-    report << ckpt::json_text(doc) << "\n";
+    // The mapping (a million entries for a million tensors) is written, not built as a tree.
+    ckpt::write_json_with_pairs(doc, "mapping", r.plan.mapping, [&report](std::string_view s) { report << s; });
+    report << "\n";
   } else {
     std::vector<std::pair<std::string, std::string>> shown;
     if (o.dry_run || r.plan.changed <= 50)

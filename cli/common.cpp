@@ -31,7 +31,8 @@ void add_reader_flags(CLI::App& cmd, ckpt::open_options& opts) {
   limit("--max-values", lim.max_values, "Most pickle values and container elements decoded (bounds memory)",
         kMaxCountLimit);
   limit("--max-long-bytes", lim.max_long_bytes, "Longest pickle integer, in bytes", kMaxBytesLimit);
-  limit("--max-tensors", opts.safetensors_limits.max_tensors, "Most tensors in a safetensors header", kMaxCountLimit);
+  limit("--max-tensors", opts.max_tensors,
+        "Most tensors in a checkpoint (torch zip, legacy, TorchScript data, safetensors)", kMaxCountLimit);
   cmd.add_flag("--verify-crc", opts.verify_crc, "Check the CRC-32 of every zip record (reads all data)");
 }
 

@@ -319,7 +319,7 @@ void read_torch_zip(checkpoint& c, const open_options& opt) {
   c.storages.reserve(ar.entries().size());
   c.tensors.reserve(ar.entries().size());
   detail::tensor_collector collector(c, detail::zip_storage_binder(c, "data/"),
-                                     opt.pickle_limits, false);
+                                     opt.pickle_limits, opt.max_tensors, false);
   collector.collect(c.pickle->root);
   collect_globals(c, torchscript);
   if (!torchscript) c.unknown_records = records_torch_save_never_writes(ar);
@@ -330,7 +330,7 @@ void read_torch_zip(checkpoint& c, const open_options& opt) {
       auto doc = parse_record_pickle(ar, *consts, opt.pickle_limits, true);
       size_t first = c.tensors.size();
       detail::tensor_collector cc(c, detail::zip_storage_binder(c, "constants/"),
-                                  opt.pickle_limits, false);
+                                  opt.pickle_limits, opt.max_tensors, false);
       cc.collect(doc->root);
       for (size_t i = first; i < c.tensors.size(); ++i)
         c.tensors[i].path.insert(c.tensors[i].path.begin(), std::string("<constants>"));
@@ -348,7 +348,9 @@ void read_torch_zip(checkpoint& c, const open_options& opt) {
 
 void read_safetensors(checkpoint& c, const open_options& opt) {
   c.format = file_format::safetensors;
-  c.st_header = safetensors::read_header(*c.source, opt.safetensors_limits);
+  safetensors::limits lim = opt.safetensors_limits;
+  lim.max_tensors = opt.max_tensors;
+  c.st_header = safetensors::read_header(*c.source, lim);
   for (const auto& t : c.st_header->tensors) {
     storage_record s;
     s.key = t.name;
@@ -496,6 +498,27 @@ checkpoint open_checkpoint(const std::string& path, const open_options& options)
     throw;
   }
   return open_checkpoint(std::move(src), options);
+}
+
+void release_pickle(checkpoint& c) {
+  auto detached = [](const std::shared_ptr<const tensor_record>& t) -> std::shared_ptr<const tensor_record> {
+    if (!t) return t;
+    auto copy = std::make_shared<tensor_record>(*t);
+    copy->node = nullptr;
+    return copy;
+  };
+  for (tensor_record& t : c.tensors) {
+    t.node = nullptr;
+    if (t.quant && (t.quant->scales || t.quant->zero_points)) {
+      auto q = std::make_shared<quantization>(*t.quant);
+      q->scales = detached(q->scales);
+      q->zero_points = detached(q->zero_points);
+      t.quant = std::move(q);
+    }
+  }
+  c.state_dict_node = nullptr;
+  c.extra_pickles.clear();
+  c.pickle.reset();
 }
 
 void refuse_unsafe_torchscript(const zip::archive& ar, const pickle::limits& lim) {

@@ -163,7 +163,7 @@ void read_legacy(checkpoint& c, const open_options& options) {
         if (c.storages[i].location.empty()) c.storages[i].location = ref.location;
         return i;
       },
-      options.pickle_limits, true);
+      options.pickle_limits, options.max_tensors, true);
   collector.collect(c.pickle->root);
 }
 

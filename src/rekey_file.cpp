@@ -9,6 +9,7 @@
 #include "ckpt/error.h"
 #include "ckpt/pickle_writer.h"
 #include "ckpt/zip_writer.h"
+#include "pointer_map.h"
 
 namespace ckpt {
 namespace {
@@ -32,29 +33,36 @@ std::vector<std::string> str_keys(const value* d) {
   return keys;
 }
 
-// Renames the str keys of dict `d` in place. New key nodes are made rather than edited:
-// a key's str node may be shared through the memo with other places in the pickle. When
-// two keys meet (only possible for `_metadata`), the later value wins in the earlier
-// position, as consume_prefix_in_state_dict_if_present does.
-size_t rename_keys(pickle::document& doc, value* d, const renamer& f) {
+// Renames the str keys of dict `d` in place: `f(i, key)` gives the new name of its i-th str
+// key. New key nodes are made rather than edited: a key's str node may be shared through the
+// memo with other places in the pickle. When two keys meet (only possible for `_metadata`:
+// the planner refuses collisions among state-dict keys, whose renaming the mirrors share),
+// the later value wins in the earlier position, as consume_prefix_in_state_dict_if_present
+// does; `may_collide` asks for that check.
+template <class F>
+size_t rename_keys_indexed(pickle::document& doc, value* d, F&& f, bool may_collide) {
   std::vector<value*> items;
-  std::unordered_map<std::string, size_t> position;
-  size_t changed = 0;
+  items.reserve(d->items.size());
+  // Views of node texts, which stay put for the document's lifetime.
+  std::unordered_map<std::string_view, size_t> position;
+  size_t changed = 0, str_index = 0;
   for (size_t i = 0; i < d->dict_size(); ++i) {
     value* k = d->dict_key(i);
     value* v = d->dict_value(i);
     if (k->type == kind::str) {
-      std::string renamed = f(k->text);
+      std::string renamed = f(str_index++, k->text);
       if (renamed != k->text) {
         ++changed;
         value* fresh = doc.make(kind::str, k->offset);
-        fresh->text = renamed;
+        fresh->text = std::move(renamed);
         k = fresh;
       }
-      auto [it, inserted] = position.emplace(k->text, items.size());
-      if (!inserted) {
-        items[it->second + 1] = v;
-        continue;
+      if (may_collide) {
+        auto [it, inserted] = position.emplace(k->text, items.size());
+        if (!inserted) {
+          items[it->second + 1] = v;
+          continue;
+        }
       }
     }
     items.push_back(k);
@@ -64,10 +72,15 @@ size_t rename_keys(pickle::document& doc, value* d, const renamer& f) {
   return changed;
 }
 
+size_t rename_keys(pickle::document& doc, value* d, const renamer& f, bool may_collide) {
+  return rename_keys_indexed(doc, d, [&f](size_t, const std::string& k) { return f(k); }, may_collide);
+}
+
 // `_metadata` follows the keys (module_rules); wrappers that an edit adds get the entry
 // nn.Module.state_dict() would give them, {'version': 1}, just before the module they wrap.
 size_t rename_metadata(pickle::document& doc, value* meta, const module_rules& rules) {
-  size_t changed = rename_keys(doc, meta, [&](const std::string& p) { return map_module_path(rules, p); });
+  const renamer module_path = [&](const std::string& p) { return map_module_path(rules, p); };
+  size_t changed = rename_keys(doc, meta, module_path, true);
   for (const auto& [wrapper, before] : added_wrapper_paths(rules)) {
     bool present = false;
     size_t position = meta->dict_size();
@@ -102,42 +115,77 @@ value* metadata_of(value* state_dict) {
   return nullptr;
 }
 
-// Other dicts keyed by the same names as the state dict (FQN-keyed optimizer state).
-void find_mirrors(value* v, const std::unordered_set<std::string>& sd_keys, const value* skip_a,
-                  const value* skip_b, std::unordered_set<const value*>& seen, std::string path,
-                  std::vector<std::pair<value*, std::string>>& out, int depth) {
-  if (!v || depth > 200 || !seen.insert(v).second) return;
-  auto child_path = [&](const value* k, size_t i) {
-    std::string step = k && k->type == kind::str ? k->text : std::to_string(i);
-    return path.empty() ? step : path + "/" + step;
-  };
-  switch (v->type) {
-    case kind::dict: {
-      if (v != skip_a && v != skip_b && v->dict_size() > 0) {
-        bool mirror = true;
-        for (size_t i = 0; i < v->dict_size() && mirror; ++i)
-          mirror = v->dict_key(i)->type == kind::str && sd_keys.count(v->dict_key(i)->text);
-        if (mirror) out.emplace_back(v, path);
-      }
-      for (size_t i = 0; i < v->dict_size(); ++i)
-        find_mirrors(v->dict_value(i), sd_keys, skip_a, skip_b, seen, child_path(v->dict_key(i), i), out, depth + 1);
-      if (v->state) find_mirrors(v->state, sd_keys, skip_a, skip_b, seen, path, out, depth + 1);
-      break;
-    }
-    case kind::list:
-    case kind::tuple:
-      for (size_t i = 0; i < v->items.size(); ++i)
-        find_mirrors(v->items[i], sd_keys, skip_a, skip_b, seen, child_path(nullptr, i), out, depth + 1);
-      break;
-    case kind::object:
-      if (v->state) find_mirrors(v->state, sd_keys, skip_a, skip_b, seen, path, out, depth + 1);
-      for (value* slot : v->items)
-        if (slot) find_mirrors(slot, sd_keys, skip_a, skip_b, seen, path, out, depth + 1);
-      break;
-    default:
-      break;
+// Other dicts keyed by the same names as the state dict (FQN-keyed optimizer state). A
+// tensor's rebuild call is not entered: its arguments (storage, sizes, hooks) are no
+// state-dict-keyed dicts, and a million of them are most of a big checkpoint's nodes.
+class mirror_finder {
+ public:
+  mirror_finder(const std::unordered_set<std::string_view>& sd_keys, const value* skip_a, const value* skip_b,
+                const detail::pointer_map<bool>& tensors, size_t nodes)
+      : sd_keys_(sd_keys), skip_a_(skip_a), skip_b_(skip_b), tensors_(tensors), seen_(nodes / 8) {}
+
+  std::vector<std::pair<value*, std::string>> run(value* root) {
+    find(root, 0);
+    return std::move(out_);
   }
-}
+
+ private:
+  void find(value* v, int depth) {
+    if (!v || depth > 200) return;
+    if (v->type != kind::dict && v->type != kind::list && v->type != kind::tuple && v->type != kind::object) return;
+    if (tensors_.contains(v) || !seen_.insert(v, true)) return;
+    switch (v->type) {
+      case kind::dict: {
+        if (v != skip_a_ && v != skip_b_ && v->dict_size() > 0) {
+          bool mirror = true;
+          for (size_t i = 0; i < v->dict_size() && mirror; ++i)
+            mirror = v->dict_key(i)->type == kind::str && sd_keys_.count(v->dict_key(i)->text);
+          if (mirror) out_.emplace_back(v, path_);
+        }
+        for (size_t i = 0; i < v->dict_size(); ++i) {
+          const value* k = v->dict_key(i);
+          descend(k->type == kind::str ? std::string_view(k->text) : std::string_view(), i, v->dict_value(i), depth);
+        }
+        if (v->state) find(v->state, depth + 1);
+        break;
+      }
+      case kind::list:
+      case kind::tuple:
+        for (size_t i = 0; i < v->items.size(); ++i) descend({}, i, v->items[i], depth);
+        break;
+      case kind::object:
+        if (v->state) find(v->state, depth + 1);
+        for (value* slot : v->items)
+          if (slot) find(slot, depth + 1);
+        break;
+      default:
+        break;
+    }
+  }
+
+  // The path is built in one buffer and copied only for the dicts found.
+  void descend(std::string_view key, size_t index, value* child, int depth) {
+    if (!child || (child->type != kind::dict && child->type != kind::list && child->type != kind::tuple &&
+                   child->type != kind::object))
+      return;
+    const size_t mark = path_.size();
+    if (!path_.empty()) path_ += '/';
+    if (key.data())
+      path_ += key;
+    else
+      path_ += std::to_string(index);
+    find(child, depth + 1);
+    path_.resize(mark);
+  }
+
+  const std::unordered_set<std::string_view>& sd_keys_;
+  const value* skip_a_;
+  const value* skip_b_;
+  const detail::pointer_map<bool>& tensors_;
+  detail::pointer_map<bool> seen_;
+  std::string path_;
+  std::vector<std::pair<value*, std::string>> out_;
+};
 
 // Iterative: a subtree may nest as deep as --max-depth allows.
 bool subtree_has_unsafe(const value* root, std::unordered_set<const value*>& seen) {
@@ -208,9 +256,10 @@ uint64_t storage_alignment(const zip::archive& ar) {
 
 // The written file must read back as what we meant to write before it replaces anything.
 // A stream cannot be read back; it gets the same bytes.
-void verify_output(const output_file& written, const checkpoint& in, const std::vector<std::string>& expected_keys) {
+void verify_output(const output_file& written, const checkpoint& in, const std::vector<std::string>& expected_keys,
+                   const open_options& reader) {
   if (written.is_stream()) return;
-  checkpoint out = open_checkpoint(written.temp_path());
+  checkpoint out = open_checkpoint(written.temp_path(), reader);
   if (out.tensors.size() != in.tensors.size() || out.storages.size() != in.storages.size())
     throw error(errc::io, "the written file does not read back with the same tensors (internal error; nothing replaced)");
   std::vector<std::string> got;
@@ -223,9 +272,61 @@ void verify_output(const output_file& written, const checkpoint& in, const std::
     throw error(errc::io, "the written file does not read back with the new keys (internal error; nothing replaced)");
 }
 
-void write_torch_zip(checkpoint& c, const rekey_request& req, rekey_result& result,
-                     const std::vector<std::string>& new_keys) {
+[[noreturn]] void not_read_back(const std::string& what) {
+  throw error(errc::io, "the written file does not read back " + what + " (internal error; nothing replaced)");
+}
+
+// The torch archive written must read back as what we meant to write: the same records in
+// the same order with the same sizes and CRC-32s, data.pkl exactly the bytes made, and those
+// decode to a pickle whose state dict, where the input had it, holds the new keys in order.
+// Every record but data.pkl is a verbatim copy, so this is checked without building the
+// tensor records a second time (for a million tensors, a second open_checkpoint doubled
+// rekey's time and memory).
+void verify_torch_output(const std::string& temp, const checkpoint& in, const std::vector<uint8_t>& pkl,
+                         const rekey_plan& plan, const open_options& reader) {
+  file_source src(temp);
+  auto ar = zip::archive::open(src, reader.zip_limits);
+  const auto& before = in.zip->entries();
+  const auto& after = ar->entries();
+  if (before.size() != after.size()) not_read_back("with the same records");
+  for (size_t i = 0; i < before.size(); ++i) {
+    if (before[i].record != after[i].record) not_read_back("with the same records");
+    if (before[i].record == "data.pkl") continue;
+    if (before[i].uncompressed_size != after[i].uncompressed_size || before[i].crc32 != after[i].crc32)
+      not_read_back("with record " + before[i].record + " unchanged");
+  }
+  const zip::entry* data = ar->find("data.pkl");
+  if (!data || ar->read_record(*data) != pkl) not_read_back("with the pickle written");
+  pickle::parse_options po;
+  po.lim = reader.pickle_limits;
+  pickle::document doc = pickle::parse(pkl.data(), pkl.size(), po);
+  const value* sd = doc.root;
+  for (const path_element& step : in.state_dict ? *in.state_dict : value_path{}) {
+    const std::string* key = std::get_if<std::string>(&step);
+    const value* next = nullptr;
+    if (key && sd && sd->type == kind::dict)
+      for (size_t i = 0; i < sd->dict_size() && !next; ++i)
+        if (sd->dict_key(i)->type == kind::str && sd->dict_key(i)->text == *key) next = sd->dict_value(i);
+    sd = next;
+  }
+  if (!sd || sd->type != kind::dict) not_read_back("with its state dict");
+  size_t n = 0;
+  for (size_t i = 0; i < sd->dict_size(); ++i) {
+    const value* k = sd->dict_key(i);
+    if (k->type != kind::str) continue;
+    if (n >= plan.mapping.size() || k->text != plan.mapping[n].second) not_read_back("with the new keys");
+    ++n;
+  }
+  if (n != plan.mapping.size()) not_read_back("with the new keys");
+}
+
+// Small records (a million one-element tensors) are copied from a window of the source read
+// in large pieces: one copy_file_range per record cost two system calls each.
+constexpr uint64_t kSmallRecord = 64 << 10;
+
+void write_torch_zip(checkpoint& c, const rekey_request& req, rekey_result& result) {
   std::vector<uint8_t> pkl = pickle::write(c.pickle->root, 2);
+  if (req.release_input) release_pickle(c);  // the tree is written; nothing reads it again
   const file_source& src = file_of(c);
   output_file& out = *req.output;
   zip::writer w(out.fd(), c.zip->prefix(), storage_alignment(*c.zip));
@@ -233,10 +334,14 @@ void write_torch_zip(checkpoint& c, const rekey_request& req, rekey_result& resu
     out.start_writeback(bytes_out);
     if (req.progress) req.progress(bytes_out, c.file_size);
   });
+  zip::source_window window(src.fd());
   // Records in their original order; only data.pkl changes.
   for (const zip::entry& e : c.zip->entries()) {
     if (e.record == "data.pkl") {
       w.add_record("data.pkl", pkl);
+    } else if (e.method == 0 && e.compressed_size <= kSmallRecord) {
+      w.add_record_known_crc(e.record, window.bytes(e.data_offset, size_t(e.compressed_size)),
+                             size_t(e.compressed_size), e.crc32);
     } else if (e.method == 0) {
       w.add_record_copy(e.record, src.fd(), e.data_offset, e.compressed_size, e.crc32);
     } else {
@@ -245,7 +350,7 @@ void write_torch_zip(checkpoint& c, const rekey_request& req, rekey_result& resu
   }
   w.finish();
   result.bytes_written = w.offset();
-  verify_output(out, c, new_keys);
+  if (!out.is_stream()) verify_torch_output(out.temp_path(), c, pkl, result.plan, req.reader);
 }
 
 void write_safetensors(checkpoint& c, const rekey_request& req, rekey_result& result, const renamer& rename,
@@ -278,7 +383,7 @@ void write_safetensors(checkpoint& c, const rekey_request& req, rekey_result& re
                if (req.progress) req.progress(head + copied, head + c.file_size - h.data_start);
              });
   result.bytes_written = head + (c.file_size - h.data_start);
-  verify_output(out, c, new_names);
+  verify_output(out, c, new_names, req.reader);
 }
 
 }  // namespace
@@ -329,15 +434,19 @@ rekey_result rekey_file(checkpoint& c, const rekey_request& req) {
   if (c.format != file_format::safetensors) {
     value* sd = const_cast<value*>(c.state_dict_node);
     value* meta = metadata_of(sd);
-    std::unordered_set<std::string> sd_keys(old_keys.begin(), old_keys.end());
-    std::unordered_set<const value*> seen;
-    std::vector<std::pair<value*, std::string>> mirrors;
-    find_mirrors(c.pickle->root, sd_keys, sd, meta, seen, "", mirrors, 0);
+    std::unordered_set<std::string_view> sd_keys(old_keys.begin(), old_keys.end());
+    detail::pointer_map<bool> tensor_nodes(c.tensors.size());
+    for (const auto& t : c.tensors) tensor_nodes.insert(t.node, true);
+    std::vector<std::pair<value*, std::string>> mirrors =
+        mirror_finder(sd_keys, sd, meta, tensor_nodes, c.pickle->node_count()).run(c.pickle->root);
     if (!req.dry_run) {
-      rename_keys(*c.pickle, sd, rename);
+      // The plan already holds every state-dict key's new name, in the dict's order.
+      const auto& mapping = result.plan.mapping;
+      rename_keys_indexed(*c.pickle, sd, [&](size_t i, const std::string&) { return mapping[i].second; }, false);
       if (meta) result.metadata_renamed = rename_metadata(*c.pickle, meta, derive_module_rules(result.plan.mapping));
+      // A mirror's keys are state-dict keys, which the plan renames without collisions.
       for (auto& [d, path] : mirrors)
-        if (rename_keys(*c.pickle, d, rename)) result.mirrored_dicts.push_back(path);
+        if (rename_keys(*c.pickle, d, rename, false)) result.mirrored_dicts.push_back(path);
     } else {
       for (auto& [d, path] : mirrors) result.mirrored_dicts.push_back(path);
     }
@@ -345,14 +454,12 @@ rekey_result rekey_file(checkpoint& c, const rekey_request& req) {
   if (req.dry_run) return result;
   if (!req.output || req.output->fd() < 0) throw error(errc::usage, "rekey: no open output given");
 
-  std::vector<std::string> new_keys;
-  for (auto& [from, to] : result.plan.mapping) new_keys.push_back(to);
   try {
     if (c.format == file_format::safetensors) {
       std::vector<std::string> written;
       write_safetensors(c, req, result, rename, written);
     } else {
-      write_torch_zip(c, req, result, new_keys);
+      write_torch_zip(c, req, result);
     }
   } catch (error& e) {
     e.with_file(req.output->path());

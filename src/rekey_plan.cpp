@@ -119,17 +119,36 @@ rekey_plan plan_rekey(const std::vector<std::string>& keys, const std::vector<ke
     }
     if (!touched) plan.unused_ops.push_back(op.describe());
   }
-  std::unordered_map<std::string, std::vector<std::string>> by_new;
+  plan.mapping.reserve(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) {
-    plan.mapping.emplace_back(keys[i], current[i]);
     if (keys[i] != current[i]) plan.changed++;
     if (current[i].empty() && !keys[i].empty()) plan.emptied.push_back(keys[i]);
-    by_new[current[i]].push_back(keys[i]);
+    plan.mapping.emplace_back(keys[i], std::move(current[i]));
   }
-  for (const auto& [old_key, new_key] : plan.mapping) {
-    auto& olds = by_new[new_key];
-    if (olds.size() > 1 && olds.front() == old_key) plan.collisions.emplace_back(new_key, olds);
+  // Views of the new keys (the mapping no longer moves): a million keys cost no copies here.
+  std::unordered_map<std::string_view, size_t> first_of;    // new key -> first old index
+  std::unordered_map<std::string_view, size_t> collision;   // new key -> index in collisions
+  std::vector<size_t> first_index;                          // per collision, for the order
+  first_of.reserve(keys.size());
+  for (size_t i = 0; i < plan.mapping.size(); ++i) {
+    const std::string_view key = plan.mapping[i].second;
+    auto [it, fresh] = first_of.emplace(key, i);
+    if (fresh) continue;
+    auto [c, new_collision] = collision.emplace(key, plan.collisions.size());
+    if (new_collision) {
+      plan.collisions.emplace_back(std::string(key), std::vector<std::string>{keys[it->second]});
+      first_index.push_back(it->second);
+    }
+    plan.collisions[c->second].second.push_back(keys[i]);
   }
+  // In the order of each colliding group's first key, as the keys come.
+  std::vector<size_t> order(plan.collisions.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return first_index[a] < first_index[b]; });
+  std::vector<std::pair<std::string, std::vector<std::string>>> sorted;
+  sorted.reserve(order.size());
+  for (size_t i : order) sorted.push_back(std::move(plan.collisions[i]));
+  plan.collisions = std::move(sorted);
   return plan;
 }
 

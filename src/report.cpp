@@ -149,6 +149,37 @@ nlohmann::json totals_json(const checkpoint& c, const std::function<bool(const t
 
 }  // namespace
 
+void write_json_with_pairs(const nlohmann::json& doc, std::string_view key,
+                           const std::vector<std::pair<std::string, std::string>>& pairs,
+                           const std::function<void(std::string_view)>& sink) {
+  detail::json_writer w(sink);
+  bool written = false;
+  auto write_pairs = [&] {
+    w.key(key);
+    w.begin_array();
+    for (const auto& [from, to] : pairs) {
+      w.begin_object();
+      w.key("new");
+      w.string(to);
+      w.key("old");
+      w.string(from);
+      w.end_object();
+    }
+    w.end_array();
+    written = true;
+  };
+  w.begin_object();
+  // nlohmann's objects iterate sorted by key, the order json_writer wants.
+  for (auto it = doc.begin(); it != doc.end(); ++it) {
+    if (!written && std::string_view(it.key()) > key) write_pairs();
+    w.key(it.key());
+    w.value(it.value());
+  }
+  if (!written) write_pairs();
+  w.end_object();
+  w.flush();
+}
+
 void write_inspect_json(const checkpoint& c, const inspect_json_options& options,
                         const std::function<void(std::string_view)>& sink) {
   detail::json_writer w(sink);

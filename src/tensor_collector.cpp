@@ -299,6 +299,8 @@ bool tensor_collector::try_tensor(const value* v, value_path& path) {
       "_rebuild_device_tensor_from_cpu_tensor", "_rebuild_from_type_v2"};
   if (std::find(std::begin(kTensorRebuilds), std::end(kTensorRebuilds), name) == std::end(kTensorRebuilds))
     return false;
+  if (ckpt_.tensors.size() >= max_tensors_)
+    throw_limit("more than " + std::to_string(max_tensors_) + " tensors (raise with --max-tensors)", v->offset);
   tensor_record t = rebuild(v, 0);
   charge_path(path, v);
   t.path = path;
@@ -411,7 +413,7 @@ tensor_record tensor_collector::rebuild(const value* call, uint64_t depth) {
   validate_view(t, call->offset);
   if (qtensor) {
     if (!is_quantized(t.type)) bad(call, "_rebuild_qtensor of a " + std::string(info(t.type).name) + " storage");
-    t.quant = quantizer(arg(args, 4), t, depth);
+    t.quant = std::make_shared<const quantization>(quantizer(arg(args, 4), t, depth));
   }
   return t;
 }

@@ -33,9 +33,10 @@ class tensor_collector {
   /// storage index in `ckpt.storages`, creating the record on first use.
   using binder = std::function<size_t(const storage_ref&, dtype element_type)>;
 
-  tensor_collector(checkpoint& ckpt, binder bind, const pickle::limits& lim, bool legacy)
+  /// `max_tensors` bounds ckpt.tensors as a whole (several collectors may fill it).
+  tensor_collector(checkpoint& ckpt, binder bind, const pickle::limits& lim, uint64_t max_tensors, bool legacy)
       : ckpt_(ckpt), bind_(std::move(bind)), max_depth_(lim.max_depth), max_values_(lim.max_values),
-        legacy_(legacy) {}
+        max_tensors_(max_tensors), legacy_(legacy) {}
 
   /// Walks the tree from `root`, recording every tensor at the first path it is reached by.
   void collect(const pickle::value* root);
@@ -65,6 +66,7 @@ class tensor_collector {
   uint64_t max_depth_;
   uint64_t max_values_;
   uint64_t path_values_ = 0;
+  uint64_t max_tensors_;
   bool legacy_;
   pointer_map<size_t> tensor_of_node_;
   pointer_map<bool> visited_;

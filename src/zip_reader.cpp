@@ -21,6 +21,7 @@
 #include "ckpt/byteio.h"
 #include "ckpt/error.h"
 #include "zip_format.h"
+#include "string_index.h"
 #include "zip_names.h"
 
 namespace ckpt::zip {
@@ -550,11 +551,11 @@ class archive_parser {
   // duplicates often share one local header and would otherwise read as an overlap.
   void check_duplicates() {
     const auto& entries = a_.entries_;
-    std::unordered_map<std::string_view, size_t> folded;
-    folded.reserve(entries.size() * 2);
     // Names already in lower case (torch's all are) are their own folded form; only the
-    // others need a folded copy, kept where the map's views stay valid.
+    // others need a folded copy, kept where the views stay valid.
+    std::vector<std::string_view> folded(entries.size());
     std::deque<std::string> copies;
+    detail::string_index index(entries.size());
     for (size_t i = 0; i < entries.size(); ++i) {
       std::string_view key = entries[i].name;
       if (std::any_of(key.begin(), key.end(), [](char c) { return c >= 'A' && c <= 'Z'; })) {
@@ -563,9 +564,10 @@ class archive_parser {
           if (c >= 'A' && c <= 'Z') c = char(c - 'A' + 'a');
         key = copy;
       }
-      auto [it, fresh] = folded.emplace(key, i);
-      if (fresh) continue;
-      const std::string& other = entries[it->second].name;
+      folded[i] = key;
+      const size_t earlier = index.insert(i, [&](size_t k) { return folded[k]; });
+      if (earlier == detail::string_index::npos) continue;
+      const std::string& other = entries[earlier].name;
       const uint64_t at = info_[i].central_offset;
       if (other == entries[i].name) corrupt("duplicate entry name " + quote(other), at);
       corrupt("entry names " + quote(other) + " and " + quote(entries[i].name) +
@@ -583,14 +585,15 @@ class archive_parser {
               info_[0].central_offset);
     a_.prefix_ = first.substr(0, slash);
     const std::string lead = a_.prefix_ + "/";
-    a_.by_record_.reserve(entries.size() * 2);
+    a_.by_record_ = std::make_unique<detail::string_index>(entries.size());
     for (size_t i = 0; i < entries.size(); ++i) {
       entry& e = entries[i];
       if (e.name.compare(0, lead.size(), lead) != 0)
         corrupt("entry " + quote(e.name) + " is outside the top-level folder " + quote(a_.prefix_),
                 info_[i].central_offset);
       e.record = e.name.substr(lead.size());
-      a_.by_record_.emplace(e.record, i);
+      // Names are unique (check_duplicates), so are their records under one folder.
+      a_.by_record_->insert(i, [&](size_t k) -> std::string_view { return entries[k].record; });
     }
   }
 
@@ -889,9 +892,13 @@ std::unique_ptr<archive> archive::open(const byte_source& src, const open_option
   return a;
 }
 
+archive::archive(const byte_source& src, open_options options) : src_(src), options_(options) {}
+archive::~archive() = default;
+
 const entry* archive::find(std::string_view record) const {
-  auto it = by_record_.find(record);
-  return it == by_record_.end() ? nullptr : &entries_[it->second];
+  if (!by_record_) return nullptr;
+  const size_t i = by_record_->find(record, [this](size_t k) -> std::string_view { return entries_[k].record; });
+  return i == detail::string_index::npos ? nullptr : &entries_[i];
 }
 
 std::vector<uint8_t> archive::read_record(const entry& e) const {

@@ -97,7 +97,7 @@ void writer::add_record(std::string_view record, const void* data, size_t size) 
 
 void writer::begin_record(std::string_view record, uint64_t size) {
   check_writable();
-  if (in_record_) usage_error("record '" + central_.back().name + "' is still open");
+  if (in_record_) usage_error("record '" + std::string(name_of(central_.back())) + "' is still open");
   start_entry(record, size);
 }
 
@@ -105,7 +105,7 @@ void writer::write(const void* data, size_t n) {
   check_writable();
   if (!in_record_) usage_error("write() outside a record");
   if (n > record_size_ - record_written_)
-    usage_error("record '" + central_.back().name + "' declared " + std::to_string(record_size_) +
+    usage_error("record '" + std::string(name_of(central_.back())) + "' declared " + std::to_string(record_size_) +
                 " bytes; writing more");
   record_crc_ = crc32_update(record_crc_, data, n);
   put(data, n);
@@ -116,9 +116,60 @@ void writer::end_record() {
   check_writable();
   if (!in_record_) usage_error("end_record() outside a record");
   if (record_written_ != record_size_)
-    usage_error("record '" + central_.back().name + "' declared " + std::to_string(record_size_) +
+    usage_error("record '" + std::string(name_of(central_.back())) + "' declared " + std::to_string(record_size_) +
                 " bytes but got " + std::to_string(record_written_));
   finish_entry(record_crc_);
+}
+
+void writer::add_record_known_crc(std::string_view record, const void* data, size_t size, uint32_t crc32) {
+  begin_record(record, size);
+  put(data, size);
+  record_written_ = size;
+  finish_entry(crc32);
+}
+
+bool writer::insert_name(std::string_view name) {
+  // Kept at most half full; rebuilt from the arena when it grows.
+  if (2 * (central_.size() + 1) > name_index_.size()) {
+    std::vector<uint32_t> old(std::max<size_t>(64, 2 * name_index_.size()), 0);
+    old.swap(name_index_);
+    const size_t mask = name_index_.size() - 1;
+    for (size_t i = 0; i < central_.size(); ++i) {
+      size_t slot = std::hash<std::string_view>()(name_of(central_[i])) & mask;
+      while (name_index_[slot]) slot = (slot + 1) & mask;
+      name_index_[slot] = uint32_t(i + 1);
+    }
+  }
+  if (central_.size() >= UINT32_MAX - 1) usage_error("more than 4294967294 records");
+  const size_t mask = name_index_.size() - 1;
+  size_t slot = std::hash<std::string_view>()(name) & mask;
+  for (; name_index_[slot]; slot = (slot + 1) & mask)
+    if (name_of(central_[name_index_[slot] - 1]) == name) return false;
+  // The record about to be pushed is central_.size().
+  name_index_[slot] = uint32_t(central_.size() + 1);
+  names_.append(name);
+  return true;
+}
+
+const uint8_t* source_window::bytes(uint64_t offset, size_t n) {
+  if (offset >= start_ && n <= buf_.size() && offset - start_ <= buf_.size() - n) return buf_.data() + (offset - start_);
+  buf_.resize(std::max(window_, n));
+  size_t got = 0;
+  while (got < buf_.size()) {
+    const ssize_t r = ::pread(fd_, buf_.data() + got, buf_.size() - got, off_t(offset + got));
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      const int err = errno;
+      buf_.clear();
+      throw error(errc::io, std::string("reading the source failed: ") + std::strerror(err), offset + got);
+    }
+    if (r == 0) break;
+    got += size_t(r);
+  }
+  buf_.resize(got);
+  start_ = offset;
+  if (got < n) throw error(errc::io, "the source ended " + std::to_string(n - got) + " bytes short", offset + got);
+  return buf_.data();
 }
 
 void writer::add_record_copy(std::string_view record, int src_fd, uint64_t src_offset,
@@ -182,7 +233,7 @@ void writer::start_entry(std::string_view record, uint64_t size) {
   std::string name = prefix_ + "/" + std::string(record);
   if (name.size() > kMax16) usage_error("record name longer than 65535 bytes");
   // Torch refuses a second record of the same name ("Tried to serialize file twice").
-  if (!names_.insert(name).second) usage_error("record '" + name + "' written twice");
+  if (!insert_name(name)) usage_error("record '" + name + "' written twice");
 
   const uint64_t offset = cursor_;
   const uint16_t flags = uint16_t(size > 0 ? (kFlagDescriptor | kFlagUtf8) : kFlagUtf8);
@@ -204,7 +255,7 @@ void writer::start_entry(std::string_view record, uint64_t size) {
   put(extra.data(), extra.size());
 
   last_data_offset_ = cursor_;
-  central_.push_back({std::move(name), size, offset, 0, flags});
+  central_.push_back({uint64_t(names_.size() - name.size()), size, offset, uint32_t(name.size()), 0, flags});
   in_record_ = true;
   record_size_ = size;
   record_written_ = 0;
@@ -234,7 +285,7 @@ void writer::finish_entry(uint32_t crc) {
 
 void writer::finish() {
   check_writable();
-  if (in_record_) usage_error("record '" + central_.back().name + "' is still open");
+  if (in_record_) usage_error("record '" + std::string(name_of(central_.back())) + "' is still open");
   const uint64_t cd_offset = cursor_;
   std::vector<uint8_t> extra;
   for (const central_record& c : central_) {
@@ -246,11 +297,12 @@ void writer::finish() {
     store_u32(h + 16, c.crc32);
     store_u32(h + 20, uint32_t(std::min(c.size, kMax32)));
     store_u32(h + 24, uint32_t(std::min(c.size, kMax32)));
-    store_u16(h + 28, uint16_t(c.name.size()));
+    const std::string_view name = name_of(c);
+    store_u16(h + 28, uint16_t(name.size()));
     store_u16(h + 30, uint16_t(extra.size()));
     store_u32(h + 42, uint32_t(std::min(c.local_header_offset, kMax32)));
     put(h, sizeof h);
-    put(c.name.data(), c.name.size());
+    put(name.data(), name.size());
     put(extra.data(), extra.size());
   }
   const uint64_t cd_size = cursor_ - cd_offset;

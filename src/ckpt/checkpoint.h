@@ -68,7 +68,9 @@ struct tensor_record {
   bool requires_grad = false;
   std::string location;
   const pickle::value* node = nullptr; // the rebuild call in the pickle tree (torch formats)
-  std::optional<quantization> quant;   // quantized dtypes only
+  // Quantized dtypes only. Held by pointer: a quantization is large, and a million plain
+  // tensors should not each carry an empty one.
+  std::shared_ptr<const quantization> quant;
 
   uint64_t numel() const;
   uint64_t nbytes() const {
@@ -94,6 +96,11 @@ struct open_options {
   pickle::limits pickle_limits;
   zip::open_options zip_limits;
   safetensors::limits safetensors_limits;
+  /// Most tensors a checkpoint may hold, in every format (tensor records: every rebuild
+  /// call of a torch pickle, TorchScript constants included; every safetensors entry).
+  /// Per-tensor metadata costs memory and time, so this bounds both. open_checkpoint uses
+  /// it in place of safetensors_limits.max_tensors.
+  uint64_t max_tensors = 1'000'000;
   /// Verify the CRC-32 of every zip record (reads all the data).
   bool verify_crc = false;
 };
@@ -129,6 +136,13 @@ struct checkpoint {
   /// Tensors whose path starts with the state dict's, with their key in it.
   std::vector<std::pair<std::string, size_t>> state_dict_tensors() const;
 };
+
+/// Frees c's decoded pickles: c.pickle becomes null, extra_pickles empty, and every pointer
+/// into them is cleared (state_dict_node, tensor_record::node, a quantizer's channel
+/// tensors' nodes). Tensors (paths included), aliases, storages, records and entries stay.
+/// For callers that have taken what they need from the tree (state_dict_tensors() needs it):
+/// for a million tensors the tree is most of a checkpoint's memory.
+void release_pickle(checkpoint& c);
 
 /// Throws errc::unsafe when a TorchScript archive's data.pkl names globals outside
 /// TorchScript's vocabulary and the weights_only allowlist: run before handing an archive

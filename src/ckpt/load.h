@@ -59,6 +59,11 @@ std::vector<std::pair<std::string, at::Tensor>> load_tensors(const checkpoint& c
 std::vector<std::pair<std::string, at::Tensor>> load_tensors(const checkpoint& c, const load_options& options,
                                                           std::vector<std::string>* converted);
 std::vector<std::pair<std::string, at::Tensor>> load_tensors(const std::string& path, const load_options& options);
+/// As above, and frees c's decoded pickle (release_pickle) once the tensors are named,
+/// before any storage is read: a million tensors then never hold their pickle tree and
+/// their LibTorch tensors in memory at once.
+std::vector<std::pair<std::string, at::Tensor>> load_tensors_releasing(checkpoint& c, const load_options& options,
+                                                                       std::vector<std::string>* converted);
 
 struct module_load_report {
   std::string key_edit;                        // the wrapper-segment edit applied

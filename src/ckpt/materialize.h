@@ -31,6 +31,9 @@ struct materialize_request {
   bool allow_code = false;               // --model whose file runs code on load (load.h)
   std::function<void()> model_built;     // see load_options::model_built
   std::function<void(uint64_t, uint64_t)> progress;
+  /// The caller is done with the checkpoint: without --model, its pickle tree is freed once
+  /// the tensors are named (release_pickle), which for a million tensors halves the peak.
+  bool release_input = false;
 };
 
 struct materialize_report {
@@ -52,6 +55,7 @@ struct materialize_report {
 /// Throws ckpt::error: device (exit 4) for an unavailable device; check_failed (exit 1)
 /// for missing keys in strict mode and shape mismatches; the reader's errors otherwise.
 /// With check_finite, an output is written only when every floating tensor is finite.
-materialize_report materialize(const checkpoint& c, const materialize_request& request);
+/// `c` is only changed by request.release_input.
+materialize_report materialize(checkpoint& c, const materialize_request& request);
 
 }  // namespace ckpt

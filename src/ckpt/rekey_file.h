@@ -26,9 +26,17 @@ struct rekey_request {
   /// Where to write, from an output_set that is open()ed; the caller commits it. Ignored
   /// for dry runs.
   output_file* output = nullptr;
+  /// The limits the input was opened with: the output is read back under the same ones.
+  open_options reader;
   /// Bytes of the output written so far, and the expected total (the input's size: the
   /// output differs only by the pickle). Called often; keep it cheap.
   std::function<void(uint64_t done, uint64_t total)> progress;
+  /// Lets rekey_file free the input's pickle document once the output's pickle is made, so
+  /// the output is read back without both documents in memory at once (for a million
+  /// tensors they are most of the peak). Afterwards c.pickle is null and every pointer into
+  /// it is cleared (state_dict_node, tensor_record::node): c still names its tensors,
+  /// storages and records, but its tree is gone.
+  bool release_input = false;
 };
 
 struct rekey_result {

@@ -32,6 +32,13 @@ struct inspect_json_options {
 void write_inspect_json(const checkpoint& c, const inspect_json_options& options,
                         const std::function<void(std::string_view)>& sink);
 
+/// Writes the object `doc` as json_text(doc) prints it (without a trailing newline), with one
+/// more member, `key`, holding [{"new": new, "old": old}, ...] for `pairs` (old, new): a
+/// million renamed keys are written in pieces, never built as a tree (rekey --json).
+void write_json_with_pairs(const nlohmann::json& doc, std::string_view key,
+                           const std::vector<std::pair<std::string, std::string>>& pairs,
+                           const std::function<void(std::string_view)>& sink);
+
 /// A path as JSON: strings and integers.
 nlohmann::json path_json(const value_path& path);
 

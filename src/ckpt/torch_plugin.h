@@ -28,7 +28,7 @@ struct torch_plugin_api {
   std::vector<meta_output> (*run_on_meta)(const std::string& path, const zip::archive& ar,
                                           const std::string& method, const std::vector<input_spec>& inputs,
                                           bool allow_code);
-  materialize_report (*materialize)(const checkpoint& c, const materialize_request& request);
+  materialize_report (*materialize)(checkpoint& c, const materialize_request& request);
 };
 
 /// The plugin's entry points, loading it on first call from $CKPTOOL_TORCH_PLUGIN, else

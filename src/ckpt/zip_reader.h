@@ -19,10 +19,13 @@
 #include <optional>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <vector>
 
 #include "ckpt/byte_source.h"
+
+namespace ckpt::detail {
+class string_index;
+}
 
 namespace ckpt::zip {
 
@@ -53,7 +56,8 @@ class archive {
   /// the archive.
   static std::unique_ptr<archive> open(const byte_source& src, const open_options& options = {});
 
-  archive(const archive&) = delete;  // by_record_ views the entries' own strings
+  ~archive();
+  archive(const archive&) = delete;  // by_record_ finds entries by their own strings
   archive& operator=(const archive&) = delete;
 
   const std::vector<entry>& entries() const { return entries_; }
@@ -69,12 +73,12 @@ class archive {
   const byte_source& source() const { return src_; }
 
  private:
-  archive(const byte_source& src, open_options options) : src_(src), options_(options) {}
+  archive(const byte_source& src, open_options options);
   const byte_source& src_;
   open_options options_;
   std::vector<entry> entries_;
   std::string prefix_;
-  std::unordered_map<std::string_view, size_t> by_record_;  // views of entries_[i].record
+  std::unique_ptr<detail::string_index> by_record_;  // entries_ by record name
   friend class archive_parser;
 };
 

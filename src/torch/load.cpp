@@ -79,22 +79,50 @@ torch::jit::Module submodule(torch::jit::Module m, const std::string& path) {
   return m;
 }
 
+// The tensors of c under `names` (named_tensors).
+std::vector<std::pair<std::string, at::Tensor>> load_named(const checkpoint& c,
+                                                          std::vector<std::pair<std::string, size_t>> names,
+                                                          const load_options& o, std::vector<std::string>* converted) {
+  std::vector<bool> needed(c.storages.size(), true);
+  std::vector<at::Tensor> storages = detail::load_storages(c, needed, o);
+  // Each storage's byte tensor is dropped once the last view of it is made: the views keep
+  // the storage, and a million one-element tensors should not hold a million extra
+  // TensorImpls until the end. Quantizer tensors (per-channel scales) are built from these
+  // too, so a quantized tensor's storages are kept to the end.
+  std::vector<size_t> views_left(c.storages.size(), 0);
+  bool quantized = false;
+  for (const tensor_record& t : c.tensors) {
+    if (t.storage) ++views_left[*t.storage];
+    quantized = quantized || t.quant;
+  }
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  out.reserve(names.size());
+  std::vector<at::Tensor> by_record(c.tensors.size());
+  storage_caster caster(o.dtype);
+  for (auto& [name, i] : names) {
+    // A tensor object reached under several names stays one tensor object.
+    if (!by_record[i].defined()) {
+      by_record[i] = caster.apply(detail::view_of(c.tensors[i], storages, o.device), converted, name);
+      const auto& s = c.tensors[i].storage;
+      if (s && !quantized && --views_left[*s] == 0) storages[*s] = at::Tensor();
+    }
+    out.emplace_back(std::move(name), by_record[i]);
+  }
+  return out;
+}
+
 }  // namespace
 
 std::vector<std::pair<std::string, at::Tensor>> load_tensors(const checkpoint& c, const load_options& o,
                                                           std::vector<std::string>* converted) {
-  std::vector<bool> needed(c.storages.size(), true);
-  std::vector<at::Tensor> storages = detail::load_storages(c, needed, o);
-  std::vector<std::pair<std::string, at::Tensor>> out;
-  std::vector<at::Tensor> by_record(c.tensors.size());
-  storage_caster caster(o.dtype);
-  for (auto& [name, i] : named_tensors(c)) {
-    // A tensor object reached under several names stays one tensor object.
-    if (!by_record[i].defined())
-      by_record[i] = caster.apply(detail::view_of(c.tensors[i], storages, o.device), converted, name);
-    out.emplace_back(name, by_record[i]);
-  }
-  return out;
+  return load_named(c, named_tensors(c), o, converted);
+}
+
+std::vector<std::pair<std::string, at::Tensor>> load_tensors_releasing(checkpoint& c, const load_options& o,
+                                                                       std::vector<std::string>* converted) {
+  auto names = named_tensors(c);
+  release_pickle(c);
+  return load_named(c, std::move(names), o, converted);
 }
 
 std::vector<std::pair<std::string, at::Tensor>> load_tensors(const checkpoint& c, const load_options& o) {
@@ -102,7 +130,8 @@ std::vector<std::pair<std::string, at::Tensor>> load_tensors(const checkpoint& c
 }
 
 std::vector<std::pair<std::string, at::Tensor>> load_tensors(const std::string& path, const load_options& o) {
-  return load_tensors(open_checkpoint(path), o);
+  checkpoint c = open_checkpoint(path);
+  return load_tensors_releasing(c, o, nullptr);
 }
 
 torch::jit::Module load_module(const std::string& model_path, const checkpoint& c, const load_options& o, bool strict,

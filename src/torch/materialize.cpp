@@ -173,7 +173,7 @@ void run_method(torch::jit::Module& m, const materialize_request& req, const c10
 
 }  // namespace
 
-materialize_report materialize(const checkpoint& c, const materialize_request& req) {
+materialize_report materialize(checkpoint& c, const materialize_request& req) {
   materialize_report r;
 #ifdef CKPTOOL_WITH_CUDA
   r.cuda_build = true;
@@ -231,7 +231,8 @@ materialize_report materialize(const checkpoint& c, const materialize_request& r
       }
     } else {
       auto t0 = std::chrono::steady_clock::now();
-      auto tensors = load_tensors(c, o, &r.dtype_converted);
+      auto tensors = req.release_input ? load_tensors_releasing(c, o, &r.dtype_converted)
+                                       : load_tensors(c, o, &r.dtype_converted);
       synchronize(o.device);
       r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       r.tensors = tensors.size();
