@@ -148,7 +148,7 @@ std::vector<c10::IValue> bind_arguments(const c10::FunctionSchema& schema, const
     }
     const c10::Argument& f = formal[first + i];
     auto v = parse_value(f.type(), a.text, method, f.name());
-    if (!v) fail(method, "argument " + describe(i) + ": '" + a.text + "' is not of that type");
+    if (!v) fail(method, "argument " + describe(i) + ": '" + a.text + "' is not a valid " + type_text(f.type()));
     bound[i] = std::move(*v);
   }
   std::vector<c10::IValue> out;
