@@ -25,6 +25,7 @@ struct inspect_options {
   bool json = false;
   text_options text;
   std::vector<std::string> inputs;
+  std::vector<std::string> args;
   std::string method = "forward";
   ckpt::open_options reader;
   code_options code;
@@ -50,17 +51,19 @@ void run_inspect(const inspect_options& o) {
       const ckpt::torch_plugin_api& plugin = ckpt::torch_plugin();
       load_guard guard(o.file, o.code.load_timeout);
       ts = plugin.inspect_torchscript(o.file, *c.zip, o.code.allow_code);
-      if (!o.inputs.empty()) {
+      if (!o.inputs.empty() || !o.args.empty()) {
         std::vector<ckpt::input_spec> specs;
         for (const auto& s : o.inputs) specs.push_back(parse_input_spec(s));
-        outputs = plugin.run_on_meta(o.file, *c.zip, o.method, specs, o.code.allow_code);
+        std::vector<ckpt::arg_spec> args;
+        for (const auto& s : o.args) args.push_back(parse_arg_spec(s));
+        outputs = plugin.run_on_meta(o.file, *c.zip, o.method, specs, o.code.allow_code, args);
       }
     } catch (ckpt::error& e) {
       e.with_file(o.file);
       throw;
     }
-  } else if (!o.inputs.empty()) {
-    throw ckpt::error(ckpt::errc::usage, "--input needs a TorchScript model; " + o.file + " is " +
+  } else if (!o.inputs.empty() || !o.args.empty()) {
+    throw ckpt::error(ckpt::errc::usage, std::string(o.inputs.empty() ? "--arg" : "--input") + " needs a TorchScript model; " + o.file + " is " +
                                              ckpt::format_name(c.format));
   }
 
@@ -84,7 +87,11 @@ void run_inspect(const inspect_options& o) {
     if (ts) {
       auto tensors = [](const std::vector<ckpt::ts_tensor>& v) {
         nlohmann::json a = nlohmann::json::array();
-        for (const auto& t : v) a.push_back({{"name", t.name}, {"dtype", t.dtype}, {"shape", t.shape}});
+        for (const auto& t : v) {
+          nlohmann::json j = {{"name", t.name}, {"dtype", t.dtype}, {"shape", t.shape}};
+          if (!t.tied_to.empty()) j["tied_to"] = t.tied_to;
+          a.push_back(std::move(j));
+        }
         return a;
       };
       nlohmann::json m;
@@ -94,6 +101,9 @@ void run_inspect(const inspect_options& o) {
       m["buffers"] = tensors(ts->buffers);
       m["methods"] = nlohmann::json::array();
       for (const auto& x : ts->methods) m["methods"].push_back({{"name", x.name}, {"schema", x.schema}});
+      m["submodule_methods"] = nlohmann::json::array();
+      for (const auto& x : ts->submodule_methods)
+        m["submodule_methods"].push_back({{"name", x.name}, {"schema", x.schema}});
       m["submodules"] = nlohmann::json::array();
       for (const auto& x : ts->submodules) m["submodules"].push_back({{"name", x.name}, {"type", x.type}});
       m["attributes"] = nlohmann::json::array();
@@ -101,7 +111,7 @@ void run_inspect(const inspect_options& o) {
         m["attributes"].push_back({{"name", x.name}, {"type", x.type}, {"value", x.value}});
       jo.extra["module"] = std::move(m);
       jo.extra_bytes_read = ts->bytes_read;
-      if (!o.inputs.empty()) {
+      if (!o.inputs.empty() || !o.args.empty()) {
         nlohmann::json outs = nlohmann::json::array();
         for (const auto& x : outputs) {
           nlohmann::json j = {{"path", x.path}, {"type", x.type}};
@@ -121,7 +131,7 @@ void run_inspect(const inspect_options& o) {
     std::cout << "\n";
   } else {
     print_inspect_text(std::cout, c, ts ? &*ts : nullptr, o.text);
-    if (!o.inputs.empty()) print_meta_outputs(std::cout, o.method, outputs);
+    if (!o.inputs.empty() || !o.args.empty()) print_meta_outputs(std::cout, o.method, outputs);
   }
   std::cout.flush();
   if (!std::cout) throw ckpt::error(ckpt::errc::io, "cannot write to standard output");
@@ -142,7 +152,12 @@ void setup_inspect(CLI::App& app) {
                   "TorchScript: run the method on a meta tensor of this shape (repeat per argument), "
                   "e.g. 4x5:int64")
       ->type_name("SHAPE[:DTYPE]");
-  cmd->add_option("--method", opts->method, "TorchScript method to run with --input")->capture_default_str();
+  cmd->add_option("--arg", opts->args,
+                  "TorchScript: a non-tensor argument of the method (int, float, bool, str, None, List[int]): "
+                  "VALUE in order after the --input tensors, or NAME=VALUE")
+      ->type_name("[NAME=]VALUE");
+  cmd->add_option("--method", opts->method, "TorchScript method to run with --input/--arg (a submodule's too: "
+                  "blocks.0.forward)")->capture_default_str();
   add_reader_flags(*cmd, opts->reader);
   add_code_flags(*cmd, opts->code);
   cmd->callback([opts] {

@@ -30,6 +30,7 @@ struct materialize_options {
   bool no_strict = false;
   bool json = false;
   std::vector<std::string> inputs;
+  std::vector<std::string> args;
   std::string output;
   CLI::Option* output_opt = nullptr;
   ckpt::open_options reader;
@@ -46,7 +47,8 @@ void print_list(std::ostream& out, const char* title, const std::vector<std::str
 void run_materialize(materialize_options& o) {
   o.req.strict = !o.no_strict;
   for (const auto& s : o.inputs) o.req.run_inputs.push_back(parse_input_spec(s));
-  if (!o.req.run_inputs.empty() && o.req.run_method.empty()) o.req.run_method = "forward";
+  for (const auto& s : o.args) o.req.run_args.push_back(parse_arg_spec(s));
+  if ((!o.req.run_inputs.empty() || !o.req.run_args.empty()) && o.req.run_method.empty()) o.req.run_method = "forward";
   // Everything read and everything written, declared before anything is read or written.
   ckpt::output_set set;
   ckpt::file_fingerprint in = set.add_input(o.checkpoint);
@@ -198,6 +200,10 @@ void setup_materialize(CLI::App& app) {
                       ->check(non_empty_path());
   cmd->add_option("--run", o->req.run_method, "After loading, call this method (e.g. forward, evaluation_step)");
   cmd->add_option("--input", o->inputs, "An input of --run: SHAPE[:DTYPE], e.g. 4x5:int64 (repeat per argument)");
+  cmd->add_option("--arg", o->args,
+                  "A non-tensor argument of --run (int, float, bool, str, None, List[int]): VALUE in order after "
+                  "the --input tensors, or NAME=VALUE")
+      ->type_name("[NAME=]VALUE");
   cmd->add_flag("--check-finite", o->req.check_finite, "Report floating tensors holding NaN or Inf (exit 1 if any)");
   cmd->add_flag("--mmap", o->req.mmap, "CPU: back the tensors with the mapped file, every page mapped (zero-copy, copy-on-write)");
   cmd->add_option("--threads", o->req.threads, "Reader threads, 1 to 256 (default: up to 8)")->check(thread_count());

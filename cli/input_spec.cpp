@@ -1,5 +1,7 @@
 #include "input_spec.h"
 
+#include <cctype>
+
 #include "ckpt/error.h"
 
 namespace cli {
@@ -27,6 +29,17 @@ ckpt::input_spec parse_input_spec(const std::string& spec) {
     start = x + 1;
   }
   return in;
+}
+
+ckpt::arg_spec parse_arg_spec(const std::string& spec) {
+  size_t eq = spec.find('=');
+  if (eq != std::string::npos && eq > 0) {
+    std::string name = spec.substr(0, eq);
+    bool ident = !std::isdigit(static_cast<unsigned char>(name[0]));
+    for (char ch : name) ident = ident && (std::isalnum(static_cast<unsigned char>(ch)) || ch == '_');
+    if (ident) return {name, spec.substr(eq + 1)};
+  }
+  return {"", spec};
 }
 
 }  // namespace cli

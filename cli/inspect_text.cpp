@@ -165,6 +165,11 @@ void print_inspect_text(std::ostream& out, const ckpt::checkpoint& c, const ckpt
     out << "module: " << escape_controls(ts->type) << (ts->training ? " (training)" : " (eval)") << "\n";
     out << "  methods:\n";
     for (const auto& m : ts->methods) out << "    " << escape_controls(m.schema) << "\n";
+    if (!ts->submodule_methods.empty()) {
+      out << "  submodule methods:\n";
+      for (const auto& m : ts->submodule_methods)
+        out << "    " << std::left << std::setw(40) << display_name(m.name) << " " << escape_controls(m.schema) << "\n";
+    }
     if (!ts->submodules.empty()) {
       out << "  submodules:\n";
       for (const auto& s : ts->submodules) out << "    " << std::left << std::setw(40) << display_name(s.name) << " " << escape_controls(s.type) << "\n";
@@ -175,7 +180,7 @@ void print_inspect_text(std::ostream& out, const ckpt::checkpoint& c, const ckpt
         if (key_matches(options.filter, p.name))
           out << "    " << std::left << std::setw(40) << display_name(p.name) << " " << std::setw(9)
               << escape_controls(p.dtype) << " "
-              << shape_string(p.shape) << "\n";
+              << shape_string(p.shape) << (p.tied_to.empty() ? "" : "  tied to " + display_name(p.tied_to)) << "\n";
     };
     list("parameters", ts->parameters);
     list("buffers", ts->buffers);

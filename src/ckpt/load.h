@@ -92,4 +92,21 @@ void save_tensors(const std::vector<std::pair<std::string, at::Tensor>>& tensors
 /// The same into an open output of an output_set, which the caller commits.
 void save_tensors(const std::vector<std::pair<std::string, at::Tensor>>& tensors, output_file& out);
 
+/// What torch.save records of a tensor besides its data and torch.load gives back: an
+/// nn.Parameter comes back as one, requires_grad as saved, and the Python attributes set
+/// on the tensor object (torch._utils._get_obj_state: a dict, or (dict, slots)).
+struct tensor_state {
+  bool parameter = false;
+  bool requires_grad = false;
+  const pickle::value* python_state = nullptr;  // in the checkpoint's pickle; null: none
+};
+/// The state of each tensor load_tensors(c, ...) returns, in the same order. Throws
+/// errc::unsupported for Python attributes holding anything but plain values (None, bool,
+/// numbers, str, bytes, and tuples, lists and dicts of them), which could not be written
+/// back exactly.
+std::vector<tensor_state> tensor_states(const checkpoint& c);
+/// save_tensors writing each tensor with its state (states[i] for tensors[i]).
+void save_tensors(const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+                  const std::vector<tensor_state>& states, output_file& out);
+
 }  // namespace ckpt

@@ -27,6 +27,7 @@ struct materialize_request {
   output_file* output = nullptr;
   std::string run_method;                // --run
   std::vector<input_spec> run_inputs;
+  std::vector<arg_spec> run_args;        // --arg: non-tensor arguments of --run
   bool check_finite = false;              // refused on meta: meta tensors have no values
   bool allow_code = false;               // --model whose file runs code on load (load.h)
   std::function<void()> model_built;     // see load_options::model_built

@@ -18,7 +18,7 @@ namespace ckpt {
 
 /// Bumped whenever a function is added or changes signature; the loader refuses a plugin
 /// built for another version.
-constexpr int kTorchPluginAbi = 3;
+constexpr int kTorchPluginAbi = 4;
 
 struct torch_plugin_api {
   int abi = kTorchPluginAbi;
@@ -27,7 +27,7 @@ struct torch_plugin_api {
   torchscript_info (*inspect_torchscript)(const std::string& path, const zip::archive& ar, bool allow_code);
   std::vector<meta_output> (*run_on_meta)(const std::string& path, const zip::archive& ar,
                                           const std::string& method, const std::vector<input_spec>& inputs,
-                                          bool allow_code);
+                                          bool allow_code, const std::vector<arg_spec>& args);
   materialize_report (*materialize)(checkpoint& c, const materialize_request& request);
 };
 

@@ -24,6 +24,8 @@ struct ts_tensor {
   std::string name;            // full dotted name, "encoder.0.weight"
   std::string dtype;           // PyTorch's name without "torch.": "float32", "int64", ...
   std::vector<int64_t> shape;
+  std::string tied_to;         // the first name of the same tensor object, when another
+                               // name listed before it is that tensor too (tied weights)
 };
 
 struct ts_submodule {
@@ -54,6 +56,8 @@ struct torchscript_info {
   std::vector<ts_tensor> parameters;      // named_parameters(), registration order
   std::vector<ts_tensor> buffers;         // named_buffers()
   std::vector<ts_method> methods;         // the root class's compiled methods
+  std::vector<ts_method> submodule_methods;  // every submodule's, named by path:
+                                             // "blocks.0.attn.forward"
   std::vector<ts_attribute> attributes;   // of the root and all submodules, constants after
                                           // the attributes of each module
   uint64_t bytes_read = 0;                // bytes the loader actually read from the file
@@ -71,6 +75,15 @@ torchscript_info inspect_torchscript(const std::string& path, const zip::archive
 struct input_spec {
   std::vector<int64_t> shape;
   dtype type = dtype::float32;
+};
+
+/// A non-tensor argument of a method, from the command line: "16000" (positional, after
+/// the tensor inputs) or "sr=16000" (by name). Its text is read as the type the method's
+/// schema declares: int, float, bool, str, None (for an Optional), a list of ints
+/// ("1,2,3" or "[1, 2, 3]").
+struct arg_spec {
+  std::string name;            // empty: positional
+  std::string text;
 };
 
 /// One leaf of a method's result. Tuples, lists and dicts are flattened into paths.
@@ -95,6 +108,7 @@ struct meta_output {
 /// flow, .item(), nonzero).
 std::vector<meta_output> run_on_meta(const std::string& path, const zip::archive& ar,
                                      const std::string& method,
-                                     const std::vector<input_spec>& inputs, bool allow_code = false);
+                                     const std::vector<input_spec>& inputs, bool allow_code = false,
+                                     const std::vector<arg_spec>& args = {});
 
 }  // namespace ckpt

@@ -129,6 +129,65 @@ std::vector<std::pair<std::string, at::Tensor>> load_tensors(const checkpoint& c
   return load_tensors(c, o, nullptr);
 }
 
+namespace {
+
+bool plain_value(const pickle::value* v, int depth) {
+  using pickle::kind;
+  if (!v || depth > 32) return false;
+  switch (v->type) {
+    case kind::none: case kind::boolean: case kind::integer: case kind::big_integer:
+    case kind::floating: case kind::str: case kind::bytes:
+      return true;
+    case kind::tuple: case kind::list: case kind::dict:
+      if (v->state || (v->type == kind::dict && v->flag)) return false;
+      for (const pickle::value* x : v->items)
+        if (!plain_value(x, depth + 1)) return false;
+      return true;
+    default:
+      return false;
+  }
+}
+
+bool empty_state(const pickle::value* v) {
+  using pickle::kind;
+  if (!v || v->type == kind::none) return true;
+  if (v->type == kind::dict || v->type == kind::tuple) {
+    for (const pickle::value* x : v->items)
+      if (!empty_state(x)) return false;
+    return true;
+  }
+  return false;
+}
+
+// The state argument of _rebuild_parameter_with_state / _rebuild_from_type_v2 (both 4th).
+const pickle::value* python_state(const tensor_record& t) {
+  const pickle::value* fn = t.node ? t.node->callable_global() : nullptr;
+  if (!fn || !(fn->is_global("torch._utils", "_rebuild_parameter_with_state") ||
+               fn->is_global("torch._tensor", "_rebuild_from_type_v2")))
+    return nullptr;
+  const pickle::value* args = t.node->items[pickle::kArgs];
+  if (!args || args->type != pickle::kind::tuple || args->items.size() != 4) return nullptr;
+  const pickle::value* state = args->items[3];
+  if (empty_state(state)) return nullptr;
+  if (!plain_value(state, 0))
+    throw error(errc::unsupported,
+                "tensor " + path_to_string(t.path) +
+                    ": its Python attributes hold objects other than plain values, which cannot be written back exactly",
+                state->offset);
+  return state;
+}
+
+}  // namespace
+
+std::vector<tensor_state> tensor_states(const checkpoint& c) {
+  std::vector<tensor_state> out;
+  for (auto& [name, i] : named_tensors(c)) {
+    const tensor_record& t = c.tensors[i];
+    out.push_back({t.parameter, t.requires_grad, python_state(t)});
+  }
+  return out;
+}
+
 std::vector<std::pair<std::string, at::Tensor>> load_tensors(const std::string& path, const load_options& o) {
   checkpoint c = open_checkpoint(path);
   return load_tensors_releasing(c, o, nullptr);

@@ -13,6 +13,7 @@
 #include "ckpt/output_set.h"
 #include "finite_check.h"
 #include "meta_kernels.h"
+#include "method_args.h"
 #include "torch_message.h"
 
 namespace ckpt {
@@ -113,8 +114,7 @@ void run_method(torch::jit::Module& m, const materialize_request& req, const c10
                                           : at::zeros(in.shape, at::TensorOptions().dtype(st));
     inputs.push_back(t.to(dev));
   }
-  auto method = m.find_method(req.run_method);
-  if (!method) throw error(errc::usage, "--run: the model has no method '" + req.run_method + "'");
+  detail::bound_call call = detail::bind_call(m, req.run_method, inputs, req.run_args);
   torch::NoGradGuard no_grad;
   c10::IValue out;
   // A method that rejects the inputs given on the command line (dtype, shape, count) is a
@@ -128,7 +128,7 @@ void run_method(torch::jit::Module& m, const materialize_request& req, const c10
     throw error(errc::usage, "--run " + req.run_method + " failed: " + line);
   };
   try {
-    out = (*method)(inputs);
+    out = call.method(std::move(call.args));
   } catch (const c10::OutOfMemoryError&) {
     throw;
   } catch (const c10::Error& e) {
@@ -231,8 +231,10 @@ materialize_report materialize(checkpoint& c, const materialize_request& req) {
       }
     } else {
       auto t0 = std::chrono::steady_clock::now();
-      auto tensors = req.release_input ? load_tensors_releasing(c, o, &r.dtype_converted)
-                                       : load_tensors(c, o, &r.dtype_converted);
+      // -o writes each tensor's recorded state (Parameter, requires_grad, attributes), which
+      // points into the pickle tree: the tree is freed early only when nothing is written.
+      const bool release = req.release_input && !req.output;
+      auto tensors = release ? load_tensors_releasing(c, o, &r.dtype_converted) : load_tensors(c, o, &r.dtype_converted);
       synchronize(o.device);
       r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       r.tensors = tensors.size();
@@ -240,7 +242,7 @@ materialize_report materialize(checkpoint& c, const materialize_request& req) {
       r.storages = c.storages.size();
       if (req.check_finite) r.non_finite = detail::non_finite(tensors);
       if (req.output && r.non_finite.empty()) {
-        save_tensors(tensors, *req.output);
+        save_tensors(tensors, tensor_states(c), *req.output);
         r.output_written = true;
       }
     }

@@ -109,6 +109,12 @@ void write_archive(output_file& out, const std::vector<uint8_t>& pkl, const std:
 }  // namespace
 
 void save_tensors(const std::vector<std::pair<std::string, at::Tensor>>& tensors, output_file& out) {
+  save_tensors(tensors, std::vector<tensor_state>(tensors.size()), out);
+}
+
+void save_tensors(const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+                  const std::vector<tensor_state>& states, output_file& out) {
+  if (states.size() != tensors.size()) throw error(errc::usage, "save_tensors: one state per tensor expected");
   builder b;
   value* root = b.ordered_dict();
   b.doc.root = root;
@@ -118,14 +124,14 @@ void save_tensors(const std::vector<std::pair<std::string, at::Tensor>>& tensors
   std::unordered_map<const void*, size_t> index_of;
   // The rebuild call torch.save writes for t; quantized tensors carry their quantizer, whose
   // per-channel scales and zero points are tensors with storages of their own.
-  std::function<value*(const at::Tensor&, const std::string&)> rebuild = [&](const at::Tensor& t0,
-                                                                              const std::string& name) -> value* {
+  std::function<value*(const at::Tensor&, const std::string&, bool)> rebuild =
+      [&](const at::Tensor& t0, const std::string& name, bool requires_grad) -> value* {
     at::Tensor t = t0.is_meta() ? t0 : t0.detach();
     dtype dt = detail::from_scalar_type(t.scalar_type());
     const dtype_info& di = info(dt);
     if (t.is_meta())
       return b.call(b.global("torch._utils", "_rebuild_meta_tensor_no_storage"),
-                    b.tuple({b.global("torch", di.name), b.ints(t.sizes()), b.ints(t.strides()), b.boolean(false)}));
+                    b.tuple({b.global("torch", di.name), b.ints(t.sizes()), b.ints(t.strides()), b.boolean(requires_grad)}));
     const void* id = t.storage().unsafeGetStorageImpl();
     auto [it, fresh] = index_of.emplace(id, storages.size());
     if (fresh) storages.push_back({t.storage(), dt, std::to_string(storages.size())});
@@ -149,23 +155,47 @@ void save_tensors(const std::vector<std::pair<std::string, at::Tensor>>& tensors
       } else if (t.qscheme() == at::kPerChannelAffine || t.qscheme() == at::kPerChannelAffineFloatQParams) {
         // As torch.save: per_channel_affine for the float-qparams variant too (torch.load
         // tells them apart by the zero points' dtype).
-        params = b.tuple({b.global("torch", "per_channel_affine"), rebuild(t.q_per_channel_scales(), name + " scales"),
-                          rebuild(t.q_per_channel_zero_points(), name + " zero points"),
+        params = b.tuple({b.global("torch", "per_channel_affine"), rebuild(t.q_per_channel_scales(), name + " scales", false),
+                          rebuild(t.q_per_channel_zero_points(), name + " zero points", false),
                           b.integer(t.q_per_channel_axis())});
       } else {
         throw error(errc::unsupported, "tensor " + name + ": quantization scheme " + scheme + " cannot be saved");
       }
       return b.call(b.global("torch._utils", "_rebuild_qtensor"),
-                    b.tuple({pid, offset, b.ints(t.sizes()), b.ints(t.strides()), params, b.boolean(false),
+                    b.tuple({pid, offset, b.ints(t.sizes()), b.ints(t.strides()), params, b.boolean(requires_grad),
                              b.ordered_dict()}));
     }
-    std::vector<value*> args = {pid, offset, b.ints(t.sizes()), b.ints(t.strides()), b.boolean(false), b.ordered_dict()};
+    std::vector<value*> args = {pid, offset, b.ints(t.sizes()), b.ints(t.strides()), b.boolean(requires_grad), b.ordered_dict()};
     if (!typed) args.push_back(b.global("torch", di.name));
     return b.call(b.global("torch._utils", typed ? "_rebuild_tensor_v2" : "_rebuild_tensor_v3"), b.tuple(args));
   };
-  for (const auto& [name, t] : tensors) {
+  // As torch.save: a Parameter is _rebuild_parameter around its data (saved with
+  // requires_grad false), and one tensor object under several names is pickled once, so
+  // torch.load gives back one object (tied parameters stay one Parameter).
+  std::map<std::pair<const void*, bool>, value*> pickled;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const auto& [name, t] = tensors[i];
+    // torch.load refuses requires_grad on an integer tensor: a file claiming it is not repeated.
+    const bool grad = states[i].requires_grad && (at::isFloatingType(t.scalar_type()) || at::isComplexType(t.scalar_type()));
+    const tensor_state st{states[i].parameter, grad, states[i].python_state};
+    value*& v = pickled[{t.unsafeGetTensorImpl(), st.parameter}];
+    if (!v) {
+      v = rebuild(t, name, st.requires_grad && !st.parameter);
+      // Python attributes (plain values, checked by tensor_states) are the input's own
+      // pickle nodes: the writer walks them like its own.
+      value* attrs = const_cast<value*>(st.python_state);
+      if (st.parameter && attrs)
+        v = b.call(b.global("torch._utils", "_rebuild_parameter_with_state"),
+                   b.tuple({v, b.boolean(st.requires_grad), b.ordered_dict(), attrs}));
+      else if (st.parameter)
+        v = b.call(b.global("torch._utils", "_rebuild_parameter"),
+                   b.tuple({v, b.boolean(st.requires_grad), b.ordered_dict()}));
+      else if (attrs)
+        v = b.call(b.global("torch._tensor", "_rebuild_from_type_v2"),
+                   b.tuple({v->items[pickle::kCallable], b.global("torch", "Tensor"), v->items[pickle::kArgs], attrs}));
+    }
     root->items.push_back(b.str(name));
-    root->items.push_back(rebuild(t, name));
+    root->items.push_back(v);
   }
 
   std::vector<uint8_t> pkl = pickle::write(b.doc.root, 2);

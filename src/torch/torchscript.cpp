@@ -11,6 +11,7 @@
 #include <optional>
 #include <sstream>
 #include <string_view>
+#include <unordered_map>
 #include <utility>
 
 #include <caffe2/serialize/read_adapter_interface.h>
@@ -22,6 +23,7 @@
 #include "ckpt/torchscript_code.h"
 #include "ckpt/torchscript_module.h"
 #include "meta_kernels.h"
+#include "method_args.h"
 #include "torch_message.h"
 
 namespace ckpt {
@@ -401,31 +403,6 @@ std::vector<byte_range> tensor_record_ranges(const zip::archive& ar) {
   return out;
 }
 
-// `name` itself, or else the first of its TorchScript overloads ("forward__0",
-// "forward__1": @torch.jit._overload_method, as in nn.LSTM) whose schema takes `n` tensors.
-std::optional<torch::jit::Method> find_callable(const torch::jit::Module& m,
-                                                const std::string& name, size_t n) {
-  if (auto direct = m.find_method(name)) return direct;
-  const std::string prefix = name + "__";
-  for (const auto& meth : m.get_methods()) {
-    const std::string& mn = meth.name();
-    if (!starts_with(mn, prefix) || mn.size() == prefix.size() ||
-        mn.find_first_not_of("0123456789", prefix.size()) != std::string::npos)
-      continue;
-    const auto& args = meth.function().getSchema().arguments();
-    if (args.empty() || args.size() - 1 < n) continue;  // args[0] is self
-    bool fits = true;
-    for (size_t i = 1; i < args.size() && fits; ++i) {
-      if (i <= n)
-        fits = c10::TensorType::get()->isSubtypeOf(*args[i].type());
-      else
-        fits = args[i].default_value().has_value();
-    }
-    if (fits) return meth;
-  }
-  return std::nullopt;
-}
-
 }  // namespace
 
 torch::jit::Module load_on_meta(const std::string& path, const zip::archive& ar,
@@ -467,48 +444,59 @@ torchscript_info inspect_torchscript(const std::string& path, const zip::archive
       info.submodules.push_back({nm.name, class_name(nm.value)});
       collect_attributes(nm.value, nm.name + ".", info.attributes);
     }
+    // Tied weights are one tensor object under several names, as in torch.save files.
+    std::unordered_map<const void*, std::string> first_name;
+    auto tied = [&](ts_tensor d, const at::Tensor& t) {
+      auto [it, fresh] = first_name.emplace(t.unsafeGetTensorImpl(), d.name);
+      if (!fresh) d.tied_to = it->second;
+      return d;
+    };
     for (const auto& p : m.named_parameters(/*recurse=*/true))
-      info.parameters.push_back(describe(p.name, p.value));
+      info.parameters.push_back(tied(describe(p.name, p.value), p.value));
     for (const auto& b : m.named_buffers(/*recurse=*/true))
-      info.buffers.push_back(describe(b.name, b.value));
-    for (const auto& meth : m.get_methods()) {
-      std::ostringstream schema;
-      schema << meth.function().getSchema();
-      info.methods.push_back({meth.name(), schema.str()});
-    }
+      info.buffers.push_back(tied(describe(b.name, b.value), b.value));
+    auto methods_of = [](const torch::jit::Module& mod, const std::string& prefix, std::vector<ts_method>& out) {
+      for (const auto& meth : mod.get_methods()) {
+        std::ostringstream schema;
+        schema << meth.function().getSchema();
+        out.push_back({prefix + meth.name(), schema.str()});
+      }
+    };
+    methods_of(m, "", info.methods);
+    for (const auto& nm : m.named_modules())
+      if (!nm.name.empty()) methods_of(nm.value, nm.name + ".", info.submodule_methods);
     return info;
   });
 }
 
 std::vector<meta_output> run_on_meta(const std::string& path, const zip::archive& ar,
                                      const std::string& method,
-                                     const std::vector<input_spec>& inputs, bool allow_code) {
+                                     const std::vector<input_spec>& inputs, bool allow_code,
+                                     const std::vector<arg_spec>& arg_specs) {
   torch::jit::Module m = load_on_meta(path, ar, nullptr, allow_code);
-  std::optional<torch::jit::Method> found = find_callable(m, method, inputs.size());
-  if (!found) {
-    std::string names;
-    for (const auto& meth : m.get_methods()) names += (names.empty() ? "" : ", ") + meth.name();
-    throw error(errc::usage, "the module has no method '" + method + "' taking " +
-                                 std::to_string(inputs.size()) + " tensor(s) (it has: " +
-                                 (names.empty() ? std::string("none") : names) + ")")
-        .with_file(path);
-  }
   for (const auto& in : inputs)
     for (int64_t d : in.shape)
       if (d < 0)
         throw error(errc::usage, "negative input dimension " + std::to_string(d)).with_file(path);
+  std::vector<c10::IValue> tensors;
+  tensors.reserve(inputs.size());
+  for (const auto& in : inputs)
+    tensors.emplace_back(at::empty(in.shape, at::TensorOptions().dtype(to_scalar_type(in.type)).device(c10::kMeta)));
+  detail::bound_call call = [&] {
+    try {
+      return detail::bind_call(m, method, tensors, arg_specs);
+    } catch (error& e) {
+      e.with_file(path);
+      throw;
+    }
+  }();
   detail::ensure_meta_kernels();
   return translate_errors(path, stage::run, method + " on meta inputs: ", nullptr, [&]() {
-    std::vector<c10::IValue> args;
-    args.reserve(inputs.size());
-    for (const auto& in : inputs)
-      args.emplace_back(at::empty(
-          in.shape, at::TensorOptions().dtype(to_scalar_type(in.type)).device(c10::kMeta)));
     torch::NoGradGuard no_grad;
     // The optimizing executor profiles and specializes graphs for real devices; on meta
     // inputs that is wasted work at best, so run the plain interpreter.
     torch::jit::GraphOptimizerEnabledGuard no_opt(false);
-    c10::IValue result = (*found)(std::move(args));
+    c10::IValue result = call.method(std::move(call.args));
     std::vector<meta_output> out;
     flatten(result, "", out);
     return out;

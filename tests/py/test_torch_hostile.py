@@ -7,6 +7,7 @@ truncated while mapped (8), and the messages of --run, out of memory and a missi
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import time
@@ -100,7 +101,7 @@ CALLING_DEFAULT = '''class Plain(Module):
   __buffers__ = []
   training : bool
   _is_full_backward_hook : Optional[bool]
-  lin : __torch__.torch.nn.modules.linear.Linear
+  lin : {LIN}
   def forward(self: {Q}.Plain,
     x: Tensor,
     n: int={Q}.side()) -> Tensor:
@@ -121,7 +122,7 @@ FOLDING_BOMB = '''class Plain(Module):
   __buffers__ = []
   training : bool
   _is_full_backward_hook : Optional[bool]
-  lin : __torch__.torch.nn.modules.linear.Linear
+  lin : {LIN}
   def forward(self: {Q}.Plain,
     x: Tensor,
     n: int=3) -> Tensor:
@@ -140,7 +141,10 @@ def _rewrite_code(src: Path, dst: Path, text: str) -> Path:
                 continue
             if "/code/" in info.filename and b"class Plain(" in data:
                 q = info.filename.split("/code/", 1)[1][:-len(".py")].replace("/", ".")
-                data = text.replace("{Q}", q).encode()
+                # Linear's qualified name is mangled when another module of this process
+                # scripted nn.Linear first: keep the one this file was saved with.
+                lin = re.search(rb"lin : (\S+)", data)
+                data = text.replace("{Q}", q).replace("{LIN}", lin.group(1).decode() if lin else "").encode()
             zout.writestr(info.filename, data)
     return dst
 

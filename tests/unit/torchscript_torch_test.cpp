@@ -128,11 +128,28 @@ TEST_CASE("run_on_meta reports output shapes") {
   CHECK(out[0].dtype == "float32");
   CHECK(out[0].shape == std::vector<int64_t>{3, kDim});
 
-  // evaluation_step takes a tensor and an int: only tensors can be given, so this is a
-  // usage error; forward with the wrong width is one too.
-  CHECK_THROWS_AS(ckpt::run_on_meta("toy.pt", *f.ar, "evaluation_step",
-                                    {{{3, kDim}, ckpt::dtype::float32}}),
-                  ckpt::error);
+  // evaluation_step takes a tensor and an int: without the int it is a usage error naming
+  // it; with it (positional or by name) it runs; forward with the wrong width is a usage
+  // error too.
+  try {
+    ckpt::run_on_meta("toy.pt", *f.ar, "evaluation_step", {{{3, kDim}, ckpt::dtype::float32}});
+    FAIL("expected an error");
+  } catch (const ckpt::error& e) {
+    CHECK(e.kind() == ckpt::errc::usage);
+    CHECK(e.message().find("missing argument 'n' (int)") != std::string::npos);
+  }
+  for (const ckpt::arg_spec& a : {ckpt::arg_spec{"", "4"}, ckpt::arg_spec{"n", "4"}}) {
+    auto ev = ckpt::run_on_meta("toy.pt", *f.ar, "evaluation_step", {{{3, kDim}, ckpt::dtype::float32}}, false, {a});
+    REQUIRE(ev.size() == 4);
+    CHECK(ev[3].type == "int");
+  }
+  try {
+    ckpt::run_on_meta("toy.pt", *f.ar, "evaluation_step", {{{3, kDim}, ckpt::dtype::float32}}, false, {{"n", "4.5"}});
+    FAIL("expected an error");
+  } catch (const ckpt::error& e) {
+    CHECK(e.kind() == ckpt::errc::usage);
+    CHECK(e.message().find("'n' (int): '4.5'") != std::string::npos);
+  }
   try {
     ckpt::run_on_meta("toy.pt", *f.ar, "forward", {{{3, kDim + 1}, ckpt::dtype::float32}});
     FAIL("expected an error");
