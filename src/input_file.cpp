@@ -21,7 +21,9 @@ const char* kind_of(mode_t m) {
   return "not a regular file";
 }
 
-file_fingerprint from_stat(const struct stat& st) {
+}  // namespace
+
+file_fingerprint fingerprint_of(const struct stat& st) {
   file_fingerprint f;
   f.dev = st.st_dev;
   f.ino = st.st_ino;
@@ -32,12 +34,10 @@ file_fingerprint from_stat(const struct stat& st) {
   return f;
 }
 
-}  // namespace
-
 file_fingerprint fingerprint_of(int fd) {
   struct stat st;
   if (::fstat(fd, &st) != 0) throw error(errc::io, std::string("cannot stat: ") + std::strerror(errno));
-  return from_stat(st);
+  return fingerprint_of(st);
 }
 
 int open_regular_input(const std::string& path, file_fingerprint* fingerprint) {
@@ -63,7 +63,7 @@ int open_regular_input(const std::string& path, file_fingerprint* fingerprint) {
   }
   // Regular files never block; the flag is cleared so that nothing downstream sees EAGAIN.
   (void)::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
-  if (fingerprint) *fingerprint = from_stat(st);
+  if (fingerprint) *fingerprint = fingerprint_of(st);
   return fd;
 }
 

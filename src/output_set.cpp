@@ -208,13 +208,7 @@ void output_set::check_inputs_unchanged() const {
     struct stat st;
     if (::stat(in.path.c_str(), &st) != 0)
       throw error(errc::io, "changed while being read (it is gone)").with_file(in.path);
-    file_fingerprint now;
-    now.dev = st.st_dev;
-    now.ino = st.st_ino;
-    now.size = int64_t(st.st_size);
-    now.mtime_ns = int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
-    now.ctime_ns = int64_t(st.st_ctim.tv_sec) * 1000000000 + st.st_ctim.tv_nsec;
-    if (now != in.fp) throw error(errc::io, "changed while being read; nothing written").with_file(in.path);
+    if (fingerprint_of(st) != in.fp) throw error(errc::io, "changed while being read; nothing written").with_file(in.path);
   }
 }
 

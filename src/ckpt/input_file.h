@@ -2,6 +2,7 @@
 // that tells whether the file changed while it was being read.
 #pragma once
 
+#include <sys/stat.h>
 #include <sys/types.h>
 
 #include <cstdint>
@@ -24,6 +25,8 @@ struct file_fingerprint {
   bool operator!=(const file_fingerprint& o) const { return !(*this == o); }
 };
 
+/// The fingerprint of a file described by stat(2), or of an open descriptor.
+file_fingerprint fingerprint_of(const struct stat& st);
 file_fingerprint fingerprint_of(int fd);
 
 /// Opens `path` for reading. O_NONBLOCK keeps the open of a FIFO from waiting for a

@@ -12,6 +12,7 @@ Environment (set by ctest, see tests/CMakeLists.txt):
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -51,6 +52,14 @@ def run_ckptool(*args, timeout: float = 60, cwd=None, env=None) -> tuple[int, st
                        cwd=cwd, env=e)
     return (p.returncode, p.stdout.decode("utf-8", "replace"),
             p.stderr.decode("utf-8", "replace"))
+
+
+def sha256(path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def inspect_json(path, *extra, timeout: float = 60) -> dict:

@@ -10,7 +10,6 @@ not allowed); the machine's /dev is only read (/dev/null, and /dev/full as a ful
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import os
@@ -30,7 +29,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from conftest import CKPTOOL, TIME_SCALE, run_ckptool
+from conftest import CKPTOOL, TIME_SCALE, run_ckptool, sha256
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore::DeprecationWarning"),
@@ -43,14 +42,6 @@ LIMIT = 10 * TIME_SCALE  # seconds for any single hostile case (most take millis
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def sha256(path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def temps(root: Path) -> list[str]:

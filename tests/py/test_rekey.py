@@ -26,7 +26,6 @@ torch.serialization.get_unsafe_globals_in_checkpoint and zipfile look at it.
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 import os
 import random
@@ -46,7 +45,7 @@ import torch.nn as nn
 from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 
 import fixtures as fxmod
-from conftest import CKPTOOL, TIME_SCALE, run_ckptool
+from conftest import CKPTOOL, TIME_SCALE, run_ckptool, sha256
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore::DeprecationWarning"),
@@ -64,14 +63,6 @@ def tload(path, weights_only: bool = True, **kw):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return torch.load(path, weights_only=weights_only, map_location="cpu", **kw)
-
-
-def sha256(path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def temp_files(directory) -> list[str]:
