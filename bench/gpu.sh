@@ -17,7 +17,7 @@
 # The machine has the same PyTorch (python3, torch 2.11.0+cu130) but no compiler toolchain
 # for this project, so ckptool comes from here, built against that LibTorch version. The
 # carry limit is 64 MiB in all, so carry stripped copies (about 3 MB) in an ignored folder:
-#   mkdir -p .device/gpu-build && cp build/ckptool build/libckptool_torch*.so .device/gpu-build/ \
+#   mkdir -p .device/gpu-build && cp build/ckptool build/lib*.so .device/gpu-build/ \
 #     && strip .device/gpu-build/*
 #   run(command="bash bench/gpu.sh", carry=[".device/gpu-build"], timeout_s=600)
 # (build/ itself may be carried instead if it fits; CKPTOOL_GPU_BUILD names another folder.)
@@ -35,8 +35,9 @@ if [ -z "$build" ]; then
   if [ -x .device/gpu-build/ckptool ]; then build=.device/gpu-build; else build=build; fi
 fi
 export CKPTOOL="$PWD/$build/ckptool"
-if [ ! -x "$CKPTOOL" ] || [ ! -f "$build/libckptool_torch.so" ] || [ ! -f "$build/libckptool_torch_cuda.so" ]; then
-  echo "gpu.sh: no $build/ckptool + libckptool_torch.so + libckptool_torch_cuda.so (carry them, see the header)" |
+if [ ! -x "$CKPTOOL" ] || [ ! -f "$build/libckpt_core.so" ] || [ ! -f "$build/libckpt_torch.so" ] ||
+   [ ! -f "$build/libckptool_torch.so" ] || [ ! -f "$build/libckptool_torch_cuda.so" ]; then
+  echo "gpu.sh: no $build/ckptool + libckpt_core.so + libckpt_torch.so + libckptool_torch.so + libckptool_torch_cuda.so (carry them, see the header)" |
     tee "$OUT/bench-gpu.log"
   exit 1
 fi

@@ -90,11 +90,10 @@ df -h "$scratch" | sed 's/^/run.sh: /'
 
 # Run a snapshot of the binaries: a rebuild of build/ while the benchmark runs must neither
 # break it nor mix two versions into one table. ckptool loads libckptool_torch.so from its
-# own directory.
+# own directory, and its shared libraries (libckpt_core.so, libckpt_torch.so) from there too.
 mkdir -p "$scratch/bin"
 cp -p "$ckptool" "$scratch/bin/ckptool"
-plugin="$(dirname "$ckptool")/libckptool_torch.so"
-[ -f "$plugin" ] && cp -p "$plugin" "$scratch/bin/libckptool_torch.so"
+for lib in "$(dirname "$ckptool")"/lib*.so; do [ -f "$lib" ] && cp -p "$lib" "$scratch/bin/"; done
 ckptool_src="$ckptool"
 ckptool="$scratch/bin/ckptool"
 cmd="bench/run.sh"

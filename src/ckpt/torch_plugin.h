@@ -16,12 +16,9 @@
 
 namespace ckpt {
 
-/// Bumped whenever a function is added or changes signature; the loader refuses a plugin
-/// built for another version.
-constexpr int kTorchPluginAbi = 4;
-
+/// The plugin's functions. No version field: the loader refuses a plugin whose build id
+/// (a hash of every shared header, src/module_loader.h) differs from its own.
 struct torch_plugin_api {
-  int abi = kTorchPluginAbi;
   const char* torch_version;  // LibTorch's version string, for --version and reports
   bool has_cuda;              // built with the CUDA code paths
   torchscript_info (*inspect_torchscript)(const std::string& path, const zip::archive& ar, bool allow_code);
@@ -33,7 +30,8 @@ struct torch_plugin_api {
 
 /// The plugin's entry points, loading it on first call from $CKPTOOL_TORCH_PLUGIN, else
 /// next to the executable, else <prefix>/lib/ckptool/. Throws errc::unsupported naming
-/// what failed (missing file, missing LibTorch libraries, ABI mismatch).
+/// what failed (missing file, missing LibTorch libraries, another build's plugin), or
+/// errc::io when $CKPTOOL_TORCH_PLUGIN names a file that is not there.
 const torch_plugin_api& torch_plugin();
 
 }  // namespace ckpt

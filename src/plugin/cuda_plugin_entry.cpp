@@ -3,6 +3,9 @@
 // (src/torch/cuda_module.cpp). Loading it loads LibTorch's CUDA libraries, which register
 // the CUDA backend with the LibTorch already in the process.
 #include "../torch/storage_loader.h"
+#include "module_loader.h"
+
+CKPTOOL_MODULE_EXPORT_BUILD_ID
 
 extern "C" __attribute__((visibility("default"))) void* ckptool_cuda_loader_v1() {
   return reinterpret_cast<void*>(&ckpt::detail::load_storages_cuda);

@@ -2,6 +2,9 @@
 #include <torch/version.h>
 
 #include "ckpt/torch_plugin.h"
+#include "module_loader.h"
+
+CKPTOOL_MODULE_EXPORT_BUILD_ID
 
 extern "C" __attribute__((visibility("default"))) const ckpt::torch_plugin_api* ckptool_torch_plugin() {
   static const ckpt::torch_plugin_api api = [] {
