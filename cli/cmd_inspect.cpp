@@ -36,7 +36,7 @@ struct inspect_options {
 // reachable, to the end (LeakSanitizer builds see no leak).
 ckpt::checkpoint* g_kept_checkpoint = nullptr;
 
-void run_inspect(const inspect_options& o) {
+int run_inspect(const inspect_options& o) {
   ckpt::output_set inputs;  // no outputs: it refuses a FIFO and sees the file change
   inputs.add_input(o.file);
   auto owned = std::make_unique<ckpt::checkpoint>(ckpt::open_checkpoint(o.file, o.reader));
@@ -135,11 +135,12 @@ void run_inspect(const inspect_options& o) {
   }
   std::cout.flush();
   if (!std::cout) throw ckpt::error(ckpt::errc::io, "cannot write to standard output");
+  return 0;
 }
 
 }  // namespace
 
-void setup_inspect(CLI::App& app) {
+verb setup_inspect(CLI::App& app) {
   auto opts = std::make_shared<inspect_options>();
   CLI::App* cmd = app.add_subcommand(
       "inspect", "Show what a checkpoint holds (tensors, dtypes, shapes, wrappers, entries, unsafe globals), "
@@ -160,10 +161,7 @@ void setup_inspect(CLI::App& app) {
                   "blocks.0.forward)")->capture_default_str();
   add_reader_flags(*cmd, opts->reader);
   add_code_flags(*cmd, opts->code);
-  cmd->callback([opts] {
-    run_inspect(*opts);
-    set_exit_code(0);
-  });
+  return {cmd, [opts] { return run_inspect(*opts); }};
 }
 
 }  // namespace cli

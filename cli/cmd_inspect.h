@@ -2,9 +2,11 @@
 
 #include <CLI/CLI.hpp>
 
+#include "common.h"
+
 namespace cli {
 
 /// Registers `ckptool inspect FILE [--json] [--tree] [--filter GLOB] [--input SHAPE[:DTYPE]]...`.
-void setup_inspect(CLI::App& app);
+verb setup_inspect(CLI::App& app);
 
 }  // namespace cli

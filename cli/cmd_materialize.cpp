@@ -44,7 +44,7 @@ void print_list(std::ostream& out, const char* title, const std::vector<std::str
   if (items.size() > 20) out << "  ... " << items.size() - 20 << " more\n";
 }
 
-void run_materialize(materialize_options& o) {
+int run_materialize(materialize_options& o) {
   o.req.strict = !o.no_strict;
   for (const auto& s : o.inputs) o.req.run_inputs.push_back(parse_input_spec(s));
   for (const auto& s : o.args) o.req.run_args.push_back(parse_arg_spec(s));
@@ -175,12 +175,12 @@ void run_materialize(materialize_options& o) {
     else if (o.req.output)
       report << "not written: " << ckpt::display_name(o.output) << " (--check-finite found NaN or Inf)\n";
   }
-  set_exit_code(o.req.check_finite && !r.non_finite.empty() ? 1 : 0);
+  return o.req.check_finite && !r.non_finite.empty() ? ckpt::exit_code(ckpt::errc::check_failed) : 0;
 }
 
 }  // namespace
 
-void setup_materialize(CLI::App& app) {
+verb setup_materialize(CLI::App& app) {
   auto o = std::make_shared<materialize_options>();
   CLI::App* cmd = app.add_subcommand(
       "materialize", "Load weights from the file straight onto a device, into empty (never randomly initialized) "
@@ -210,7 +210,7 @@ void setup_materialize(CLI::App& app) {
   cmd->add_flag("--json", o->json, "Print the report as JSON");
   add_reader_flags(*cmd, o->reader);
   add_code_flags(*cmd, o->code);
-  cmd->callback([o] { run_materialize(*o); });
+  return {cmd, [o] { return run_materialize(*o); }};
 }
 
 }  // namespace cli

@@ -2,9 +2,11 @@
 
 #include <CLI/CLI.hpp>
 
+#include "common.h"
+
 namespace cli {
 
 /// Registers `ckptool materialize CKPT --device DEV [--model MODEL] ...`.
-void setup_materialize(CLI::App& app);
+verb setup_materialize(CLI::App& app);
 
 }  // namespace cli

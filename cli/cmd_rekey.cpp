@@ -114,7 +114,7 @@ std::vector<ckpt::key_op> ops_in_order(const rekey_options& o, const ckpt::check
   return ops;
 }
 
-void run_rekey(const rekey_options& o) {
+int run_rekey(const rekey_options& o) {
   bool has_output = o.output_opt->count() > 0;
   if (!o.dry_run && !has_output) throw ckpt::error(ckpt::errc::usage, "rekey needs -o OUT (or --dry-run)");
   if (o.dry_run && !o.save_map.empty())
@@ -199,11 +199,12 @@ void run_rekey(const rekey_options& o) {
     else
       report << "; wrote " << ckpt::display_name(o.output) << " (" << human_bytes(r.bytes_written) << ")\n";
   }
+  return 0;
 }
 
 }  // namespace
 
-void setup_rekey(CLI::App& app) {
+verb setup_rekey(CLI::App& app) {
   auto o = std::make_shared<rekey_options>();
   CLI::App* cmd = app.add_subcommand(
       "rekey", "Strip, add or rename key segments (_orig_mod., module., ...) so compiled and uncompiled "
@@ -246,10 +247,7 @@ void setup_rekey(CLI::App& app) {
   cmd->add_flag("--drop-unsafe", o->drop_unsafe, "Remove the top-level entries naming unsafe globals");
   add_reader_flags(*cmd, o->reader);
   add_code_flags(*cmd, o->code);
-  cmd->callback([o] {
-    run_rekey(*o);
-    set_exit_code(0);
-  });
+  return {cmd, [o] { return run_rekey(*o); }};
 }
 
 }  // namespace cli

@@ -2,9 +2,11 @@
 
 #include <CLI/CLI.hpp>
 
+#include "common.h"
+
 namespace cli {
 
 /// Registers `ckptool rekey IN -o OUT [operations] [--dry-run] [--json] [--force]`.
-void setup_rekey(CLI::App& app);
+verb setup_rekey(CLI::App& app);
 
 }  // namespace cli

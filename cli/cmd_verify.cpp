@@ -3,6 +3,7 @@
 #include <iostream>
 #include <memory>
 
+#include "ckpt/error.h"
 #include "ckpt/output_set.h"
 #include "ckpt/report.h"
 #include "ckpt/text_escape.h"
@@ -19,7 +20,7 @@ struct verify_options {
   ckpt::open_options reader;
 };
 
-void run_verify(const verify_options& o) {
+int run_verify(const verify_options& o) {
   ckpt::output_set inputs;  // no outputs: it refuses a FIFO and sees the file change
   inputs.add_input(o.file);
   progress_bar bar("verify");
@@ -48,12 +49,12 @@ void run_verify(const verify_options& o) {
     for (const auto& p : r.problems) std::cout << "  problem: " << ckpt::escape_controls(p) << "\n";
     for (const auto& n : r.notes) std::cout << "  note: " << ckpt::escape_controls(n) << "\n";
   }
-  set_exit_code(r.ok() ? 0 : 1);
+  return r.ok() ? 0 : ckpt::exit_code(ckpt::errc::check_failed);
 }
 
 }  // namespace
 
-void setup_verify(CLI::App& app) {
+verb setup_verify(CLI::App& app) {
   auto o = std::make_shared<verify_options>();
   CLI::App* cmd = app.add_subcommand(
       "verify", "Check a checkpoint: every zip record's CRC-32, every tensor view against its storage, every "
@@ -61,7 +62,7 @@ void setup_verify(CLI::App& app) {
   cmd->add_option("FILE", o->file, "torch.save, TorchScript, safetensors or legacy torch file")->required();
   cmd->add_flag("--json", o->json, "Print the result as JSON");
   add_reader_flags(*cmd, o->reader);
-  cmd->callback([o] { run_verify(*o); });
+  return {cmd, [o] { return run_verify(*o); }};
 }
 
 }  // namespace cli

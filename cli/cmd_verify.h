@@ -2,9 +2,11 @@
 
 #include <CLI/CLI.hpp>
 
+#include "common.h"
+
 namespace cli {
 
 /// Registers `ckptool verify FILE [--json]`.
-void setup_verify(CLI::App& app);
+verb setup_verify(CLI::App& app);
 
 }  // namespace cli

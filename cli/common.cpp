@@ -65,12 +65,6 @@ std::string shape_string(const std::vector<int64_t>& shape) {
   return out + "]";
 }
 
-namespace {
-int g_exit_code = 0;
-}
-int last_exit_code() { return g_exit_code; }
-void set_exit_code(int code) { g_exit_code = code; }
-
 bool stdout_is_terminal() { return ::isatty(STDOUT_FILENO) == 1; }
 bool flush_stdout() {
   std::cout.flush();

@@ -3,6 +3,7 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "ckpt/checkpoint.h"
@@ -19,9 +20,13 @@ std::string with_commas(uint64_t n);
 /// "[4, 5]".
 std::string shape_string(const std::vector<int64_t>& shape);
 
-/// The exit status a verb's callback chose (CLI11 callbacks cannot return one).
-int last_exit_code();
-void set_exit_code(int code);
+/// A verb: its subcommand, and what runs it once the command line is parsed, returning the
+/// exit code (ninja's tools do the same). Errors are thrown as ckpt::error and mapped to
+/// their exit codes in one place, main.cpp, through ckpt::exit_code.
+struct verb {
+  CLI::App* command = nullptr;
+  std::function<int()> run;
+};
 
 bool stdout_is_terminal();
 /// Flushes standard output; false when anything written to it was lost (a full disk, a

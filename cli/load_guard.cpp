@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "ckpt/error.h"
+
 namespace cli {
 namespace {
 
@@ -39,7 +41,7 @@ std::string printable(std::string s) {
   ssize_t ignored = ::write(STDERR_FILENO, line.data(), line.size());
   (void)ignored;
   // The loading thread may be inside LibTorch for good: no destructors, no atexit.
-  ::_exit(3);
+  ::_exit(ckpt::exit_code(ckpt::errc::limit));
 }
 
 }  // namespace

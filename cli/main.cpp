@@ -40,13 +40,14 @@ int run(int argc, char** argv) {
   app.set_version_flag("--version", std::string("ckptool ") + CKPTOOL_VERSION);
   app.require_subcommand(1);
   app.fallthrough(false);
-  cli::setup_inspect(app);
-  cli::setup_rekey(app);
-  cli::setup_materialize(app);
-  cli::setup_verify(app);
+  const cli::verb verbs[] = {cli::setup_inspect(app), cli::setup_rekey(app), cli::setup_materialize(app),
+                             cli::setup_verify(app)};
 
+  int status = 0;
   try {
     app.parse(argc, argv);
+    for (const cli::verb& v : verbs)
+      if (v.command->parsed()) status = v.run();
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::CallForAllHelp& e) {
@@ -55,7 +56,7 @@ int run(int argc, char** argv) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     print_usage_error(app, e.what());
-    return 2;
+    return ckpt::exit_code(ckpt::errc::usage);
   } catch (const ckpt::error& e) {
     std::cerr << "ckptool: " << ckpt::errc_name(e.kind()) << ": " << e.one_line() << "\n";
     return ckpt::exit_code(e.kind());
@@ -66,14 +67,14 @@ int run(int argc, char** argv) {
     for (char& c : what)
       if (c == '\n') c = ' ';
     std::cerr << "ckptool: internal error: " << ckpt::escape_controls(what) << "\n";
-    return 3;
+    return ckpt::exit_code(ckpt::errc::corrupt);
   }
   // A report that did not reach its reader is a failed command, not a silent exit 0.
   if (!cli::flush_stdout()) {
     std::cerr << "ckptool: io: cannot write to standard output\n";
-    return 4;
+    return ckpt::exit_code(ckpt::errc::io);
   }
-  return cli::last_exit_code();
+  return status;
 }
 
 }  // namespace
@@ -85,6 +86,6 @@ int main(int argc, char** argv) {
     return run(argc, argv);
   } catch (const std::bad_alloc&) {
     std::fputs("ckptool: io: out of memory\n", stderr);
-    return 4;
+    return ckpt::exit_code(ckpt::errc::io);
   }
 }

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstring>
 
+#include "ckpt/error.h"
 #include "ckpt/output_set.h"
 
 // Why a handler rather than never touching mapped pages after validation: --mmap hands out
@@ -35,7 +36,7 @@ void on_sigbus(int, siginfo_t* info, void*) {
     ckpt::remove_temporaries_in_progress();
     ssize_t ignored = ::write(STDERR_FILENO, g_line, g_length);
     (void)ignored;
-    ::_exit(4);
+    ::_exit(ckpt::exit_code(ckpt::errc::io));
   }
   // Not a vanished page: return to the default action, which the faulting instruction
   // meets again when it is retried.

@@ -4,20 +4,6 @@
 
 namespace ckpt {
 
-int exit_code(errc kind) {
-  switch (kind) {
-    case errc::check_failed: return 1;
-    case errc::usage: return 2;
-    case errc::corrupt:
-    case errc::unsupported:
-    case errc::unsafe:
-    case errc::limit: return 3;
-    case errc::io:
-    case errc::device: return 4;
-  }
-  return 3;
-}
-
 const char* errc_name(errc kind) {
   switch (kind) {
     case errc::check_failed: return "check-failed";

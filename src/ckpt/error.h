@@ -20,8 +20,21 @@ enum class errc {
   device,        // the requested device is missing or failed (exit 4)
 };
 
-/// The documented process exit code for an error kind (see man/ckptool.1).
-int exit_code(errc kind);
+/// The documented process exit code for an error kind (see man/ckptool.1): the one place
+/// that maps failures to exit codes. constexpr, so signal handlers use it too.
+constexpr int exit_code(errc kind) {
+  switch (kind) {
+    case errc::check_failed: return 1;
+    case errc::usage: return 2;
+    case errc::corrupt:
+    case errc::unsupported:
+    case errc::unsafe:
+    case errc::limit: return 3;
+    case errc::io:
+    case errc::device: return 4;
+  }
+  return 3;
+}
 /// A short lower-case word for the kind, used in messages and JSON ("corrupt", "io", ...).
 const char* errc_name(errc kind);
 
