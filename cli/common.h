@@ -17,13 +17,11 @@ std::string human_bytes(uint64_t n);
 /// "1,234,567".
 std::string with_commas(uint64_t n);
 /// "[4, 5]".
-std::string shape_string(const std::vector<int64_t>& shape);
 
 /// The exit status a verb's callback chose (CLI11 callbacks cannot return one).
 int last_exit_code();
 void set_exit_code(int code);
 
-bool stdout_is_terminal();
 /// Flushes standard output; false when anything written to it was lost (a full disk, a
 /// closed pipe).
 bool flush_stdout();
