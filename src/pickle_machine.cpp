@@ -1138,11 +1138,8 @@ void machine::step() {
     case NEXT_BUFFER:
     case READONLY_BUFFER:
       unsupported("out-of-band buffers are not supported");
-    default: {
-      static const char kHex[] = "0123456789abcdef";
-      throw_corrupt(std::string("invalid opcode 0x") + kHex[code_ >> 4] + kHex[code_ & 15],
-                    where());
-    }
+    default:
+      throw_corrupt("invalid opcode 0x" + text::hex_bytes(&code_, 1), where());
   }
 }
 
