@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 import torch
 
-import fixtures as F
 import reference as R
 from conftest import TIME_SCALE, corpora_dir, run_ckptool
 
@@ -53,9 +52,22 @@ def test_saved_without_crc_passes_every_verb_as_torch_load_does(tmp_path):
 
     rc, out, err = run_ckptool("inspect", "--json", "--verify-crc", path)
     assert rc == 0, err
-    fx = F.Fixture("nocrc", path, "torch-zip", F.WEIGHTS_ONLY)
-    m = R.compare(fx, json.loads(out))
-    assert not m, m.report("nocrc")
+    # (reference.compare reads data.pkl with Python's zipfile, which checks CRCs and so
+    # refuses this file; the comparison with torch.load is spelled out here instead.)
+    doc = json.loads(out)
+    by_key = {t["path"][-1]: t for t in doc["tensors"]}
+    storages = {s["key"]: s for s in doc["storages"]}
+    raw = path.read_bytes()
+    tensors = {k: v for k, v in ref.items() if isinstance(v, torch.Tensor)}
+    assert sorted(by_key) == sorted(tensors)
+    for k, v in tensors.items():
+        t = by_key[k]
+        assert (t["dtype"], t["shape"], t["stride"], t["storage_offset"]) == \
+            (R.dtype_name(v.dtype), list(v.shape), list(v.stride()), v.storage_offset()), k
+        s = storages[t["storage"]]
+        assert raw[s["offset"]:s["offset"] + s["nbytes"]] == bytes(v.untyped_storage()), k
+    assert by_key["w"]["storage"] == by_key["w_t"]["storage"]  # shared, as in torch
+    assert [e["path"] for e in doc["entries"]] == [["step"]]
 
     rc, out, err = run_ckptool("verify", "--json", path)
     doc = json.loads(out)
