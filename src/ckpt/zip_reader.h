@@ -46,7 +46,7 @@ struct entry {
 enum class crc_outcome {
   match,
   // PyTorch's rule for files saved with CRC computation off
-  // (torch.serialization.set_crc32_options(False), PyTorch >= 2.7): its writer leaves
+  // (torch.serialization.set_crc32_options(False); checked with torch 2.11): its writer leaves
   // every record's CRC field 0, and torch.load never checks CRCs (miniz is built with
   // MINIZ_DISABLE_ZIP_READER_CRC32_CHECKS), so such files load. A zero CRC on a non-empty
   // record therefore means "not recorded", not "corrupt"; the data is not read. (An empty
