@@ -15,6 +15,7 @@
 #include "ckpt/torch_plugin.h"
 #include "ckpt/torchscript_code.h"
 #include "common.h"
+#include "text.h"
 #include "input_spec.h"
 #include "load_guard.h"
 #include "progress.h"
@@ -160,7 +161,7 @@ int run_materialize(materialize_options& o) {
         report << "  " << (x.path.empty() ? "(result)" : ckpt::display_name(x.path)) << ": ";
         if (x.is_tensor)
         {
-          report << ckpt::escape_controls(x.dtype) << " " << shape_string(x.shape);
+          report << ckpt::escape_controls(x.dtype) << " " << ckpt::text::shape(x.shape);
           if (std::isnan(r.checksums[i]))
             report << "  (meta: no values)\n";
           else

@@ -33,7 +33,7 @@ void add_reader_flags(CLI::App& cmd, ckpt::open_options& opts) {
   limit("--max-long-bytes", lim.max_long_bytes, "Longest pickle integer, in bytes", kMaxBytesLimit);
   limit("--max-tensors", opts.max_tensors,
         "Most tensors in a checkpoint (torch zip, legacy, TorchScript data, safetensors)", kMaxCountLimit);
-  cmd.add_flag("--verify-crc", opts.verify_crc, "Check the CRC-32 of every zip record (reads all data)");
+  cmd.add_flag("--verify-crc", opts.verify_crc, "Check the CRC-32 of every zip record that has one recorded (reads all data)");
 }
 
 std::string human_bytes(uint64_t n) {
@@ -59,13 +59,6 @@ std::string with_commas(uint64_t n) {
   return out;
 }
 
-std::string shape_string(const std::vector<int64_t>& shape) {
-  std::string out = "[";
-  for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
-  return out + "]";
-}
-
-bool stdout_is_terminal() { return ::isatty(STDOUT_FILENO) == 1; }
 bool flush_stdout() {
   std::cout.flush();
   bool ok = static_cast<bool>(std::cout);

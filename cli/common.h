@@ -18,7 +18,6 @@ std::string human_bytes(uint64_t n);
 /// "1,234,567".
 std::string with_commas(uint64_t n);
 /// "[4, 5]".
-std::string shape_string(const std::vector<int64_t>& shape);
 
 /// A verb: its subcommand, and what runs it once the command line is parsed, returning the
 /// exit code (ninja's tools do the same). Errors are thrown as ckpt::error and mapped to
@@ -28,7 +27,6 @@ struct verb {
   std::function<int()> run;
 };
 
-bool stdout_is_terminal();
 /// Flushes standard output; false when anything written to it was lost (a full disk, a
 /// closed pipe).
 bool flush_stdout();

@@ -15,6 +15,7 @@
 #include "ckpt/text_escape.h"
 #include "ckpt/wrappers.h"
 #include "common.h"
+#include "text.h"
 
 namespace cli {
 namespace {
@@ -79,11 +80,11 @@ row tensor_row(const ckpt::checkpoint& c, const ckpt::tensor_record& t, std::str
     if (s.tensor_count > 1) notes.push_back("shares storage " + display_name(s.key) + " (" + std::to_string(s.tensor_count) + " tensors)");
     if (t.storage_offset != 0) notes.push_back("offset " + std::to_string(t.storage_offset));
   }
-  if (!is_contiguous(t)) notes.push_back("strided " + shape_string(t.stride));
+  if (!is_contiguous(t)) notes.push_back("strided " + ckpt::text::shape(t.stride));
   if (!t.location.empty() && t.location != "cpu" && t.location != "meta") notes.push_back("saved on " + display_name(t.location));
   std::string joined;
   for (const auto& n : notes) joined += (joined.empty() ? "" : ", ") + n;
-  return {display_name(key), ckpt::name(t.type), shape_string(t.shape), human_bytes(t.nbytes()), joined};
+  return {display_name(key), ckpt::name(t.type), ckpt::text::shape(t.shape), human_bytes(t.nbytes()), joined};
 }
 
 const char* wrapper_origin(const std::string& segment) {
@@ -109,7 +110,7 @@ void print_tree(std::ostream& out, const tree_node& node, const std::string& nam
   std::string label = std::string(size_t(depth) * 2, ' ') + display_name(name);
   out << "  " << std::left << std::setw(48) << label;
   if (node.leaf)
-    out << "  " << ckpt::name(node.leaf->type) << " " << shape_string(node.leaf->shape);
+    out << "  " << ckpt::name(node.leaf->type) << " " << ckpt::text::shape(node.leaf->shape);
   else
     out << "  " << with_commas(node.numel) << " elements";
   out << "\n";
@@ -180,7 +181,7 @@ void print_inspect_text(std::ostream& out, const ckpt::checkpoint& c, const ckpt
         if (key_matches(options.filter, p.name))
           out << "    " << std::left << std::setw(40) << display_name(p.name) << " " << std::setw(9)
               << escape_controls(p.dtype) << " "
-              << shape_string(p.shape) << (p.tied_to.empty() ? "" : "  tied to " + display_name(p.tied_to)) << "\n";
+              << ckpt::text::shape(p.shape) << (p.tied_to.empty() ? "" : "  tied to " + display_name(p.tied_to)) << "\n";
     };
     list("parameters", ts->parameters);
     list("buffers", ts->buffers);
@@ -255,12 +256,7 @@ void print_inspect_text(std::ostream& out, const ckpt::checkpoint& c, const ckpt
     if (ts) {
       // The module listing above names tensors "head.weight", not by pickle path.
       for (auto& [path, t] : other) {
-        std::string dotted;
-        for (const auto& seg : t->path)
-          dotted += (dotted.empty() ? "" : ".") + (std::holds_alternative<std::string>(seg)
-                                                       ? std::get<std::string>(seg)
-                                                       : std::to_string(std::get<int64_t>(seg)));
-        if (key_matches(options.filter, dotted)) {
+        if (key_matches(options.filter, ckpt::path_to_string(t->path, '.'))) {
           shown.insert(t);
           ++shown_paths;
         }
@@ -319,7 +315,7 @@ void print_meta_outputs(std::ostream& out, const std::string& method, const std:
   for (const auto& o : outputs) {
     out << "  " << (o.path.empty() ? "(result)" : display_name(o.path)) << ": ";
     if (o.is_tensor)
-      out << escape_controls(o.dtype) << " " << shape_string(o.shape) << "\n";
+      out << escape_controls(o.dtype) << " " << ckpt::text::shape(o.shape) << "\n";
     else
       out << escape_controls(o.type) << (o.value.empty() ? "" : " = " + escape_controls(o.value)) << "\n";
   }

@@ -10,6 +10,7 @@
 #include "legacy_reader.h"
 #include "pointer_map.h"
 #include "tensor_collector.h"
+#include "text.h"
 
 namespace ckpt {
 namespace {
@@ -52,28 +53,40 @@ std::string read_byteorder(const zip::archive& ar) {
 
 // torch.load reads `.storage_alignment` with Python's int(): surrounding whitespace, a
 // sign and single underscores between digits are accepted, anything else is a ValueError.
-// Accepting exactly that keeps ckptool from reading a file torch.load refuses.
-bool python_int_literal(std::string_view t) {
+// Accepting exactly that keeps ckptool from reading a file torch.load refuses. Returns the
+// value, 0 for a valid literal that is not a positive number below 2^63, nullopt for text
+// int() refuses.
+std::optional<uint64_t> python_int_value(std::string_view t) {
   auto space = [](char ch) { return ch == ' ' || ch == '\t' || ch == '\n' || ch == '\r' || ch == '\f' || ch == '\v'; };
   while (!t.empty() && space(t.front())) t.remove_prefix(1);
   while (!t.empty() && space(t.back())) t.remove_suffix(1);
-  if (!t.empty() && (t.front() == '+' || t.front() == '-')) t.remove_prefix(1);
-  if (t.empty() || t.front() == '_' || t.back() == '_') return false;
+  bool negative = false;
+  if (!t.empty() && (t.front() == '+' || t.front() == '-')) {
+    negative = t.front() == '-';
+    t.remove_prefix(1);
+  }
+  if (t.empty() || t.front() == '_' || t.back() == '_') return std::nullopt;
+  uint64_t v = 0;
+  bool overflow = false;
   for (size_t i = 0; i < t.size(); ++i) {
     if (t[i] == '_') {
-      if (t[i + 1] == '_') return false;
+      if (t[i + 1] == '_') return std::nullopt;
     } else if (t[i] < '0' || t[i] > '9') {
-      return false;
+      return std::nullopt;
+    } else if (!overflow) {
+      overflow = v > (uint64_t(INT64_MAX) - uint64_t(t[i] - '0')) / 10;
+      v = v * 10 + uint64_t(t[i] - '0');
     }
   }
-  return true;
+  return negative || overflow ? 0 : v;
 }
 
-void check_storage_alignment_record(const zip::archive& ar) {
+uint64_t read_storage_alignment(const zip::archive& ar) {
   const zip::entry* e = ar.find(".storage_alignment");
-  if (!e) return;
-  if (!python_int_literal(read_small_record(ar, *e)))
-    throw_corrupt("record " + e->name + " is not an integer (torch.load refuses it)", e->data_offset);
+  if (!e) return 64;  // torch.load's default
+  std::optional<uint64_t> v = python_int_value(read_small_record(ar, *e));
+  if (!v) throw_corrupt("record " + e->name + " is not an integer (torch.load refuses it)", e->data_offset);
+  return *v;
 }
 
 bool is_torchscript_vocabulary(std::string_view module) {
@@ -158,29 +171,15 @@ void collect_globals(checkpoint& c, bool torchscript) {
   c.unsafe_globals.assign(unsafe.begin(), unsafe.end());
 }
 
+// The Python type of an entry, as inspect reports it: an OrderedDict is named as such, and
+// an object by the class that made it.
 std::string type_name(const value* v) {
-  switch (v->type) {
-    case kind::none: return "None";
-    case kind::boolean: return "bool";
-    case kind::integer:
-    case kind::big_integer: return "int";
-    case kind::floating: return "float";
-    case kind::str: return "str";
-    case kind::bytes: return "bytes";
-    case kind::bytearray: return "bytearray";
-    case kind::tuple: return "tuple";
-    case kind::list: return "list";
-    case kind::dict: return v->flag ? "OrderedDict" : "dict";
-    case kind::set: return "set";
-    case kind::frozenset: return "frozenset";
-    case kind::global: return "global";
-    case kind::persistent_id: return "persistent_id";
-    case kind::object: {
-      const value* g = v->callable_global();
-      return g ? g->global_name() : "object";
-    }
+  if (v->type == kind::dict && v->flag) return "OrderedDict";
+  if (v->type == kind::object) {
+    const value* g = v->callable_global();
+    return g ? g->global_name() : "object";
   }
-  return "object";
+  return text::python_type_name(v->type);
 }
 
 detail::pointer_map<bool> tensor_node_set(const checkpoint& c) {
@@ -280,7 +279,7 @@ void summarize_entries(checkpoint& c) {
 }
 
 // torch.export.save and AOTInductor packages say so in their archive_format record
-// (shared/docs/pt2.md 1.1); the file name proves nothing.
+// (formats.md §1); the file name proves nothing.
 bool is_torch_export_archive(const zip::archive& ar) {
   const zip::entry* f = ar.find("archive_format");
   if (!f || f->uncompressed_size != 3) return false;
@@ -310,7 +309,7 @@ void read_torch_zip(checkpoint& c, const open_options& opt) {
                     code->local_header_offset);
   check_version_record(ar);
   c.byteorder = read_byteorder(ar);
-  check_storage_alignment_record(ar);
+  c.storage_alignment = read_storage_alignment(ar);
   if (opt.verify_crc)
     for (const auto& e : ar.entries()) ar.verify_crc(e);
 
@@ -415,10 +414,10 @@ const char* format_name(file_format f) {
   return "unknown";
 }
 
-std::string path_to_string(const value_path& path) {
+std::string path_to_string(const value_path& path, char separator) {
   std::string out;
   for (const auto& step : path) {
-    if (!out.empty()) out += '/';
+    if (!out.empty()) out += separator;
     if (const auto* s = std::get_if<std::string>(&step))
       out += *s;
     else

@@ -29,12 +29,6 @@ error& error::with_file(const std::string& path) {
   return *this;
 }
 
-error& error::rebase(uint64_t base) {
-  if (offset_) *offset_ += base;
-  refresh();
-  return *this;
-}
-
 std::string error::one_line() const { return what_; }
 
 void error::refresh() {

@@ -7,23 +7,13 @@
 
 #include "ckpt/error.h"
 #include "ckpt/safetensors.h"
+#include "text.h"
 
 namespace ckpt::detail {
 namespace {
 
 // pickle of the legacy MAGIC_NUMBER 0x1950a86a20f9469cfc6c as LONG1 (torch/serialization.py).
 constexpr uint8_t kLegacyMagic[] = {0x8a, 0x0a, 0x6c, 0xfc, 0x9c, 0x46, 0xf9, 0x20, 0x6a, 0xa8, 0x50, 0x19};
-
-std::string hex_prefix(const uint8_t* p, size_t n) {
-  static const char* digits = "0123456789abcdef";
-  std::string out;
-  for (size_t i = 0; i < n && i < 8; ++i) {
-    if (i) out += ' ';
-    out += digits[p[i] >> 4];
-    out += digits[p[i] & 15];
-  }
-  return out;
-}
 
 bool starts_with(const uint8_t* p, size_t n, const char* magic, size_t m) {
   return n >= m && std::memcmp(p, magic, m) == 0;
@@ -77,7 +67,7 @@ void throw_unrecognized(const byte_source& src) {
   uint8_t head[8] = {};
   size_t n = size_t(std::min<uint64_t>(sizeof head, src.size()));
   src.read_exact(0, head, n);
-  throw error(errc::unsupported, "unrecognized format (first bytes: " + hex_prefix(head, n) +
+  throw error(errc::unsupported, "unrecognized format (first bytes: " + text::hex_bytes(head, n) +
                                      "): not a torch.save, TorchScript or safetensors file", 0);
 }
 

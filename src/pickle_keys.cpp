@@ -6,24 +6,10 @@
 #include <vector>
 
 #include "pickle_text.h"
+#include "text.h"
 
 namespace ckpt::pickle::detail {
 namespace {
-
-const char* type_name(kind k) {
-  switch (k) {
-    case kind::list:
-      return "list";
-    case kind::dict:
-      return "dict";
-    case kind::set:
-      return "set";
-    case kind::bytearray:
-      return "bytearray";
-    default:
-      return "object";
-  }
-}
 
 bool unhashable(kind k) {
   return k == kind::list || k == kind::dict || k == kind::set || k == kind::bytearray;
@@ -123,7 +109,7 @@ uint64_t key_table::composite_id(const value* root) {
         continue;
       }
       if (unhashable(child->type)) {
-        unhashable_ = type_name(child->type);
+        unhashable_ = text::python_type_name(child->type);
         return 0;
       }
       f.ids.push_back(scalar_id(child));
@@ -145,7 +131,7 @@ uint64_t key_table::composite_id(const value* root) {
 
 uint64_t key_table::id(const value* key) {
   if (unhashable(key->type)) {
-    unhashable_ = type_name(key->type);
+    unhashable_ = text::python_type_name(key->type);
     return 0;
   }
   if (key->type == kind::tuple || key->type == kind::frozenset) {

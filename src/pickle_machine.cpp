@@ -14,6 +14,7 @@
 #include "pickle_names.h"
 #include "pickle_opcodes.h"
 #include "pickle_text.h"
+#include "text.h"
 
 namespace ckpt::pickle {
 
@@ -26,59 +27,9 @@ using detail::python_int;
 constexpr size_t kIndexThreshold = 16;
 
 // Operand text quoted for an error message: short, one line, no raw control bytes.
-std::string quoted(std::string_view s) {
-  static const char kHex[] = "0123456789abcdef";
-  std::string out = "'";
-  for (size_t i = 0; i < s.size() && i < 40; ++i) {
-    auto c = uint8_t(s[i]);
-    if (c >= 0x20 && c < 0x7f && c != '\\' && c != '\'') {
-      out.push_back(char(c));
-    } else {
-      out += "\\x";
-      out.push_back(kHex[c >> 4]);
-      out.push_back(kHex[c & 15]);
-    }
-  }
-  if (s.size() > 40) out += "...";
-  return out + "'";
-}
+std::string quoted(std::string_view s) { return text::quote(s, 40); }
 
-const char* kind_name(kind k) {
-  switch (k) {
-    case kind::none:
-      return "None";
-    case kind::boolean:
-      return "bool";
-    case kind::integer:
-    case kind::big_integer:
-      return "int";
-    case kind::floating:
-      return "float";
-    case kind::str:
-      return "str";
-    case kind::bytes:
-      return "bytes";
-    case kind::bytearray:
-      return "bytearray";
-    case kind::tuple:
-      return "tuple";
-    case kind::list:
-      return "list";
-    case kind::dict:
-      return "dict";
-    case kind::set:
-      return "set";
-    case kind::frozenset:
-      return "frozenset";
-    case kind::global:
-      return "global";
-    case kind::object:
-      return "object";
-    case kind::persistent_id:
-      return "persistent object";
-  }
-  return "value";
-}
+const char* kind_name(kind k) { return text::python_type_name(k); }
 
 bool ascii_only(std::string_view s) {
   return std::all_of(s.begin(), s.end(), [](char c) { return uint8_t(c) < 0x80; });
@@ -1187,11 +1138,8 @@ void machine::step() {
     case NEXT_BUFFER:
     case READONLY_BUFFER:
       unsupported("out-of-band buffers are not supported");
-    default: {
-      static const char kHex[] = "0123456789abcdef";
-      throw_corrupt(std::string("invalid opcode 0x") + kHex[code_ >> 4] + kHex[code_ & 15],
-                    where());
-    }
+    default:
+      throw_corrupt("invalid opcode 0x" + text::hex_bytes(&code_, 1), where());
   }
 }
 

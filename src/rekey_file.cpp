@@ -242,16 +242,15 @@ const file_source& file_of(const checkpoint& c) {
   return *fs;
 }
 
-uint64_t storage_alignment(const zip::archive& ar) {
-  const zip::entry* e = ar.find(".storage_alignment");
-  if (!e || e->uncompressed_size == 0 || e->uncompressed_size > 20) return 64;
-  auto bytes = ar.read_record(*e);
-  uint64_t v = 0;
-  for (uint8_t b : bytes) {
-    if (b < '0' || b > '9') return 64;
-    v = v * 10 + (b - '0');
-  }
-  return v == 0 || v > (1u << 20) ? 64 : v;
+// The alignment the input was written with: its `.storage_alignment` record is copied, so
+// the data must be padded to what it says, or torch.load's calculate_storage_offsets mode
+// would compute wrong offsets.
+uint64_t output_alignment(const checkpoint& c) {
+  const uint64_t a = c.storage_alignment;
+  if (a == 0 || a > zip::writer::kMaxAlignment)
+    throw_unsupported("the input's .storage_alignment is not an alignment a zip writer can pad to (1 to " +
+                      std::to_string(zip::writer::kMaxAlignment) + ")");
+  return a;
 }
 
 // The written file must read back as what we meant to write before it replaces anything.
@@ -329,7 +328,7 @@ void write_torch_zip(checkpoint& c, const rekey_request& req, rekey_result& resu
   if (req.release_input) release_pickle(c);  // the tree is written; nothing reads it again
   const file_source& src = file_of(c);
   output_file& out = *req.output;
-  zip::writer w(out.fd(), c.zip->prefix(), storage_alignment(*c.zip));
+  zip::writer w(out.fd(), c.zip->prefix(), output_alignment(c));
   w.on_bytes_out([&](uint64_t bytes_out) {
     out.start_writeback(bytes_out);
     if (req.progress) req.progress(bytes_out, c.file_size);

@@ -8,6 +8,7 @@
 #include "ckpt/wrappers.h"
 #include "json_input.h"
 #include "rename_spec.h"
+#include "text.h"
 
 namespace ckpt {
 namespace {
@@ -279,10 +280,8 @@ match_result match_keys(const std::vector<keyed_tensor>& source, const std::vect
       target_hit[t] = true;
       r.mapping.emplace_back(source[i].key, target[t].key);
       if (source[i].shape != target[t].shape) {
-        std::string a = "[", b = "[";
-        for (size_t k = 0; k < source[i].shape.size(); ++k) a += (k ? ", " : "") + std::to_string(source[i].shape[k]);
-        for (size_t k = 0; k < target[t].shape.size(); ++k) b += (k ? ", " : "") + std::to_string(target[t].shape[k]);
-        r.shape_mismatches.push_back(target[t].key + ": checkpoint " + a + "] vs model " + b + "]");
+        r.shape_mismatches.push_back(target[t].key + ": checkpoint " + text::shape(source[i].shape) + " vs model " +
+                                     text::shape(target[t].shape));
       }
       if (source[i].type != target[t].type)
         r.dtype_mismatches.push_back(target[t].key + ": checkpoint " + name(source[i].type) + " vs model " +

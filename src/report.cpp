@@ -9,17 +9,6 @@
 
 namespace ckpt {
 
-nlohmann::json path_json(const value_path& path) {
-  nlohmann::json out = nlohmann::json::array();
-  for (const auto& step : path) {
-    if (const auto* s = std::get_if<std::string>(&step))
-      out.push_back(*s);
-    else
-      out.push_back(std::get<int64_t>(step));
-  }
-  return out;
-}
-
 std::vector<std::string> tensor_keys(const checkpoint& c) {
   std::vector<std::string> keys;
   if (c.state_dict) {

@@ -15,6 +15,7 @@
 
 #include "ckpt/byteio.h"
 #include "ckpt/error.h"
+#include "text.h"
 
 namespace ckpt::safetensors {
 namespace {
@@ -22,61 +23,7 @@ namespace {
 constexpr uint64_t kPrefixSize = 8;
 constexpr const char* kMetadataKey = "__metadata__";
 
-struct st_dtype {
-  const char* name;
-  uint32_t bits;
-  std::optional<dtype> torch;  // nullopt: valid safetensors, but torch has no such dtype
-};
-
-// st/tensor.rs `Dtype::bitsize`; F4 maps to torch's packed float4_e2m1fn_x2.
-const st_dtype kDtypes[] = {
-    {"BOOL", 8, dtype::boolean},
-    {"F4", 4, dtype::float4_e2m1fn_x2},
-    {"F6_E2M3", 6, std::nullopt},
-    {"F6_E3M2", 6, std::nullopt},
-    {"U8", 8, dtype::uint8},
-    {"I8", 8, dtype::int8},
-    {"F8_E5M2", 8, dtype::float8_e5m2},
-    {"F8_E4M3", 8, dtype::float8_e4m3fn},
-    {"F8_E8M0", 8, dtype::float8_e8m0fnu},
-    {"F8_E4M3FNUZ", 8, dtype::float8_e4m3fnuz},
-    {"F8_E5M2FNUZ", 8, dtype::float8_e5m2fnuz},
-    {"I16", 16, dtype::int16},
-    {"U16", 16, dtype::uint16},
-    {"F16", 16, dtype::float16},
-    {"BF16", 16, dtype::bfloat16},
-    {"I32", 32, dtype::int32},
-    {"U32", 32, dtype::uint32},
-    {"F32", 32, dtype::float32},
-    {"C64", 64, dtype::complex64},
-    {"F64", 64, dtype::float64},
-    {"I64", 64, dtype::int64},
-    {"U64", 64, dtype::uint64},
-};
-
-const st_dtype* find_dtype(const std::string& name) {
-  for (const auto& d : kDtypes)
-    if (name == d.name) return &d;
-  return nullptr;
-}
-
-std::string quote(std::string_view s) {
-  constexpr size_t kMaxShown = 200;
-  std::string out = "'";
-  for (size_t i = 0; i < s.size() && i < kMaxShown; ++i) {
-    const unsigned char c = static_cast<unsigned char>(s[i]);
-    if (c >= 0x20 && c != 0x7f && c != '\'' && c != '\\') {
-      out += char(c);
-    } else {
-      static const char kHex[] = "0123456789abcdef";
-      out += "\\x";
-      out += kHex[c >> 4];
-      out += kHex[c & 15];
-    }
-  }
-  if (s.size() > kMaxShown) out += "...";
-  return out + "'";
-}
+using text::quote;
 
 [[noreturn]] void corrupt(const std::string& msg, uint64_t offset = kPrefixSize) {
   throw_corrupt("safetensors: " + msg, offset);
@@ -311,11 +258,6 @@ class schema_handler {
   std::unordered_set<std::string> metadata_keys_;
 };
 
-std::string shape_text(const std::vector<uint64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
 
 }  // namespace
 
@@ -374,17 +316,17 @@ header read_header(const byte_source& src, const limits& lim) {
     std::vector<uint64_t> nbytes(handler.tensors.size());
     for (size_t i = 0; i < handler.tensors.size(); ++i) {
       const raw_tensor& t = handler.tensors[i];
-      const st_dtype* d = find_dtype(t.dtype);
+      const safetensors_dtype* d = safetensors_dtype_named(t.dtype);
       if (!d) corrupt("tensor " + quote(t.name) + " has unknown dtype " + quote(t.dtype));
       uint64_t elements = 1, bits;
       for (uint64_t dim : t.shape)
         if (!checked_mul(elements, dim, &elements))
-          corrupt("shape " + shape_text(t.shape) + " of tensor " + quote(t.name) + " overflows");
+          corrupt("shape " + text::shape(t.shape) + " of tensor " + quote(t.name) + " overflows");
       if (!checked_mul(elements, d->bits, &bits))
-        corrupt("size of tensor " + quote(t.name) + " (" + t.dtype + " " + shape_text(t.shape) +
+        corrupt("size of tensor " + quote(t.name) + " (" + t.dtype + " " + text::shape(t.shape) +
                 ") overflows");
       if (bits % 8 != 0)
-        corrupt("tensor " + quote(t.name) + " (" + t.dtype + " " + shape_text(t.shape) +
+        corrupt("tensor " + quote(t.name) + " (" + t.dtype + " " + text::shape(t.shape) +
                 ") does not fill whole bytes");
       nbytes[i] = bits / 8;
       const uint64_t begin = t.offsets[0], end = t.offsets[1];
@@ -393,7 +335,7 @@ header read_header(const byte_source& src, const limits& lim) {
                 quote(t.name) + " end before they begin");
       if (end - begin != nbytes[i])
         corrupt("tensor " + quote(t.name) + " spans " + std::to_string(end - begin) + " bytes but " +
-                t.dtype + " " + shape_text(t.shape) + " needs " + std::to_string(nbytes[i]));
+                t.dtype + " " + text::shape(t.shape) + " needs " + std::to_string(nbytes[i]));
     }
 
     // Sorted by offset, the tensors must tile the data buffer exactly: no gap, no overlap,
@@ -429,7 +371,7 @@ header read_header(const byte_source& src, const limits& lim) {
     // Valid safetensors from here on; what is left is whether torch can hold it.
     h.tensors.reserve(handler.tensors.size());
     for (raw_tensor& t : handler.tensors) {
-      const st_dtype* d = find_dtype(t.dtype);
+      const safetensors_dtype* d = safetensors_dtype_named(t.dtype);
       if (!d->torch) unsupported("tensor " + quote(t.name) + " has dtype " + t.dtype + ", which torch lacks");
       tensor_entry e;
       e.name = std::move(t.name);
@@ -446,7 +388,7 @@ header read_header(const byte_source& src, const limits& lim) {
       // torch packs two F4 values per float4_e2m1fn_x2 element along the last dimension.
       if (e.type == dtype::float4_e2m1fn_x2) {
         if (e.shape.empty() || e.shape.back() % 2 != 0)
-          unsupported("F4 tensor " + quote(e.name) + " with shape " + shape_text(t.shape) +
+          unsupported("F4 tensor " + quote(e.name) + " with shape " + text::shape(t.shape) +
                       " cannot be packed in pairs along its last dimension");
         e.shape.back() /= 2;
       }

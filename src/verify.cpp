@@ -1,30 +1,12 @@
 #include "ckpt/verify.h"
 
+#include <cstdio>
 #include <set>
 
 #include "ckpt/error.h"
 #include "ckpt/torchscript_code.h"
 
 namespace ckpt {
-namespace {
-
-// The CRC of a stored record, read in bounded chunks (a record can be many GB).
-uint32_t stored_crc(const byte_source& src, const zip::entry& e, uint64_t& done, uint64_t total,
-                    const std::function<void(uint64_t, uint64_t)>& progress) {
-  std::vector<uint8_t> buf(size_t(std::min<uint64_t>(e.compressed_size, 8ull << 20)));
-  uint32_t crc = 0;
-  for (uint64_t off = 0; off < e.compressed_size;) {
-    size_t n = size_t(std::min<uint64_t>(buf.size(), e.compressed_size - off));
-    src.read_exact(e.data_offset + off, buf.data(), n);
-    crc = zip::crc32_update(crc, buf.data(), n);
-    off += n;
-    done += n;
-    if (progress) progress(done, total);
-  }
-  return crc;
-}
-
-}  // namespace
 
 verify_report verify_file(const std::string& path, const open_options& options,
                           const std::function<void(uint64_t, uint64_t)>& progress) {
@@ -62,28 +44,22 @@ verify_report verify_file(const std::string& path, const open_options& options,
     uint64_t total = 0, done = 0;
     for (const auto& e : c.zip->entries()) total += e.compressed_size;
     for (const auto& e : c.zip->entries()) {
-      if (e.crc32 == 0 && e.uncompressed_size != 0) {
-        // torch.save(..., compute_crc32=False) writes zeros; torch.load accepts them.
-        ++r.records_without_crc;
-        done += e.compressed_size;
-        continue;
-      }
-      uint32_t crc;
-      if (e.method == 0) {
-        crc = stored_crc(*c.source, e, done, total, progress);
-      } else {
-        auto bytes = c.zip->read_record(e);
-        crc = zip::crc32_update(0, bytes.data(), bytes.size());
-        done += e.compressed_size;
+      const uint64_t before = done;
+      const zip::crc_result crc = c.zip->record_crc(e, [&](uint64_t n) {
+        done = before + n;
         if (progress) progress(done, total);
+      });
+      done = before + e.compressed_size;
+      if (crc.outcome == zip::crc_outcome::not_recorded) {
+        ++r.records_without_crc;
+        continue;
       }
       ++r.records_checked;
       r.bytes_checked += e.compressed_size;
-      if (crc != e.crc32) {
-        char buf[96];
-        std::snprintf(buf, sizeof buf, "CRC-32 mismatch in %s at byte %llu: recorded %08x, data has %08x", e.name.c_str(),
-                      static_cast<unsigned long long>(e.data_offset), e.crc32, crc);
-        r.problems.push_back(buf);
+      if (crc.outcome == zip::crc_outcome::mismatch) {
+        char crcs[48];
+        std::snprintf(crcs, sizeof crcs, "recorded %08x, data has %08x", e.crc32, crc.computed);
+        r.problems.push_back("CRC-32 mismatch in " + e.name + " at byte " + std::to_string(e.data_offset) + ": " + crcs);
       }
     }
     if (r.records_without_crc)

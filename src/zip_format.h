@@ -20,6 +20,10 @@ constexpr size_t kEndSize = 22;
 constexpr size_t kZip64EndSize = 56;  // fixed part, up to and including the cd offset
 constexpr size_t kZip64LocatorSize = 20;
 
+// A 16- or 32-bit field holding this says "the value is in the ZIP64 record or extra field".
+constexpr uint16_t kSentinel16 = 0xFFFF;
+constexpr uint32_t kSentinel32 = 0xFFFFFFFF;
+
 constexpr uint16_t kZip64ExtraId = 0x0001;
 constexpr uint16_t kFlagDescriptor = 0x0008;
 constexpr uint16_t kFlagUtf8 = 0x0800;

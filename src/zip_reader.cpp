@@ -1,7 +1,7 @@
 // Strict zip reader (contract and layout in ckpt/zip_reader.h; hazards Z1-Z13 in
 // docs/security.md §2.B). Opening reads the end records, the central directory in one read,
 // and each local header together with the previous entry's data descriptor in one read;
-// record data is only touched by read_record() and verify_crc().
+// record data is only touched by read_record() and record_crc().
 #include "ckpt/zip_reader.h"
 
 #include <sys/resource.h>
@@ -22,6 +22,7 @@
 #include "ckpt/error.h"
 #include "zip_format.h"
 #include "string_index.h"
+#include "text.h"
 #include "zip_names.h"
 
 namespace ckpt::zip {
@@ -30,9 +31,6 @@ namespace {
 using namespace format;
 
 constexpr size_t kMaxCommentSize = 0xFFFF;
-
-constexpr uint16_t kSentinel16 = 0xFFFF;
-constexpr uint32_t kSentinel32 = 0xFFFFFFFF;
 
 constexpr uint16_t kFlagEncrypted = 0x0001;
 constexpr uint16_t kFlagStrongEncryption = 0x0040;
@@ -59,29 +57,8 @@ constexpr uint64_t kTorchAlignment = 64;
 
 constexpr size_t kIoChunk = 1 << 20;
 
-std::string quote(std::string_view s) {
-  constexpr size_t kMaxShown = 200;
-  std::string out = "'";
-  for (size_t i = 0; i < s.size() && i < kMaxShown; ++i) {
-    unsigned char c = static_cast<unsigned char>(s[i]);
-    if (c >= 0x20 && c < 0x7f && c != '\'' && c != '\\') {
-      out += char(c);
-    } else {
-      static const char kHex[] = "0123456789abcdef";
-      out += "\\x";
-      out += kHex[c >> 4];
-      out += kHex[c & 15];
-    }
-  }
-  if (s.size() > kMaxShown) out += "...";
-  return out + "'";
-}
-
-std::string hex(uint64_t v) {
-  char buf[24];
-  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(v));
-  return buf;
-}
+using text::hex;
+using text::quote;
 
 [[noreturn]] void corrupt(const std::string& msg, uint64_t offset) {
   throw_corrupt("zip: " + msg, offset);
@@ -917,7 +894,8 @@ std::vector<uint8_t> archive::read_record(const entry& e) const {
   }
 }
 
-void archive::verify_crc(const entry& e) const {
+crc_result archive::record_crc(const entry& e, const std::function<void(uint64_t)>& progress) const {
+  if (e.crc32 == 0 && e.uncompressed_size != 0) return {crc_outcome::not_recorded, 0};
   try {
     uint32_t crc = 0;
     std::vector<uint8_t> buf(size_t(std::min<uint64_t>(std::max<uint64_t>(e.uncompressed_size, 1), kIoChunk)));
@@ -928,14 +906,26 @@ void archive::verify_crc(const entry& e) const {
         src_.read_exact(e.data_offset + done, buf.data(), n);
         sink(buf.data(), n);
         done += n;
+        if (progress) progress(done);
       }
     } else {
       inflate_entry(src_, e, buf.data(), buf.size(), false, sink);
+      if (progress) progress(e.compressed_size);
     }
-    if (crc != e.crc32)
-      corrupt("CRC-32 of " + quote(e.name) + " is " + hex(crc) + ", the central directory says " +
-                  hex(e.crc32),
-              e.data_offset);
+    return {crc == e.crc32 ? crc_outcome::match : crc_outcome::mismatch, crc};
+  } catch (error& err) {
+    err.with_file(src_.name());
+    throw;
+  }
+}
+
+void archive::verify_crc(const entry& e) const {
+  const crc_result r = record_crc(e);
+  if (r.outcome != crc_outcome::mismatch) return;
+  try {
+    corrupt("CRC-32 of " + quote(e.name) + " is " + hex(r.computed) + ", the central directory says " +
+                hex(e.crc32),
+            e.data_offset);
   } catch (error& err) {
     err.with_file(src_.name());
     throw;

@@ -23,13 +23,10 @@ namespace {
 using namespace format;
 
 
-constexpr uint64_t kMax32 = 0xFFFFFFFF;
-constexpr uint64_t kMax16 = 0xFFFF;
 // miniz's finalize: "made by" Unix 3.0 and "needed" 4.5 in the ZIP64 end record only.
 constexpr uint16_t kZip64MadeBy = 0x031E;
 constexpr uint16_t kZip64Needed = 0x002D;
 
-constexpr uint64_t kMaxAlignment = 0x8000;  // the padding length must fit the u16 field
 constexpr size_t kBufferSize = 1 << 20;
 // Small enough that progress and early writeback (on_bytes_out) see steady steps, large
 // enough that the system call count stays negligible.
@@ -39,12 +36,12 @@ constexpr size_t kCopyChunk = 16 << 20;
   throw error(errc::usage, "zip writer: " + msg);
 }
 
-bool needs_zip64(uint64_t size, uint64_t offset) { return size >= kMax32 || offset >= kMax32; }
+bool needs_zip64(uint64_t size, uint64_t offset) { return size >= kSentinel32 || offset >= kSentinel32; }
 
 // The ZIP64 extra field miniz writes: the sizes when the size is large, the offset when the
 // offset is. `csize` is what goes in the compressed-size slot.
 void append_zip64_extra(std::vector<uint8_t>& out, uint64_t size, uint64_t csize, uint64_t offset) {
-  const bool big_size = size >= kMax32, big_offset = offset >= kMax32;
+  const bool big_size = size >= kSentinel32, big_offset = offset >= kSentinel32;
   if (!big_size && !big_offset) return;
   const uint16_t len = uint16_t((big_size ? 16 : 0) + (big_offset ? 8 : 0));
   uint8_t b[4 + 24];
@@ -67,8 +64,8 @@ uint64_t writer::padding_size(uint64_t cursor, uint64_t name_size, uint64_t size
   uint64_t start = cursor + kLocalHeaderSize + name_size + 4;
   if (needs_zip64(size, cursor)) {
     start += 4;
-    if (size >= kMax32) start += 16;
-    if (cursor >= kMax32) start += 8;
+    if (size >= kSentinel32) start += 16;
+    if (cursor >= kSentinel32) start += 8;
   }
   return (alignment - start % alignment) % alignment;
 }
@@ -231,7 +228,7 @@ void writer::start_entry(std::string_view record, uint64_t size) {
     usage_error("record name '" + std::string(record) + "' " + why);
   if (!valid_utf8(record)) usage_error("record name is not valid UTF-8");
   std::string name = prefix_ + "/" + std::string(record);
-  if (name.size() > kMax16) usage_error("record name longer than 65535 bytes");
+  if (name.size() > kSentinel16) usage_error("record name longer than 65535 bytes");
   // Torch refuses a second record of the same name ("Tried to serialize file twice").
   if (!insert_name(name)) usage_error("record '" + name + "' written twice");
 
@@ -254,7 +251,6 @@ void writer::start_entry(std::string_view record, uint64_t size) {
   put(name.data(), name.size());
   put(extra.data(), extra.size());
 
-  last_data_offset_ = cursor_;
   central_.push_back({uint64_t(names_.size() - name.size()), size, offset, uint32_t(name.size()), 0, flags});
   in_record_ = true;
   record_size_ = size;
@@ -295,12 +291,12 @@ void writer::finish() {
     store_u32(h, kCentralSig);
     store_u16(h + 8, c.flags);
     store_u32(h + 16, c.crc32);
-    store_u32(h + 20, uint32_t(std::min(c.size, kMax32)));
-    store_u32(h + 24, uint32_t(std::min(c.size, kMax32)));
+    store_u32(h + 20, uint32_t(std::min<uint64_t>(c.size, kSentinel32)));
+    store_u32(h + 24, uint32_t(std::min<uint64_t>(c.size, kSentinel32)));
     const std::string_view name = name_of(c);
     store_u16(h + 28, uint16_t(name.size()));
     store_u16(h + 30, uint16_t(extra.size()));
-    store_u32(h + 42, uint32_t(std::min(c.local_header_offset, kMax32)));
+    store_u32(h + 42, uint32_t(std::min<uint64_t>(c.local_header_offset, kSentinel32)));
     put(h, sizeof h);
     put(name.data(), name.size());
     put(extra.data(), extra.size());
@@ -328,10 +324,10 @@ void writer::finish() {
 
   uint8_t e[kEndSize] = {};
   store_u32(e, kEndSig);
-  store_u16(e + 8, uint16_t(std::min(count, kMax16)));
-  store_u16(e + 10, uint16_t(std::min(count, kMax16)));
-  store_u32(e + 12, uint32_t(std::min(cd_size, kMax32)));
-  store_u32(e + 16, uint32_t(std::min(cd_offset, kMax32)));
+  store_u16(e + 8, uint16_t(std::min<uint64_t>(count, kSentinel16)));
+  store_u16(e + 10, uint16_t(std::min<uint64_t>(count, kSentinel16)));
+  store_u32(e + 12, uint32_t(std::min<uint64_t>(cd_size, kSentinel32)));
+  store_u32(e + 16, uint32_t(std::min<uint64_t>(cd_offset, kSentinel32)));
   put(e, sizeof e);
 
   flush();

@@ -26,8 +26,9 @@ const char* format_name(file_format f);
 /// dict's integer key or a list/tuple index (integer).
 using path_element = std::variant<std::string, int64_t>;
 using value_path = std::vector<path_element>;
-/// For humans: elements joined by '/', e.g. "state_dict/model.enc.weight".
-std::string path_to_string(const value_path& path);
+/// For humans: elements joined by `separator`, e.g. "state_dict/model.enc.weight"; with '.',
+/// the name a module attribute path has in TorchScript ("blocks.0.attn.weight").
+std::string path_to_string(const value_path& path, char separator = '/');
 
 struct storage_record {
   std::string key;                     // "0" (torch: record data/0), tensor name (safetensors)
@@ -132,6 +133,10 @@ struct checkpoint {
   // ignores them; a scanner should see them.
   std::vector<std::string> unknown_records;
   std::string byteorder = "little";
+  /// torch.save archives: the `.storage_alignment` record, read once, as torch.load reads
+  /// it (Python's int()); 64, torch's default, when there is none; 0 when it is a number
+  /// torch.load accepts but that is not positive or not below 2^63.
+  uint64_t storage_alignment = 64;
 
   /// Tensors whose path starts with the state dict's, with their key in it.
   std::vector<std::pair<std::string, size_t>> state_dict_tensors() const;

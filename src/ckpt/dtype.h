@@ -24,7 +24,13 @@ struct dtype_info {
   uint32_t element_size;       // bytes per element as stored (float4_e2m1fn_x2 packs 2 in 1)
   bool is_floating;            // eligible for --dtype casts and --check-finite
   const char* legacy_storage;  // "FloatStorage", or nullptr for dtypes saved as UntypedStorage
-  const char* safetensors;     // "F32", or nullptr when safetensors has no such dtype
+};
+
+/// A dtype as safetensors names it (safetensors/src/tensor.rs `Dtype`; docs/formats.md §6).
+struct safetensors_dtype {
+  const char* name;            // "F32"
+  uint32_t bits;               // per element: F4 is 4, F6_* are 6
+  std::optional<dtype> torch;  // nullopt: valid safetensors, but torch has no such dtype
 };
 
 const dtype_info& info(dtype t);
@@ -38,7 +44,7 @@ inline uint32_t elements_per_byte(dtype t) { return t == dtype::quint4x2 ? 2 : t
 std::optional<dtype> dtype_from_name(std::string_view name);
 /// "FloatStorage" -> float32 (the typed storage classes torch.save still writes).
 std::optional<dtype> dtype_from_legacy_storage(std::string_view storage_class);
-/// "F32" -> float32.
-std::optional<dtype> dtype_from_safetensors(std::string_view st_name);
+/// "F32" -> its row; nullptr for a name safetensors does not define.
+const safetensors_dtype* safetensors_dtype_named(std::string_view st_name);
 
 }  // namespace ckpt

@@ -49,8 +49,6 @@ class error : public std::runtime_error {
 
   /// Names the file the error is about, unless a deeper layer already did.
   error& with_file(const std::string& path);
-  /// Turns an offset relative to a buffer into a file offset (buffer starts at `base`).
-  error& rebase(uint64_t base);
 
   /// "FILE: byte N: message" — the one line the CLI prints.
   std::string one_line() const;

@@ -39,15 +39,8 @@ void write_json_with_pairs(const nlohmann::json& doc, std::string_view key,
                            const std::vector<std::pair<std::string, std::string>>& pairs,
                            const std::function<void(std::string_view)>& sink);
 
-/// A path as JSON: strings and integers.
-nlohmann::json path_json(const value_path& path);
-
 /// State-dict keys of `c` (or every tensor's path string when no state dict was found).
 std::vector<std::string> tensor_keys(const checkpoint& c);
-
-}  // namespace ckpt
-
-namespace ckpt {
 
 /// Serializes `doc` as JSON text. Strings from pickles may hold lone surrogates (kept as
 /// WTF-8, as CPython keeps them in str); they come out as "\udcXX" escapes, which is how

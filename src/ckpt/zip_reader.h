@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -42,6 +43,23 @@ struct entry {
   uint64_t end_offset = 0;    // one past the data and its data descriptor, if any
 };
 
+enum class crc_outcome {
+  match,
+  // PyTorch's rule for files saved with CRC computation off
+  // (torch.serialization.set_crc32_options(False); checked with torch 2.11): its writer leaves
+  // every record's CRC field 0, and torch.load never checks CRCs (miniz is built with
+  // MINIZ_DISABLE_ZIP_READER_CRC32_CHECKS), so such files load. A zero CRC on a non-empty
+  // record therefore means "not recorded", not "corrupt"; the data is not read. (An empty
+  // record's CRC really is 0, and matches.) docs/formats.md, "CRC-32".
+  not_recorded,
+  mismatch,
+};
+
+struct crc_result {
+  crc_outcome outcome = crc_outcome::match;
+  uint32_t computed = 0;  // the data's CRC-32; 0 when not_recorded
+};
+
 struct open_options {
   /// Largest record that read_record() will inflate or copy into memory.
   uint64_t max_record_bytes = 1ull << 31;
@@ -67,8 +85,11 @@ class archive {
   const entry* find(std::string_view record) const;
   /// The record's bytes (inflated if needed), size-capped by open_options.
   std::vector<uint8_t> read_record(const entry& e) const;
-  /// Computes the CRC-32 of the record's uncompressed bytes and compares it with the
-  /// central directory; throws errc::corrupt on a mismatch. Reads the whole record.
+  /// The one CRC-32 check of a record, used by every verb. Reads the whole record (in
+  /// bounded chunks) unless it has no CRC recorded; `progress` gets the number of stored
+  /// (compressed) bytes consumed so far. Does not throw on a mismatch: see verify_crc.
+  crc_result record_crc(const entry& e, const std::function<void(uint64_t)>& progress = {}) const;
+  /// record_crc, throwing errc::corrupt (with the record's data offset) on a mismatch.
   void verify_crc(const entry& e) const;
   const byte_source& source() const { return src_; }
 

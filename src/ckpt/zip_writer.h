@@ -54,6 +54,7 @@ class source_window {
 
 class writer {
  public:
+  static constexpr uint64_t kMaxAlignment = 0x8000;  // the padding length must fit the u16 field
   /// `prefix` is the single top-level folder ("archive"; torch uses the file's basename).
   /// Throws errc::usage for an invalid prefix or an alignment of 0.
   writer(int fd, std::string prefix, uint64_t alignment = 64);
@@ -96,8 +97,6 @@ class writer {
   /// early writeback, so it must be cheap.
   void on_bytes_out(std::function<void(uint64_t)> callback) { on_bytes_out_ = std::move(callback); }
   /// Archive offset of the data of the most recently begun record.
-  uint64_t last_data_offset() const { return last_data_offset_; }
-  size_t record_count() const { return central_.size(); }
 
   /// The padding extra field's payload length for a local header at `cursor` (PyTorch's
   /// getPadding, without the 4-byte 'FB' header): data then starts at a multiple of
@@ -135,7 +134,6 @@ class writer {
   std::string prefix_;
   uint64_t alignment_;
   uint64_t cursor_ = 0;  // archive bytes produced, buffered ones included
-  uint64_t last_data_offset_ = 0;
   std::vector<uint8_t> buf_;
   std::vector<central_record> central_;
   std::string names_;                 // every full name, back to back

@@ -262,11 +262,7 @@ torch::jit::Module load_module(const std::string& model_path, const checkpoint& 
   if (!r.missing.empty()) {
     std::vector<bool> model_needed(model_file.storages.size(), false);
     for (size_t i = 0; i < model_file.tensors.size(); ++i) {
-      std::string dotted;
-      for (const auto& step : model_file.tensors[i].path)
-        dotted += (dotted.empty() ? "" : ".") +
-                  (std::holds_alternative<std::string>(step) ? std::get<std::string>(step) : std::to_string(std::get<int64_t>(step)));
-      model_tensor_of_name[dotted] = i;
+      model_tensor_of_name[path_to_string(model_file.tensors[i].path, '.')] = i;
     }
     for (const auto& name : r.missing) {
       auto it = model_tensor_of_name.find(name);

@@ -1,5 +1,5 @@
 // save_tensors: a torch.save archive written with ckptool's own pickle and zip writers, in
-// the layout torch.save itself produces (formats.md §2, §8.5): data.pkl holding an
+// the layout torch.save itself produces (formats.md §2.2): data.pkl holding an
 // OrderedDict of _rebuild_tensor_v2 calls (v3 with UntypedStorage for dtypes that have no
 // typed storage class), .format_version, .storage_alignment, byteorder, data/0..n-1 in
 // key order, version.

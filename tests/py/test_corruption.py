@@ -1,4 +1,4 @@
-"""The corruption suite (issue 5; ../shared/docs/security.md §5.1): one table of hostile
+"""The corruption suite (issue 5; docs/security.md §5.1): one table of hostile
 inputs, each with the hazard ids it covers, an exact exit code and error category per verb,
 and a success twin.
 
@@ -850,7 +850,7 @@ def test_safetensors_rewrite_onto_itself(bases, tmp_path):
 
 # --------------------------------------------------------------------------- the hazard map
 
-SECURITY_MD = (SOURCE_DIR / ".." / "shared" / "docs" / "security.md").resolve()
+SECURITY_MD = SOURCE_DIR / "docs" / "security.md"
 HAZARDS_MD = SOURCE_DIR / "docs" / "hazards.md"
 REF_RE = re.compile(r"`([^`]+?)`")
 

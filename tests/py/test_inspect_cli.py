@@ -151,7 +151,7 @@ def _corrupt_cases(fx: dict, d: Path) -> dict:
 
 
 # Files torch itself refuses too (checked below), and the ones only ckptool's stricter
-# rules refuse (../shared/docs/security.md: duplicate names).
+# rules refuse (docs/security.md Z5: duplicate names).
 STRICTER_THAN_TORCH = {"zip_duplicate_name.pt"}
 
 

@@ -363,6 +363,26 @@ TEST_CASE("Z2 CRC verification on request") {
   }
 }
 
+TEST_CASE("Z2 a zero CRC is not recorded, as torch.save writes with CRCs off") {
+  built b = build(torch_like());
+  // set_crc32_options(False): the central directory and the descriptor say 0.
+  patch32(b.bytes, b.at.central[1] + 16, 0);
+  patch32(b.bytes, b.at.descriptor[1] + 4, 0);
+  ckpt::memory_source src(b.bytes);
+  auto a = ckpt::zip::archive::open(src);
+  const auto& e = a->entries()[1];
+  REQUIRE(e.uncompressed_size > 0);
+  uint64_t progressed = 0;
+  const auto r = a->record_crc(e, [&](uint64_t n) { progressed = n; });
+  CHECK(r.outcome == ckpt::zip::crc_outcome::not_recorded);
+  CHECK(progressed == 0);  // not read
+  a->verify_crc(e);        // and not an error
+  // A record with a CRC is still checked by the same routine.
+  const auto r0 = a->record_crc(a->entries()[0]);
+  CHECK(r0.outcome == ckpt::zip::crc_outcome::match);
+  CHECK(r0.computed == a->entries()[0].crc32);
+}
+
 TEST_CASE("Z6 overlaps and gaps") {
   SUBCASE("twin") { expect_ok(build(torch_like()).bytes); }
   SUBCASE("entry points into the middle of another") {

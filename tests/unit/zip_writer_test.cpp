@@ -117,7 +117,6 @@ TEST_CASE("round trip through the reader") {
   w.add_record_copy("data/2", src.fd, 5, 1234, crc);
   w.add_record_copy("data/3", src.fd, 0, 0, 0u);
   w.add_record("version", std::vector<uint8_t>{'3', '\n'});
-  CHECK(w.record_count() == 7);
   w.finish();
   CHECK(w.offset() == out.bytes().size());
 
@@ -190,7 +189,6 @@ TEST_CASE("alignment is configurable") {
   ckpt::zip::writer w(out.fd, "a", 4096);
   w.add_record("x", pattern(10, 1));
   w.add_record("y", pattern(5000, 2));
-  CHECK(w.last_data_offset() % 4096 == 0);
   w.finish();
   ckpt::file_source in(out.path);
   auto a = ckpt::zip::archive::open(in);
