@@ -1,10 +1,12 @@
-// The CPU path of load_storages: each storage allocated once (host_buffer.cpp) and filled
-// straight from the file by a few threads, in file order.
-//  - Storages are grouped into blocks, one mapping each: a large storage alone, or a run
-//    of small neighbours in the file laid out as in the file, so one copy fills the run
-//    (a read and a malloc per storage cost as much as the copy for 20,000 tensors of 53 KB).
-//  - Blocks are cut into page-aligned pieces so every thread copies; each piece is filled
-//    with UFFDIO_COPY from a mapping of the file where the kernel allows
+// The CPU path of load_storages: executes the read plan (read_plan.h) into storages
+// allocated once each (host_buffer.cpp), filled straight from the file by a few threads.
+//  - The plan shares a read between runs of small neighbours (64-byte aligned in the
+//    file); such a run gets one mapping laid out as in the file, so one copy fills it (a
+//    read and a malloc per storage cost as much as the copy for 20,000 tensors of 53 KB).
+//    A storage of kOwnMappingBytes and more gets a mapping of its own.
+//  - The plan cuts long storages at multiples of kPieceBytes in the file, which are page
+//    boundaries of a destination congruent to the file, so every thread fills whole pages
+//    of its own: with UFFDIO_COPY from a mapping of the file where the kernel allows
 //    (page_filler.cpp), else faulted in at once and read with pread.
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -19,23 +21,26 @@
 #include "ckpt/error.h"
 #include "host_buffer.h"
 #include "page_filler.h"
+#include "read_plan.h"
 #include "storage_loader.h"
 
 namespace ckpt::detail {
 namespace {
 
 constexpr uint64_t kPieceBytes = 16ull << 20;  // large enough to amortize, small enough to share out
-constexpr uint64_t kMaxGap = 4096;             // file bytes between neighbours of a block (zip headers)
 
 uint64_t page_floor(uint64_t n) { return n & ~(kPageBytes - 1); }
 uint64_t page_ceil(uint64_t n) { return page_floor(n + kPageBytes - 1); }
 
-// Bytes [begin, begin + size) of one block.
-struct piece {
-  size_t block;
-  uint64_t begin;
-  uint64_t size;
-};
+read_plan_options cpu_plan_options() {
+  read_plan_options o;
+  o.max_gap = 4096;  // zip local headers between records
+  o.max_read = kPieceBytes;
+  o.max_shared_read = kBlockSpanBytes;
+  o.share_below = kOwnMappingBytes;
+  o.share_alignment = 64;  // a block laid out as in the file keeps LibTorch's alignment
+  return o;
+}
 
 // File bytes [offset, offset + span) go to [data, data + span).
 struct block {
@@ -47,77 +52,73 @@ struct block {
   bool filled_by_pages;  // claimed by the page_filler
 };
 
+// Where one read of the plan lands: bytes [begin, begin + nbytes) of a block.
+struct destination {
+  size_t block;
+  uint64_t begin;
+};
+
 class cpu_loader {
  public:
-  cpu_loader(const checkpoint& c, const std::vector<bool>& needed, const load_options& o) : c_(c), o_(o) {
+  cpu_loader(const checkpoint& c, const std::vector<bool>& needed, const load_options& o)
+      : c_(c), o_(o), plan_(plan_reads(c, needed, cpu_plan_options())) {
     bytes_.resize(c.storages.size());
-    std::vector<size_t> order;
-    for (size_t i = 0; i < c.storages.size(); ++i) {
-      if (!needed[i]) continue;
-      const storage_record& s = c.storages[i];
-      if (s.file_offset && s.nbytes)
-        order.push_back(i);
-      else
-        bytes_[i] = at::empty({int64_t(s.nbytes)}, at::TensorOptions().dtype(at::kByte));
-    }
-    // File order: sequential reads, what the page cache and read-ahead like best.
-    std::sort(order.begin(), order.end(),
-              [&](size_t a, size_t b) { return *c.storages[a].file_offset < *c.storages[b].file_offset; });
-    allocate(order);
+    allocate();
     fs_ = dynamic_cast<const file_source*>(c.source.get());
     if (fs_) claim_pages();
-    plan();
   }
 
   std::vector<at::Tensor> run() {
-    for_each_piece(pieces_.size(), loader_threads(o_), [this](size_t j) {
-      const piece& p = pieces_[j];
-      read_piece(blocks_[p.block], p.begin, p.size);
-      // Gap bytes inside a block are read but are no storage's: progress counts storages.
-      uint64_t now = done_ += p.size;
-      if (o_.progress) o_.progress(std::min(now, total_), total_);
+    for_each_piece(plan_.reads.size(), loader_threads(o_), [this](size_t j) {
+      const read_op& op = plan_.reads[j];
+      read_into(blocks_[where_[j].block], where_[j].begin, op.nbytes);
+      // Gap bytes inside a read are no storage's: progress counts storage bytes.
+      uint64_t landed = 0;
+      for (size_t p = op.first_piece; p < op.first_piece + op.piece_count; ++p) landed += plan_.pieces[p].nbytes;
+      uint64_t now = done_ += landed;
+      if (o_.progress) o_.progress(now, plan_.storage_bytes);
     });
     return std::move(bytes_);
   }
 
  private:
-  // Runs of small neighbours (64-byte aligned in the file, so each keeps LibTorch's
-  // alignment in a block laid out like the file) share a block; the rest stand alone.
-  void allocate(const std::vector<size_t>& order) {
-    auto offset = [&](size_t i) { return *c_.storages[i].file_offset; };
-    auto nbytes = [&](size_t i) { return c_.storages[i].nbytes; };
-    auto small = [&](size_t i) { return nbytes(i) < kOwnMappingBytes && offset(i) % 64 == 0; };
+  // A read shared by several storages gets one block laid out as in the file; a storage
+  // read alone (or cut into several reads) gets a block of its own: a mapping when it is
+  // large, LibTorch's allocator when small.
+  void allocate() {
+    std::vector<size_t> block_of(c_.storages.size(), SIZE_MAX);
     std::vector<host_member> members;
-    for (size_t k = 0; k < order.size();) {
-      size_t end = k + 1;
-      if (small(order[k])) {
-        while (end < order.size() && small(order[end])) {
-          uint64_t prev_end = offset(order[end - 1]) + nbytes(order[end - 1]);
-          uint64_t next = offset(order[end]);
-          if (next < prev_end || next - prev_end > kMaxGap) break;
-          if (next + nbytes(order[end]) - offset(order[k]) > kBlockSpanBytes) break;
-          ++end;
-        }
-        if (end - k == 1) {
-          // Alone, a small storage is not worth a mapping of its own.
-          size_t i = order[k];
-          bytes_[i] = at::empty({int64_t(nbytes(i))}, at::TensorOptions().dtype(at::kByte));
-          blocks_.push_back({offset(i), nbytes(i), bytes_[i].data_ptr<uint8_t>(), false, false, false});
-          total_ += nbytes(i);
-          k = end;
-          continue;
+    where_.reserve(plan_.reads.size());
+    for (const read_op& op : plan_.reads) {
+      const read_piece* pieces = plan_.pieces.data() + op.first_piece;
+      if (op.piece_count > 1) {
+        members.clear();
+        for (size_t k = 0; k < op.piece_count; ++k) members.push_back({op.offset + pieces[k].read_offset, pieces[k].nbytes});
+        host_block h = allocate_host_block(members.data(), members.size());
+        for (size_t k = 0; k < op.piece_count; ++k) bytes_[pieces[k].storage] = std::move(h.bytes[k]);
+        where_.push_back({blocks_.size(), 0});
+        blocks_.push_back({op.offset, h.span, h.data, true, h.own_pages, false});
+        continue;
+      }
+      const size_t i = pieces[0].storage;
+      const storage_record& s = c_.storages[i];
+      if (block_of[i] == SIZE_MAX) {
+        block_of[i] = blocks_.size();
+        if (s.nbytes >= kOwnMappingBytes) {
+          host_member m{*s.file_offset, s.nbytes};
+          host_block h = allocate_host_block(&m, 1);
+          bytes_[i] = std::move(h.bytes[0]);
+          blocks_.push_back({*s.file_offset, s.nbytes, h.data, true, h.own_pages, false});
+        } else {
+          bytes_[i] = at::empty({int64_t(s.nbytes)}, at::TensorOptions().dtype(at::kByte));
+          blocks_.push_back({*s.file_offset, s.nbytes, bytes_[i].data_ptr<uint8_t>(), false, false, false});
         }
       }
-      members.clear();
-      for (size_t j = k; j < end; ++j) members.push_back({offset(order[j]), nbytes(order[j])});
-      host_block h = allocate_host_block(members.data(), members.size());
-      for (size_t j = k; j < end; ++j) {
-        bytes_[order[j]] = std::move(h.bytes[j - k]);
-        total_ += nbytes(order[j]);
-      }
-      blocks_.push_back({members.front().offset, h.span, h.data, true, h.own_pages, false});
-      k = end;
+      where_.push_back({block_of[i], pieces[0].storage_offset});
     }
+    // Selected storages no read fills: zero-length ones, and those without data.
+    for (size_t i : plan_.storages)
+      if (!bytes_[i].defined()) bytes_[i] = at::empty({int64_t(c_.storages[i].nbytes)}, at::TensorOptions().dtype(at::kByte));
   }
 
   // Congruent blocks of a file are claimed for the page_filler, with one read-only
@@ -141,21 +142,7 @@ class cpu_loader {
     }
   }
 
-  void plan() {
-    for (size_t k = 0; k < blocks_.size(); ++k) {
-      const block& b = blocks_[k];
-      // Cut where the destination crosses a page boundary every kPieceBytes, so pieces
-      // fill whole pages of their own.
-      uint64_t phase = reinterpret_cast<uintptr_t>(b.data) % kPageBytes;
-      for (uint64_t x = 0; x < b.span;) {
-        uint64_t e = std::min(b.span, (phase + x) / kPieceBytes * kPieceBytes + kPieceBytes - phase);
-        pieces_.push_back({k, x, e - x});
-        x = e;
-      }
-    }
-  }
-
-  void read_piece(const block& b, uint64_t begin, uint64_t size) {
+  void read_into(const block& b, uint64_t begin, uint64_t size) {
     if (b.filled_by_pages) {
       // Whole pages around the piece: bytes before the block's first storage and after
       // its last lie in its own mapping, unseen by any tensor.
@@ -177,10 +164,10 @@ class cpu_loader {
 
   const checkpoint& c_;
   const load_options& o_;
+  const read_plan plan_;
   std::vector<at::Tensor> bytes_;
   std::vector<block> blocks_;
-  std::vector<piece> pieces_;
-  uint64_t total_ = 0;
+  std::vector<destination> where_;  // per read of the plan
   const file_source* fs_ = nullptr;
   std::shared_ptr<uint8_t> file_map_;
   // Declared after bytes_, so destroyed before: closing the userfaultfd drops every

@@ -8,6 +8,7 @@
 #include "ckpt/error.h"
 #include "ckpt/rekey.h"
 #include "ckpt/torchscript_module.h"
+#include "read_plan.h"
 #include "storage_loader.h"
 
 namespace ckpt {
@@ -246,11 +247,10 @@ torch::jit::Module load_module(const std::string& model_path, const checkpoint& 
   // Read only the storages the model uses.
   std::map<std::string, std::string> target_to_source;
   for (auto& [src, dst] : match.mapping) target_to_source[dst] = src;
-  std::vector<bool> needed(c.storages.size(), false);
-  for (auto& [dst, src] : target_to_source) {
-    const tensor_record& t = c.tensors[tensor_of_key.at(src)];
-    if (t.storage) needed[*t.storage] = true;
-  }
+  std::vector<size_t> selected;
+  for (auto& [dst, src] : target_to_source) selected.push_back(tensor_of_key.at(src));
+  // The keys' storages, per-channel quantizers' scales and zero points included.
+  std::vector<bool> needed = detail::storages_of(c, selected);
   std::vector<at::Tensor> storages = detail::load_storages(c, needed, o);
   if (!o.device.is_meta())
     for (size_t i = 0; i < needed.size(); ++i)
@@ -260,7 +260,7 @@ torch::jit::Module load_module(const std::string& model_path, const checkpoint& 
   std::vector<at::Tensor> model_storages;
   std::unordered_map<std::string, size_t> model_tensor_of_name;
   if (!r.missing.empty()) {
-    std::vector<bool> model_needed(model_file.storages.size(), false);
+    std::vector<size_t> model_selected;
     for (size_t i = 0; i < model_file.tensors.size(); ++i) {
       model_tensor_of_name[path_to_string(model_file.tensors[i].path, '.')] = i;
     }
@@ -268,9 +268,9 @@ torch::jit::Module load_module(const std::string& model_path, const checkpoint& 
       auto it = model_tensor_of_name.find(name);
       if (it == model_tensor_of_name.end() || !model_file.tensors[it->second].storage)
         throw error(errc::check_failed, "model tensor " + name + " is in neither the checkpoint nor the model file").with_file(model_path);
-      model_needed[*model_file.tensors[it->second].storage] = true;
+      model_selected.push_back(it->second);
     }
-    model_storages = detail::load_storages(model_file, model_needed, o);
+    model_storages = detail::load_storages(model_file, detail::storages_of(model_file, model_selected), o);
   }
 
   storage_caster caster(o.dtype);

@@ -17,6 +17,7 @@
 
 #include "aten_types.h"
 #include "ckpt/error.h"
+#include "read_plan.h"
 
 namespace ckpt::detail {
 namespace {
@@ -45,23 +46,18 @@ void populate_range(uint8_t* begin, uint8_t* end) {
   (void)sink;
 }
 
-// Populates the given byte ranges of the mapping with a few threads in 16 MiB pieces: one
-// thread's page-table work is far below what the page cache can feed.
-void populate(uint8_t* base, std::vector<std::pair<uint64_t, uint64_t>> ranges, int threads,
-              const std::function<void(uint64_t, uint64_t)>& progress) {
-  constexpr uint64_t kPiece = 16ull << 20;
+// Populates the pages of the plan's reads with a few threads, a read each: one thread's
+// page-table work is far below what the page cache can feed.
+void populate(uint8_t* base, const read_plan& plan, int threads, const std::function<void(uint64_t, uint64_t)>& progress) {
   const uint64_t page = uint64_t(::sysconf(_SC_PAGESIZE));
-  std::sort(ranges.begin(), ranges.end());
   std::vector<std::pair<uint64_t, uint64_t>> pieces;  // page-aligned [begin, end)
   uint64_t total = 0;
-  for (auto [from, to] : ranges) {
-    from = from / page * page;
-    to = (to + page - 1) / page * page;
-    if (!pieces.empty() && from <= pieces.back().second) from = pieces.back().second;
-    for (uint64_t at = from; at < to; at += kPiece) {
-      pieces.emplace_back(at, std::min(to, at + kPiece));
-      total += pieces.back().second - at;
-    }
+  for (const read_op& op : plan.reads) {
+    uint64_t from = op.offset / page * page, to = (op.offset + op.nbytes + page - 1) / page * page;
+    if (!pieces.empty() && from < pieces.back().second) from = pieces.back().second;  // a page two reads share
+    if (from >= to) continue;
+    pieces.emplace_back(from, to);
+    total += to - from;
   }
   std::atomic<uint64_t> done{0};
   for_each_piece(pieces.size(), threads, [&](size_t i) {
@@ -80,10 +76,12 @@ std::vector<at::Tensor> load_mmap(const checkpoint& c, const std::vector<bool>& 
   if (base == MAP_FAILED) throw error(errc::io, std::string("mmap failed: ") + std::strerror(errno)).with_file(c.path);
   size_t length = size_t(c.file_size);
   auto mapping = std::shared_ptr<void>(base, [length](void* p) { ::munmap(p, length); });
+  // The reads of the plan are the ranges to populate: in file order, neighbours merged.
+  read_plan_options po;
+  po.max_read = 16ull << 20;
+  const read_plan plan = plan_reads(c, needed, po);
   std::vector<at::Tensor> bytes(c.storages.size());
-  std::vector<std::pair<uint64_t, uint64_t>> ranges;
-  for (size_t i = 0; i < c.storages.size(); ++i) {
-    if (!needed[i]) continue;
+  for (size_t i : plan.storages) {
     const auto& s = c.storages[i];
     if (!s.file_offset || s.nbytes == 0) {
       bytes[i] = at::empty({0}, at::kByte);
@@ -91,9 +89,8 @@ std::vector<at::Tensor> load_mmap(const checkpoint& c, const std::vector<bool>& 
     }
     auto* p = static_cast<uint8_t*>(base) + *s.file_offset;
     bytes[i] = at::from_blob(p, {int64_t(s.nbytes)}, [mapping](void*) {}, at::TensorOptions().dtype(at::kByte));
-    ranges.emplace_back(*s.file_offset, *s.file_offset + s.nbytes);
   }
-  if (o.populate) populate(static_cast<uint8_t*>(base), std::move(ranges), loader_threads(o), o.progress);
+  if (o.populate) populate(static_cast<uint8_t*>(base), plan, loader_threads(o), o.progress);
   // Test hook (tests/py/test_torch_hostile.py, SIGBUS case): with this variable set, the
   // process stops itself once the file is mapped and populated, so a test can truncate
   // the file at exactly this point and continue it (SIGCONT); unset, nothing happens.
