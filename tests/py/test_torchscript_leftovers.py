@@ -109,6 +109,30 @@ class ParameterView(nn.Module):
         return self.lin(x) + self.row[:3].sum()
 
 
+@torch.jit.script
+class Boxed:
+    """Pickled through its own __getstate__: the model file stores a tuple, not attributes."""
+
+    def __init__(self, t: torch.Tensor):
+        self.t = t
+
+    def __getstate__(self) -> Tuple[torch.Tensor, int]:
+        return (self.t, 0)
+
+    def __setstate__(self, state: Tuple[torch.Tensor, int]):
+        self.t = state[0]
+
+
+class WithBoxed(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+        self.box = Boxed(torch.randn(3))
+
+    def forward(self, x):
+        return self.lin(x) + self.box.t
+
+
 class Traced(nn.Module):
     def __init__(self):
         super().__init__()
@@ -125,6 +149,8 @@ def _script(name: str, seed: int) -> torch.jit.ScriptModule:
         return torch.jit.script(Leftovers())
     if name == "parameter_view":
         return torch.jit.script(ParameterView())
+    if name == "boxed":
+        return torch.jit.script(WithBoxed())
     if name == "traced":
         return torch.jit.trace(Traced(), torch.randn(2, 3))
     raise KeyError(name)
@@ -204,10 +230,6 @@ def test_output_runs_like_the_reference(tmp_path, name):
     model, ckpt = _write(tmp_path, name)
     out = tmp_path / "out.pt"
     report, _ = _materialize(ckpt, "--model", model, "--device", "cpu", "-o", out, "--json")
-    doc = json.loads(report)
-    assert set(doc["from_model_file"]) == FROM_MODEL_FILE[name]
-    assert doc["missing"] == [] and doc["filled_from_model"] == []
-
     locations = _saved_tensor_locations(out)
     assert locations and set(locations) == {"cpu"}, locations
 
@@ -227,6 +249,9 @@ def test_output_runs_like_the_reference(tmp_path, name):
         assert all(torch.equal(g, r) for g, r in zip(got.xs, ref.xs))
         # The two views still share their storage, as in the model file.
         assert got.v1.untyped_storage().data_ptr() == got.v2.untyped_storage().data_ptr()
+    doc = json.loads(report)
+    assert set(doc["from_model_file"]) == FROM_MODEL_FILE[name]
+    assert doc["missing"] == [] and doc["filled_from_model"] == []
 
 
 def test_attribute_view_of_a_parameter_follows_the_checkpoint(tmp_path):
@@ -293,3 +318,13 @@ def test_inspect_module_with_submodule_tensor_defaults(tmp_path):
     rc, out, err = run_ckptool("inspect", model, "--input", "2x3", timeout=120)
     assert rc == 0, err
     assert "[2, 3]" in out
+
+
+def test_attribute_that_cannot_be_placed_is_refused(tmp_path):
+    """A tensor whose record cannot be told from the model file (an object restored by its
+    own __setstate__) is refused, naming it, rather than written on meta with exit 0."""
+    model, ckpt = _write(tmp_path, "boxed")
+    out = tmp_path / "out.pt"
+    _, err = _materialize(ckpt, "--model", model, "--device", "cpu", "--allow-code", "-o", out, expect_rc=3)
+    assert "tensor box.t (neither parameter nor buffer): its record in the model file cannot be told exactly" in err
+    assert not out.exists()
