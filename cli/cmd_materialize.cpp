@@ -119,6 +119,7 @@ int run_materialize(materialize_options& o) {
     doc["shape_mismatched"] = r.shape_mismatched;
     doc["dtype_converted"] = r.dtype_converted;
     doc["filled_from_model"] = r.filled_from_model;
+    doc["from_model_file"] = r.from_model_file;
     if (o.req.check_finite) doc["non_finite"] = r.non_finite;
     if (!r.run_method.empty()) {
       nlohmann::json outs = nlohmann::json::array();
@@ -146,6 +147,7 @@ int run_materialize(materialize_options& o) {
     if (!o.req.model.empty()) report << "key edit: " << ckpt::escape_controls(r.key_edit) << "\n";
     print_list(report, "missing from the checkpoint", r.missing);
     print_list(report, "filled from the model file", r.filled_from_model);
+    print_list(report, "from the model file (attributes and constants no state dict holds)", r.from_model_file);
     print_list(report, "not used by the model", r.unexpected);
     print_list(report, "converted", r.dtype_converted);
     if (o.req.check_finite) {

@@ -1,6 +1,7 @@
 #include "ckpt/torchscript_code.h"
 
 #include <algorithm>
+#include <optional>
 #include <set>
 #include <string_view>
 
@@ -119,6 +120,25 @@ std::vector<logical_line> split_lines(std::string_view s) {
   return out;
 }
 
+// `CONSTANTS.c<N>` starting at t[i]: the printer's reference to entry N of constants.pkl
+// (a tensor default, for instance). The importer resolves it to the stored value, and
+// evaluating a default that is nothing else runs no code of the file.
+std::optional<size_t> constant_reference(const std::vector<token>& t, size_t i, size_t end) {
+  if (i + 3 > end) return std::nullopt;
+  if (t[i].kind != tok::name || t[i].text != "CONSTANTS" || t[i + 1].text != "." || t[i + 2].kind != tok::name)
+    return std::nullopt;
+  if (i > 0 && t[i - 1].kind == tok::op && t[i - 1].text == ".") return std::nullopt;
+  std::string_view c = t[i + 2].text;
+  if (c.size() < 2 || c.size() > 12 || c[0] != 'c' || (c.size() > 2 && c[1] == '0')) return std::nullopt;
+  size_t n = 0;
+  for (char ch : c.substr(1)) {
+    if (!is_digit(static_cast<unsigned char>(ch))) return std::nullopt;
+    n = n * 10 + size_t(ch - '0');
+  }
+  if (i + 3 < end && t[i + 3].kind == tok::op && t[i + 3].text == ".") return std::nullopt;  // CONSTANTS.c0.attr
+  return n;
+}
+
 // What TorchScript's printer writes for a default value or a class constant.
 bool literal_only(const std::vector<token>& t, size_t begin, size_t end) {
   static const std::set<std::string_view> kNames = {"None", "True", "False", "inf", "nan",
@@ -131,6 +151,10 @@ bool literal_only(const std::vector<token>& t, size_t begin, size_t end) {
       case tok::string:
         break;
       case tok::name:
+        if (constant_reference(t, i, end)) {
+          i += 2;
+          break;
+        }
         if (!kNames.count(t[i].text)) return false;
         break;
       case tok::op:
@@ -145,6 +169,7 @@ struct scanner {
   const zip::entry& entry;
   std::string qualifier;  // "__torch__.models" for code/__torch__/models.py
   std::vector<load_time_code>& out;
+  std::vector<constant_default>* defaults = nullptr;  // also collect CONSTANTS.cN defaults
 
   void add(const std::string& owner, std::string what, size_t pos) {
     load_time_code c;
@@ -186,6 +211,9 @@ struct scanner {
           if (t[j].kind == tok::op && (t[j].text == ")" || t[j].text == "]" || t[j].text == "}")) --d;
           if (d == 0 || (d == 1 && t[j].kind == tok::op && t[j].text == ",")) break;
         }
+        if (defaults && j == begin + 3)
+          if (auto n = constant_reference(t, begin, j))
+            defaults->push_back({(owner.empty() ? qualifier : qualifier + "." + owner) + "." + fn, param, *n});
         if (!literal_only(t, begin, j))
           add(owner, "{}" + fn + ": the default of parameter '" + param +
                          "' is an expression, which LibTorch evaluates when it loads the file",
@@ -267,22 +295,33 @@ bool ends_with(std::string_view s, std::string_view suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-}  // namespace
-
-std::vector<load_time_code> find_load_time_code(const zip::archive& ar) {
-  std::vector<load_time_code> out;
+// Scans every code/ record: LibTorch compiles code/<qualified name with '/'>.py; the
+// .debug_pkl source maps beside them are pickles of strings and never compiled.
+void scan_code(const zip::archive& ar, std::vector<load_time_code>& out, std::vector<constant_default>* defaults) {
   for (const zip::entry& e : ar.entries()) {
-    // LibTorch compiles code/<qualified name with '/'>.py; the .debug_pkl source maps
-    // beside them are pickles of strings and never compiled.
     if (e.record.compare(0, 5, "code/") != 0 || ends_with(e.record, ".debug_pkl")) continue;
     std::vector<uint8_t> bytes = ar.read_record(e);
     std::string qualifier = e.record.substr(5);
     if (ends_with(qualifier, ".py")) qualifier.resize(qualifier.size() - 3);
     std::replace(qualifier.begin(), qualifier.end(), '/', '.');
-    scanner s{e, qualifier, out};
+    scanner s{e, qualifier, out, defaults};
     s.scan(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
   }
+}
+
+}  // namespace
+
+std::vector<load_time_code> find_load_time_code(const zip::archive& ar) {
+  std::vector<load_time_code> out;
+  scan_code(ar, out, nullptr);
   return out;
+}
+
+std::vector<constant_default> find_constant_defaults(const zip::archive& ar) {
+  std::vector<load_time_code> ignored;
+  std::vector<constant_default> defaults;
+  scan_code(ar, ignored, &defaults);
+  return defaults;
 }
 
 std::string describe(const load_time_code& c) {

@@ -72,6 +72,9 @@ struct module_load_report {
   std::vector<std::string> shape_mismatched;   // "name: checkpoint [..] vs model [..]"
   std::vector<std::string> dtype_converted;    // "name: float32 -> bfloat16"
   std::vector<std::string> filled_from_model;  // missing ones taken from the model file (non-strict)
+  std::vector<std::string> from_model_file;    // tensors no state dict holds, always from the model
+                                               // file: attributes ("blocks.0.scale", "lut[1]") and
+                                               // the code's constants ("CONSTANTS.c0")
   uint64_t bytes = 0;                          // bytes read from the checkpoint
 };
 
@@ -80,6 +83,9 @@ struct module_load_report {
 /// `_orig_mod.`, `module.`, a Lightning `model.` are solved for), and fills every one of
 /// them, allocated empty on the device, from the checkpoint. Strict: a model tensor the
 /// checkpoint lacks is errc::check_failed; non-strict: it is filled from the model file.
+/// The module's other tensors (plain tensor attributes, tensor constants and defaults of
+/// its code) are read from their own records of the model file onto the device, keeping
+/// their dtype; no tensor of the result is left on meta (unless the device is meta).
 torch::jit::Module load_module(const std::string& model_path, const checkpoint& c, const load_options& options,
                                bool strict = true, module_load_report* report = nullptr);
 torch::jit::Module load_module(const std::string& model_path, const std::string& checkpoint_path,

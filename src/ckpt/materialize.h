@@ -46,6 +46,7 @@ struct materialize_report {
   double seconds = 0;                    // file -> device, synchronized
   std::string key_edit;
   std::vector<std::string> missing, unexpected, shape_mismatched, dtype_converted, filled_from_model;
+  std::vector<std::string> from_model_file;  // --model: attributes and constants (module_load_report)
   std::vector<std::string> non_finite;   // --check-finite: tensors with NaN or Inf
   std::vector<meta_output> outputs;      // --run: output shapes (path, dtype, shape)
   std::vector<double> checksums;         // --run: sum of each tensor output, as float64

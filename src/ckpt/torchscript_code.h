@@ -9,8 +9,9 @@
 //    function and running it (ir_emitter.cpp, evaluateDefaults), so a default such as
 //    `n: int=__torch__.f()` calls f at load time.
 // TorchScript's printer writes defaults and class constants as literals (numbers,
-// strings, None/True/False, inf, nan, torch.device("cpu"), tuples and lists of them), so
-// anything else there is refused. Built-in operators on constants that the compiler
+// strings, None/True/False, inf, nan, torch.device("cpu"), tuples and lists of them, and
+// CONSTANTS.cN for a tensor, which names an entry of constants.pkl), so anything else
+// there is refused. Built-in operators on constants that the compiler
 // folds are not the file's code; their cost is bounded by the caller's load timeout.
 #pragma once
 
@@ -33,6 +34,17 @@ struct load_time_code {
 
 /// Every construct in the archive's code/ records that LibTorch would run on load.
 std::vector<load_time_code> find_load_time_code(const zip::archive& ar);
+
+/// A parameter default that is a tensor of the archive's constant table: TorchScript's
+/// printer writes `def forward(self, x: Tensor, k: Tensor=CONSTANTS.c1)`.
+struct constant_default {
+  std::string function;   // qualified, as LibTorch names it: "__torch__.Net.forward"
+  std::string parameter;  // "k"
+  size_t constant = 0;    // 1: the second entry of constants.pkl
+};
+
+/// Every such default in the archive's code/ records.
+std::vector<constant_default> find_constant_defaults(const zip::archive& ar);
 
 /// what, then the record: "class __torch__.Net defines __setstate__, ... (code/__torch__.py)".
 std::string describe(const load_time_code& c);

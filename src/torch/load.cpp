@@ -8,6 +8,7 @@
 #include "ckpt/error.h"
 #include "ckpt/rekey.h"
 #include "ckpt/torchscript_module.h"
+#include "model_file_tensors.h"
 #include "read_plan.h"
 #include "storage_loader.h"
 
@@ -312,6 +313,17 @@ torch::jit::Module load_module(const std::string& model_path, const checkpoint& 
       owner.register_buffer(attr, value);
     else
       owner.register_parameter(attr, value, /*is_buffer=*/false);
+  }
+
+  // What no state dict holds (tensor attributes, the code's tensor constants) comes from
+  // the model file whatever --strict says: a checkpoint is not expected to have it.
+  std::unordered_map<std::string, at::Tensor> filled_by_name;
+  for (const auto& t : targets) filled_by_name.emplace(t.name, filled.at(t.meta.unsafeGetTensorImpl()));
+  try {
+    r.from_model_file = detail::fill_from_model_file(m, model_file, filled, filled_by_name, o).names;
+  } catch (error& e) {
+    e.with_file(model_path);
+    throw;
   }
   return m;
 }

@@ -212,6 +212,7 @@ materialize_report materialize(checkpoint& c, const materialize_request& req) {
       r.shape_mismatched = mr.shape_mismatched;
       r.dtype_converted = mr.dtype_converted;
       r.filled_from_model = mr.filled_from_model;
+      r.from_model_file = mr.from_model_file;
       r.bytes = mr.bytes;
       std::vector<std::pair<std::string, at::Tensor>> all;
       for (const auto& p : m.named_parameters(true)) all.emplace_back(p.name, p.value);

@@ -245,6 +245,16 @@ std::tuple<at::Tensor, at::Tensor> weight_norm_meta(const at::Tensor& v, const a
                                                   c10::toRealValueType(g.scalar_type())))};
 }
 
+thread_local int identity_equal_depth = 0;
+
+bool equal_meta(const at::Tensor& self, const at::Tensor& other) {
+  // The text LibTorch gives for a missing meta kernel, which callers already explain.
+  TORCH_CHECK_NOT_IMPLEMENTED(identity_equal_depth > 0,
+                              "aten::equal: attempted to run this operator with Meta tensors, but there was no "
+                              "fake impl or Meta kernel registered");
+  return self.is_same(other);
+}
+
 bool has_meta_kernel(const char* name, const char* overload) {
   auto op = c10::Dispatcher::singleton().findSchema(c10::OperatorName(name, overload));
   return !op || op->hasKernelForDispatchKey(c10::DispatchKey::Meta);
@@ -300,7 +310,15 @@ void ensure_meta_kernels() {
     add("huber_loss", "", TORCH_FN(huber_loss_meta));
     add("nll_loss2d_forward", "", TORCH_FN(nll_loss2d_meta));
     add("_weight_norm_interface", "", TORCH_FN(weight_norm_meta));
+    add("equal", "", TORCH_FN(equal_meta));
   });
 }
+
+identity_equal_scope::identity_equal_scope() {
+  ensure_meta_kernels();
+  ++identity_equal_depth;
+}
+
+identity_equal_scope::~identity_equal_scope() { --identity_equal_depth; }
 
 }  // namespace ckpt::detail

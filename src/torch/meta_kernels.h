@@ -11,4 +11,17 @@ namespace ckpt::detail {
 /// Registers the kernels once per process (thread-safe, idempotent).
 void ensure_meta_kernels();
 
+/// While one is alive on a thread, aten::equal on meta tensors answers by identity (the
+/// same tensor is equal to itself, any two others are not) instead of failing. Loading a
+/// module on meta needs it: the compiler's constant pooling compares tensor constants
+/// (two uses of one CONSTANTS.cN in a graph), and a "no" only leaves two constants
+/// unmerged. Everywhere else aten::equal on meta still fails for want of values.
+class identity_equal_scope {
+ public:
+  identity_equal_scope();
+  ~identity_equal_scope();
+  identity_equal_scope(const identity_equal_scope&) = delete;
+  identity_equal_scope& operator=(const identity_equal_scope&) = delete;
+};
+
 }  // namespace ckpt::detail

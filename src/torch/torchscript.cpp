@@ -378,6 +378,47 @@ void flatten(const c10::IValue& v, const std::string& path, std::vector<meta_out
   }
 }
 
+// A schema as c10 prints it, except that a tensor default (CONSTANTS.cN in the code)
+// shows as `<tensor float32[3]>`: c10 would print its values, which meta tensors lack.
+std::string schema_text(const c10::FunctionSchema& schema) {
+  std::vector<c10::Argument> args;
+  std::vector<std::pair<std::string, std::string>> shown;
+  for (const c10::Argument& a : schema.arguments()) {
+    if (!a.default_value() || !a.default_value()->isTensor()) {
+      args.push_back(a);
+      continue;
+    }
+    const at::Tensor& t = a.default_value()->toTensor();
+    std::string text = "<tensor";
+    if (t.defined()) {
+      text += " " + dtype_name(t.scalar_type()) + "[";
+      for (int64_t d = 0; d < t.dim(); ++d) text += (d ? ", " : "") + std::to_string(t.size(d));
+      text += "]";
+    }
+    text += ">";
+    std::string marker = "ckptool_tensor_default_" + std::to_string(shown.size());
+    shown.emplace_back(marker, text);
+    args.emplace_back(a.name(), a.type(), a.real_type(), a.N(), c10::IValue(marker), a.kwarg_only(),
+                      a.alias_info() ? std::optional<c10::AliasInfo>(*a.alias_info()) : std::nullopt);
+  }
+  std::ostringstream out;
+  out << (shown.empty() ? schema : schema.cloneWithArguments(std::move(args)));
+  std::string text = out.str();
+  // c10 prints a string default bare, or quoted where it needs to; the markers need not.
+  for (const auto& [marker, value] : shown) {
+    size_t pos = text.find(marker);
+    if (pos == std::string::npos) continue;
+    size_t begin = pos, end = pos + marker.size();
+    if (begin > 0 && end < text.size() && (text[begin - 1] == '"' || text[begin - 1] == '\'') &&
+        text[end] == text[begin - 1]) {
+      --begin;
+      ++end;
+    }
+    text.replace(begin, end - begin, value);
+  }
+  return text;
+}
+
 void check_torchscript_archive(const zip::archive& ar) {
   if (ar.find("model.json"))
     throw error(errc::unsupported,
@@ -419,6 +460,7 @@ torch::jit::Module load_on_meta(const std::string& path, const zip::archive& ar,
   torch::jit::Module m = translate_errors(path, stage::load, "cannot load TorchScript module: ",
                                           adapter.get(), [&]() {
     // load_debug_files=false: the code/*.debug_pkl source maps are only for tracebacks.
+    detail::identity_equal_scope pooling_on_meta;
     return torch::jit::load(adapter, c10::Device(c10::kMeta), /*load_debug_files=*/false);
   });
   if (stats) {
@@ -456,11 +498,8 @@ torchscript_info inspect_torchscript(const std::string& path, const zip::archive
     for (const auto& b : m.named_buffers(/*recurse=*/true))
       info.buffers.push_back(tied(describe(b.name, b.value), b.value));
     auto methods_of = [](const torch::jit::Module& mod, const std::string& prefix, std::vector<ts_method>& out) {
-      for (const auto& meth : mod.get_methods()) {
-        std::ostringstream schema;
-        schema << meth.function().getSchema();
-        out.push_back({prefix + meth.name(), schema.str()});
-      }
+      for (const auto& meth : mod.get_methods())
+        out.push_back({prefix + meth.name(), schema_text(meth.function().getSchema())});
     };
     methods_of(m, "", info.methods);
     for (const auto& nm : m.named_modules())

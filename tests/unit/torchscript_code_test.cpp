@@ -111,3 +111,27 @@ TEST_CASE("torchscript code: refusal is errc::unsafe naming the flag") {
     CHECK(e.message().find("--allow-code") != std::string::npos);
   }
 }
+
+TEST_CASE("torchscript code: a tensor default is a constant-table reference, not code") {
+  // What torch.jit.save writes for `def forward(self, x, k: Tensor = torch.tensor([1., 2.]))`.
+  const std::string saved = "class M(Module):\n  def forward(self: __torch__.net.M,\n    x: Tensor,\n"
+                            "    k: Tensor=CONSTANTS.c12) -> Tensor:\n    return torch.add(x, k)\n"
+                            "def helper(y: Tensor, q: Tensor=CONSTANTS.c0, n: int=2) -> Tensor:\n  return y\n";
+  CHECK(scan(saved).empty());
+  member m{"arch/code/__torch__/net.py", bytes_of(saved)};
+  built b = build({{"arch/data.pkl", bytes_of("\x80\x02N.")}, m});
+  ckpt::memory_source src(b.bytes);
+  auto a = ckpt::zip::archive::open(src);
+  auto defaults = ckpt::find_constant_defaults(*a);
+  REQUIRE(defaults.size() == 2);
+  CHECK(defaults[0].function == "__torch__.net.M.forward");
+  CHECK(defaults[0].parameter == "k");
+  CHECK(defaults[0].constant == 12);
+  CHECK(defaults[1].function == "__torch__.net.helper");
+  CHECK(defaults[1].parameter == "q");
+  CHECK(defaults[1].constant == 0);
+  // Anything more than the reference itself is still an expression.
+  for (const char* bad : {"CONSTANTS.c0.item()", "CONSTANTS.c0.t", "CONSTANTS.x0", "CONSTANTS.c01",
+                          "CONSTANTS", "CONSTANTS.c", "f(CONSTANTS.c0)", "x.CONSTANTS.c0"})
+    CHECK_MESSAGE(scan(std::string("def f(k: Tensor=") + bad + ") -> Tensor:\n  return k\n").size() == 1, bad);
+}
