@@ -1,5 +1,6 @@
 #include "pickled_module.h"
 
+#include <algorithm>
 #include <string_view>
 #include <unordered_set>
 
@@ -86,6 +87,7 @@ void find_pickled_module(checkpoint& c, const open_options& options) {
   // pickle can share one exponentially often at a few bytes a level, so visits are bounded.
   const uint64_t max_visits = options.max_tensors + c.pickle->node_count();
   uint64_t visits = 0;
+  std::vector<const value*> on_path;  // the modules from the root to the one being visited
   while (!stack.empty()) {
     pending p = std::move(stack.back());
     stack.pop_back();
@@ -95,8 +97,13 @@ void find_pickled_module(checkpoint& c, const open_options& options) {
                   module->offset);
     if (p.depth > options.pickle_limits.max_depth)
       throw_limit("pickled nn.Module nested deeper than " + std::to_string(options.pickle_limits.max_depth) +
-                      " (a module that contains itself has no state_dict(); raise with --max-depth)",
+                      " (raise with --max-depth)",
                   module->offset);
+    // A module inside itself: torch.load gives it, but its state_dict() never returns
+    // (RecursionError), so there are no keys to give; its tensors stay listed by path.
+    on_path.resize(p.depth);
+    if (std::find(on_path.begin(), on_path.end(), p.attrs) != on_path.end()) return;
+    on_path.push_back(p.attrs);
     if (has_state_dict_hooks(p.attrs)) return;  // keys we cannot know: tensors stay listed by path
     std::unordered_set<std::string_view> non_persistent;
     if (const value* set = str_key(p.attrs, "_non_persistent_buffers_set"))

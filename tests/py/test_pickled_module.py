@@ -14,6 +14,7 @@ torch.load(weights_only=False) of the file and state_dict() of what it returns.
 from __future__ import annotations
 
 import warnings
+from collections import OrderedDict
 from pathlib import Path
 
 import pickle
@@ -68,8 +69,19 @@ CASES = {  # name: (zip format, pickle module, protocol)
 }
 
 
+def _as_torch_1x(model: nn.Module) -> nn.Module:
+    """Before torch 2.0 a module's registries were OrderedDicts, which Python 2 pickled as
+    OrderedDict([[name, value], ...])."""
+    for m in model.modules():
+        for registry in ("_parameters", "_buffers", "_modules"):
+            setattr(m, registry, OrderedDict(getattr(m, registry)))
+    return model
+
+
 def _save(obj, path: Path, case: str) -> Path:
     zip_format, module, protocol = CASES[case]
+    if module is py2_pickle:
+        obj = _as_torch_1x(obj)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.save(obj, path, pickle_module=module, pickle_protocol=protocol,
@@ -177,3 +189,29 @@ def test_module_under_a_holder_key(tmp_path):
     assert rc == 0, err
     got = _load(out, weights_only=True)
     assert list(got) == list(ref["model"].state_dict()) + ["ema"]
+
+
+def test_module_inside_itself_has_no_state_dict(tmp_path):
+    """torch.load reads it, state_dict() never returns: no keys to give, tensors by path."""
+    inner = nn.Sequential(nn.Linear(2, 2))
+    outer = nn.Sequential(inner)
+    inner.add_module("back", outer)
+    path = _save(outer, tmp_path / "cycle.pt", "zip")
+    with pytest.raises(RecursionError):
+        _load(path, weights_only=False).state_dict()
+    doc = inspect_json(path)
+    assert doc["state_dict"] is None and "pickled_module" not in doc
+    assert {tuple(t["path"]) for t in doc["tensors"]} == set(reference.walk(_load(path, weights_only=False))[0])
+
+
+def test_module_shared_exponentially_is_a_limit(tmp_path):
+    """Each level holds the one below twice: 2^40 keys from a few KiB of pickle."""
+    m = nn.Linear(1, 1)
+    for _ in range(40):
+        s = nn.Module()
+        s.add_module("a", m)
+        s.add_module("b", m)
+        m = s
+    path = _save(m, tmp_path / "dag.pt", "zip")
+    rc, _, err = run_ckptool("inspect", path, timeout=60)
+    assert rc == 3 and "raise with --max-tensors" in err, (rc, err)
