@@ -220,3 +220,19 @@ def test_pairs_that_are_not_pairs_are_refused(tmp_path):
     rc, _, err = run_ckptool("inspect", out)
     assert rc == 3, err
     assert "not a (key, value) pair" in err, err
+
+
+@pytest.mark.parametrize("writer", list(WRITERS))
+def test_rekey_of_a_python2_state_dict(writer, tmp_path):
+    """rekey renames the keys (and _metadata) of a Python 2 state dict; the output, written
+    at protocol 2, is what torch.load gives for the input under the new keys."""
+    src = _save(_state_dict(), tmp_path / f"{writer}.pt", writer, True)
+    out = tmp_path / "renamed.pt"
+    rc, _, err = run_ckptool("rekey", "--add-prefix", "model.", "-o", out, src, timeout=60)
+    assert rc == 0, err
+    ref = _load(src)
+    got = _load(out, weights_only=True)
+    assert list(got) == ["model." + k for k in ref]
+    for k, v in ref.items():
+        assert _same_bits(got["model." + k], v), k
+    assert list(got._metadata) == ["", "model"] + ["model." + k for k in ref._metadata if k]
