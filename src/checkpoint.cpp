@@ -439,7 +439,7 @@ uint64_t tensor_record::numel() const {
 std::vector<std::pair<std::string, size_t>> checkpoint::state_dict_tensors() const {
   std::vector<std::pair<std::string, size_t>> out;
   if (!state_dict) return out;
-  if (!module_class.empty()) return module_keys;
+  if (!module_class.empty() && module_unread.empty()) return module_keys;
   if (!state_dict_node) {  // safetensors: every tensor, by name
     for (size_t i = 0; i < tensors.size(); ++i) out.emplace_back(path_to_string(tensors[i].path), i);
     return out;

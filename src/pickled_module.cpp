@@ -52,11 +52,87 @@ std::string class_name(const value* module) {
   return cls && cls->type == kind::global ? cls->global_name() : "object";
 }
 
+// Classes of torch itself whose state dict is not their registries: quantized and
+// observer modules override _save_to_state_dict (packed weights, scales), and so on.
+bool saves_its_own_way(const std::string& cls) {
+  return cls.rfind("torch.ao.", 0) == 0 || cls.rfind("torch.nn.quantized.", 0) == 0 ||
+         cls.rfind("torch.nn.intrinsic.quantized.", 0) == 0 || cls.rfind("torch.quantization.", 0) == 0;
+}
+
 struct pending {
-  const value* attrs;
+  const value* module;
   std::string prefix;
   uint64_t depth;
 };
+
+// Module.state_dict() with the default _save_to_state_dict: each module's parameters,
+// then its persistent buffers (None skipped), then its submodules' in order, depth first;
+// a tensor shared by two modules is under both keys, as state_dict() gives it. Returns why
+// the keys cannot be known from the file, or "" with `keys` filled.
+std::string state_dict_keys(const checkpoint& c, const open_options& options, const value* module,
+                            std::vector<std::pair<std::string, size_t>>& keys) {
+  pointer_map<size_t> tensor_of(c.tensors.size());
+  for (size_t i = 0; i < c.tensors.size(); ++i) tensor_of.insert(c.tensors[i].node, i);
+  std::vector<pending> stack{{module, "", 0}};
+  // A module shared under several names is visited under each, as state_dict() does; a
+  // pickle can share one exponentially often at a few bytes a level, so visits are bounded.
+  const uint64_t max_visits = options.max_tensors + c.pickle->node_count();
+  uint64_t visits = 0;
+  std::vector<const value*> on_path;  // the modules from the root to the one being visited
+  while (!stack.empty()) {
+    pending p = std::move(stack.back());
+    stack.pop_back();
+    if (++visits > max_visits)
+      throw_limit("pickled nn.Module: its module tree reaches more than " + std::to_string(max_visits) +
+                      " modules by path (raise with --max-tensors)",
+                  module->offset);
+    if (p.depth > options.pickle_limits.max_depth)
+      throw_limit("pickled nn.Module nested deeper than " + std::to_string(options.pickle_limits.max_depth) +
+                      " (raise with --max-depth)",
+                  module->offset);
+    std::string where = p.prefix.empty() ? "the root module" : "module '" + p.prefix.substr(0, p.prefix.size() - 1) + "'";
+    on_path.resize(p.depth);
+    if (std::find(on_path.begin(), on_path.end(), p.module) != on_path.end())
+      return where + " contains itself, so its state_dict() never returns";
+    on_path.push_back(p.module);
+    const std::string cls = class_name(p.module);
+    if (saves_its_own_way(cls)) return where + " is a " + cls + ", which writes its state dict its own way";
+    const value* attrs = module_attrs(p.module);
+    if (has_state_dict_hooks(attrs)) return where + " has state_dict hooks, which can change its keys";
+    std::unordered_set<std::string_view> non_persistent;
+    if (const value* set = str_key(attrs, "_non_persistent_buffers_set"))
+      for (const value* n : set->items)
+        if (n->type == kind::str) non_persistent.insert(n->text);
+    auto persistent = [&](const value* name) { return name->type != kind::str || !non_persistent.count(name->text); };
+    for (const char* registry : {"_parameters", "_buffers"}) {
+      const value* d = str_key(attrs, registry);
+      bool buffers = registry[1] == 'b';
+      for (size_t i = 0; i < d->dict_size(); ++i) {
+        const value* name = d->dict_key(i);
+        const value* t = d->dict_value(i);
+        if (t->type == kind::none || (buffers && !persistent(name))) continue;
+        std::string key = p.prefix + (name->type == kind::str ? name->text : pickle::repr(name, 80));
+        const size_t* index = tensor_of.find(t);
+        if (!index) return std::string(buffers ? "buffer" : "parameter") + " '" + key + "' is not a tensor ckptool reads";
+        if (keys.size() >= options.max_tensors)
+          throw_limit("pickled nn.Module's state_dict() has more than " + std::to_string(options.max_tensors) +
+                          " keys (raise with --max-tensors)",
+                      t->offset);
+        keys.emplace_back(std::move(key), *index);
+      }
+    }
+    const value* children = str_key(attrs, "_modules");
+    for (size_t i = children->dict_size(); i-- > 0;) {
+      const value* child = children->dict_value(i);
+      if (child->type == kind::none) continue;
+      const value* name = children->dict_key(i);
+      std::string prefix = p.prefix + (name->type == kind::str ? name->text : pickle::repr(name, 80));
+      if (!module_attrs(child)) return "submodule '" + prefix + "' is not an nn.Module ckptool reads";
+      stack.push_back({child, prefix + ".", p.depth + 1});
+    }
+  }
+  return "";
+}
 
 }  // namespace
 
@@ -74,74 +150,10 @@ void find_pickled_module(checkpoint& c, const open_options& options) {
       }
   }
   if (!module) return;
-
-  pointer_map<size_t> tensor_of(c.tensors.size());
-  for (size_t i = 0; i < c.tensors.size(); ++i) tensor_of.insert(c.tensors[i].node, i);
-
-  // Module.state_dict() with the default _save_to_state_dict: each module's parameters,
-  // then its persistent buffers (None skipped), then its submodules' in order, depth first;
-  // a tensor shared by two modules is under both keys, as state_dict() gives it.
-  std::vector<std::pair<std::string, size_t>> keys;
-  std::vector<pending> stack{{module_attrs(module), "", 0}};
-  // A module shared under several names is visited under each, as state_dict() does; a
-  // pickle can share one exponentially often at a few bytes a level, so visits are bounded.
-  const uint64_t max_visits = options.max_tensors + c.pickle->node_count();
-  uint64_t visits = 0;
-  std::vector<const value*> on_path;  // the modules from the root to the one being visited
-  while (!stack.empty()) {
-    pending p = std::move(stack.back());
-    stack.pop_back();
-    if (++visits > max_visits)
-      throw_limit("pickled nn.Module: its module tree reaches more than " + std::to_string(max_visits) +
-                      " modules by path (raise with --max-tensors)",
-                  module->offset);
-    if (p.depth > options.pickle_limits.max_depth)
-      throw_limit("pickled nn.Module nested deeper than " + std::to_string(options.pickle_limits.max_depth) +
-                      " (raise with --max-depth)",
-                  module->offset);
-    // A module inside itself: torch.load gives it, but its state_dict() never returns
-    // (RecursionError), so there are no keys to give; its tensors stay listed by path.
-    on_path.resize(p.depth);
-    if (std::find(on_path.begin(), on_path.end(), p.attrs) != on_path.end()) return;
-    on_path.push_back(p.attrs);
-    if (has_state_dict_hooks(p.attrs)) return;  // keys we cannot know: tensors stay listed by path
-    std::unordered_set<std::string_view> non_persistent;
-    if (const value* set = str_key(p.attrs, "_non_persistent_buffers_set"))
-      for (const value* n : set->items)
-        if (n->type == kind::str) non_persistent.insert(n->text);
-    auto persistent = [&](const value* name) { return name->type != kind::str || !non_persistent.count(name->text); };
-    for (const char* registry : {"_parameters", "_buffers"}) {
-      const value* d = str_key(p.attrs, registry);
-      bool buffers = registry[1] == 'b';
-      for (size_t i = 0; i < d->dict_size(); ++i) {
-        const value* name = d->dict_key(i);
-        const value* t = d->dict_value(i);
-        if (t->type == kind::none || (buffers && !persistent(name))) continue;
-        std::string key = p.prefix + (name->type == kind::str ? name->text : pickle::repr(name, 80));
-        const size_t* index = tensor_of.find(t);
-        if (!index)
-          throw_unsupported("pickled nn.Module: " + std::string(buffers ? "buffer" : "parameter") + " '" + key +
-                                "' is not a tensor ckptool can read",
-                            t->offset);
-        if (keys.size() >= options.max_tensors)
-          throw_limit("pickled nn.Module's state_dict() has more than " + std::to_string(options.max_tensors) +
-                          " keys (raise with --max-tensors)",
-                      t->offset);
-        keys.emplace_back(std::move(key), *index);
-      }
-    }
-    const value* children = str_key(p.attrs, "_modules");
-    for (size_t i = children->dict_size(); i-- > 0;) {
-      const value* child = children->dict_value(i);
-      if (child->type == kind::none) continue;
-      const value* attrs = module_attrs(child);
-      const value* name = children->dict_key(i);
-      std::string prefix = p.prefix + (name->type == kind::str ? name->text : pickle::repr(name, 80));
-      if (!attrs) throw_unsupported("pickled nn.Module: submodule '" + prefix + "' is not an nn.Module", child->offset);
-      stack.push_back({attrs, prefix + ".", p.depth + 1});
-    }
-  }
   c.module_class = class_name(module);
+  std::vector<std::pair<std::string, size_t>> keys;
+  c.module_unread = state_dict_keys(c, options, module, keys);
+  if (!c.module_unread.empty()) return;  // its tensors stay listed by path
   c.module_keys = std::move(keys);
   c.state_dict = std::move(where);
   c.state_dict_node = module;

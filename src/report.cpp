@@ -218,6 +218,10 @@ void write_inspect_json(const checkpoint& c, const inspect_json_options& options
         w.end_object();
       }
       w.end_array();
+      if (!c.module_unread.empty()) {
+        w.key("unread");
+        w.string(c.module_unread);
+      }
       w.key("weights_only");
       w.boolean(false);
       w.end_object();

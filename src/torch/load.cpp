@@ -23,7 +23,7 @@ std::vector<std::pair<std::string, size_t>> named_tensors(const checkpoint& c) {
   // A pickled module's tensors that its state_dict() leaves out (non-persistent buffers,
   // plain tensor attributes) stay out, so the result loads with load_state_dict(strict=True).
   auto in_module = [&](const value_path& p) {
-    return !c.module_class.empty() && p.size() > c.state_dict->size() &&
+    return !c.module_class.empty() && c.module_unread.empty() && p.size() > c.state_dict->size() &&
            std::equal(c.state_dict->begin(), c.state_dict->end(), p.begin());
   };
   for (size_t i = 0; i < c.tensors.size(); ++i)

@@ -200,7 +200,8 @@ def test_module_inside_itself_has_no_state_dict(tmp_path):
     with pytest.raises(RecursionError):
         _load(path, weights_only=False).state_dict()
     doc = inspect_json(path)
-    assert doc["state_dict"] is None and "pickled_module" not in doc
+    assert doc["state_dict"] is None and doc["pickled_module"]["state_dict_keys"] == []
+    assert "contains itself" in doc["pickled_module"]["unread"]
     assert {tuple(t["path"]) for t in doc["tensors"]} == set(reference.walk(_load(path, weights_only=False))[0])
 
 
@@ -215,3 +216,20 @@ def test_module_shared_exponentially_is_a_limit(tmp_path):
     path = _save(m, tmp_path / "dag.pt", "zip")
     rc, _, err = run_ckptool("inspect", path, timeout=60)
     assert rc == 3 and "raise with --max-tensors" in err, (rc, err)
+
+
+def test_module_that_saves_its_state_dict_its_own_way(tmp_path):
+    """Quantized modules override _save_to_state_dict (packed weights, scale, zero_point):
+    the file cannot say their keys, so none are made up; tensors stay listed by path."""
+    try:
+        model = nn.Sequential(nn.Linear(2, 2), torch.ao.nn.quantized.Linear(2, 2))
+        path = _save(model, tmp_path / "quantized.pt", "zip")
+        want = list(_load(path, weights_only=False).state_dict())
+    except Exception as e:  # noqa: BLE001
+        pytest.skip(f"no quantized Linear in this torch build: {e}")
+    assert "1._packed_params._packed_params" in want
+    doc = inspect_json(path)
+    assert doc["state_dict"] is None
+    assert "torch.ao.nn.quantized.modules.linear.Linear" in doc["pickled_module"]["unread"]
+    rc, out, err = run_ckptool("inspect", path)
+    assert rc == 0 and "state_dict() keys the file cannot tell" in out, (rc, out, err)
