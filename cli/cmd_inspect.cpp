@@ -74,7 +74,15 @@ int run_inspect(const inspect_options& o) {
     ckpt::inspect_json_options jo;
     jo.extra["ckptool_version"] = CKPTOOL_VERSION;
     if (!o.text.filter.empty()) {
-      jo.keep_tensor = [&](const ckpt::tensor_record& t) {
+      // A pickled module's tensors are matched by their state-dict keys, as the text lists them.
+      std::vector<std::vector<std::string>> module_keys(c.module_class.empty() ? 0 : c.tensors.size());
+      for (const auto& [key, i] : c.module_keys) module_keys[i].push_back(key);
+      jo.keep_tensor = [&, module_keys](const ckpt::tensor_record& t) {
+        if (!module_keys.empty() && !module_keys[size_t(&t - c.tensors.data())].empty()) {
+          for (const auto& key : module_keys[size_t(&t - c.tensors.data())])
+            if (key_matches(o.text.filter, key)) return true;
+          return false;
+        }
         std::string key;
         if (!t.path.empty()) {
           const auto& last = t.path.back();

@@ -149,6 +149,16 @@ void print_inspect_text(std::ostream& out, const ckpt::checkpoint& c, const ckpt
     out << "state dict: " << where << ", ";
     if (distinct.size() != sd.size()) out << sd.size() << " keys, ";
     out << distinct.size() << " tensors, " << with_commas(numel) << " elements\n";
+    if (!c.module_class.empty())
+      out << "pickled nn.Module: " << display_name(c.module_class)
+          << " (state dict keys found through _modules/_parameters/_buffers, as state_dict() gives them)\n"
+          << "  torch.load needs weights_only=False for it, which imports and runs its classes' code: unsafe;\n"
+          << "  ckptool materialize FILE --device cpu -o OUT writes the state dict alone\n";
+  } else if (!c.module_class.empty()) {
+    out << "state dict: none recognised (tensors listed by path)\n"
+        << "pickled nn.Module: " << display_name(c.module_class) << ", whose state_dict() keys the file cannot tell: "
+        << escape_controls(c.module_unread) << "\n"
+        << "  torch.load needs weights_only=False for it, which imports and runs its classes' code: unsafe\n";
   } else if (c.format != ckpt::file_format::torchscript) {
     out << "state dict: none recognised (tensors listed by path)\n";
   }

@@ -8,6 +8,7 @@
 #include "ckpt/error.h"
 #include "format_detect.h"
 #include "legacy_reader.h"
+#include "pickled_module.h"
 #include "pointer_map.h"
 #include "tensor_collector.h"
 #include "text.h"
@@ -437,6 +438,7 @@ uint64_t tensor_record::numel() const {
 std::vector<std::pair<std::string, size_t>> checkpoint::state_dict_tensors() const {
   std::vector<std::pair<std::string, size_t>> out;
   if (!state_dict) return out;
+  if (!module_class.empty() && module_unread.empty()) return module_keys;
   if (!state_dict_node) {  // safetensors: every tensor, by name
     for (size_t i = 0; i < tensors.size(); ++i) out.emplace_back(path_to_string(tensors[i].path), i);
     return out;
@@ -479,6 +481,7 @@ checkpoint open_checkpoint(std::unique_ptr<byte_source> src, const open_options&
     }
     if (c.format != file_format::safetensors && c.format != file_format::torchscript) {
       find_state_dict(c);
+      if (!c.state_dict) detail::find_pickled_module(c, options);
       summarize_entries(c);
     }
   } catch (error& e) {

@@ -14,6 +14,9 @@ namespace {
 
 // pickle of the legacy MAGIC_NUMBER 0x1950a86a20f9469cfc6c as LONG1 (torch/serialization.py).
 constexpr uint8_t kLegacyMagic[] = {0x8a, 0x0a, 0x6c, 0xfc, 0x9c, 0x46, 0xf9, 0x20, 0x6a, 0xa8, 0x50, 0x19};
+// The same below protocol 2 (torch.save(..., pickle_protocol=0 or 1), Python 2 or 3): a LONG
+// text literal, and no PROTO opcode.
+constexpr char kLegacyMagicText[] = "L119547037146038801333356L\n.";
 
 bool starts_with(const uint8_t* p, size_t n, const char* magic, size_t m) {
   return n >= m && std::memcmp(p, magic, m) == 0;
@@ -37,6 +40,7 @@ sniffed sniff_format(const byte_source& src) {
   if (n >= 2 && head[0] == 0x80 && head[1] <= 5 && n >= 2 + sizeof kLegacyMagic &&
       std::memcmp(head + 2, kLegacyMagic, sizeof kLegacyMagic) == 0)
     return sniffed::legacy_pickle;
+  if (starts_with(head, n, kLegacyMagicText, sizeof kLegacyMagicText - 1)) return sniffed::legacy_pickle;
   if (safetensors::looks_like_safetensors(head, n, src.size())) return sniffed::safetensors;
 
   if (starts_with(head, n, "PYTORCH1", 8))

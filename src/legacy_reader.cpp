@@ -29,6 +29,19 @@ std::string untyped_dtype_note(const pickle::document& doc, const pickle::value*
   return "";
 }
 
+// Legacy torch.save of a whole model names each nn.Module class it pickles once, as
+// ('module', class, source file, source) beside the storages; torch.load returns the class
+// (after comparing the source with the class's current code). The class global itself is
+// in the tuple, so it is listed with the other globals.
+bool is_module_class_pid(const pickle::value& pid_node) {
+  const pickle::value* pid = pid_node.items.empty() ? nullptr : pid_node.items[0];
+  if (!pid || pid->type != kind::tuple || pid->items.size() != 4 || pid->items[0]->type != kind::str ||
+      pid->items[0]->text != "module")
+    return false;
+  if (pid->items[1]->type != kind::global) throw_corrupt("module persistent id without a class", pid_node.offset);
+  return true;
+}
+
 struct stream {
   const byte_source& src;
   uint64_t pos = 0;
@@ -73,9 +86,12 @@ void read_legacy(checkpoint& c, const open_options& options) {
 
   // The magic must be the literal 10-byte LONG1 (a computed one is picklescan's
   // pytorch_magic_bypass): sniffing already checked those bytes, so the pickle must be
-  // exactly PROTO, LONG1, STOP.
+  // exactly PROTO, LONG1, STOP (15 bytes), or below protocol 2 the LONG text literal and
+  // STOP (28 bytes).
+  uint8_t first = 0;
+  c.source->read_exact(0, &first, 1);
   auto magic = s.next("magic number");
-  if (s.pos != 15 || !magic->root || magic->root->type != kind::big_integer)
+  if (s.pos != (first == 'L' ? 28u : 15u) || !magic->root || magic->root->type != kind::big_integer)
     throw_corrupt("legacy torch file: the magic number is not a plain literal", 0);
   uint64_t at = s.pos;
   auto protocol = s.next("protocol version");
@@ -101,7 +117,7 @@ void read_legacy(checkpoint& c, const open_options& options) {
   };
   std::map<std::string, declared> by_key;
   for (const pickle::value& v : c.pickle->nodes()) {
-    if (v.type != kind::persistent_id) continue;
+    if (v.type != kind::persistent_id || is_module_class_pid(v)) continue;
     storage_ref ref = parse_storage_pid(&v, true);
     // Legacy torch.save writes an UntypedStorage (with the dtype in _rebuild_tensor_v3) for
     // dtypes that have no typed storage class; torch.load's legacy path then fails on

@@ -1,6 +1,6 @@
 // Internal: the pre-1.6 torch.save stream (_use_new_zipfile_serialization=False), a
 // sequence of pickles followed by raw storages (formats.md §4.1, security.md P6):
-//   magic (LONG1 literal) | protocol 1001 | sys_info | object | storage keys | storages
+//   magic (LONG1, or LONG text below protocol 2) | protocol 1001 | sys_info | object | storage keys | storages
 // where each storage is an int64 LE element count followed by count x element-size bytes.
 #pragma once
 

@@ -349,6 +349,10 @@ class machine {
   }
   value* call(object_op how, value* callable, value* args);
   value* fold_data_constructor(const value* callable, const value* args);
+  // Python 2 and protocols 0-1 spell containers and objects as calls (see call()).
+  value* copyreg_call(const value* callable, value* args);
+  value* copy_pairs(value* into, const value* src, const char* who);
+  value* copy_items(value* into, const value* src);
   // The list/dict that records APPEND/SETITEM calls on an object. Its height is folded
   // into the object's by grow_owner(), so filling it is not a mutation "after nesting".
   value* object_slot(value* obj, size_t slot, kind k) {
@@ -494,12 +498,16 @@ value* machine::fold_data_constructor(const value* callable, const value* args) 
   if (callable->type != kind::global) return nullptr;
   std::string_view module = callable->global_module(), name = callable->global_attr();
   const item_list& a = args->items;
-  if (module == "collections" && name == "OrderedDict") {
-    if (!a.empty()) return nullptr;
+  if ((module == "collections" && name == "OrderedDict") || (module == "builtins" && name == "dict")) {
+    // Python 2's OrderedDict.__reduce__ is (OrderedDict, ([[key, value], ...],)).
+    if (a.size() > 1) return nullptr;
     value* d = make(kind::dict);
-    d->flag = true;
-    return d;
+    d->flag = module == "collections";
+    return a.empty() ? d : copy_pairs(d, a[0], module == "collections" ? "OrderedDict" : "dict");
   }
+  if (module == "builtins" && (name == "list" || name == "tuple") && a.size() <= 1)
+    return a.empty() ? (name == "list" ? make(kind::list) : make_empty_tuple())
+                     : copy_items(make(name == "list" ? kind::list : kind::tuple), a[0]);
   if (module == "_codecs" && name == "encode") {
     // How protocols 0-2 spell bytes: _codecs.encode(latin-1 text, 'latin1').
     std::string raw;
@@ -546,6 +554,70 @@ value* machine::fold_data_constructor(const value* callable, const value* args) 
   return nullptr;
 }
 
+// A container built by a call is the container: `src` (a dict, or a list or tuple of
+// (key, value) pairs) is copied now, as CPython's constructor iterates it now. Returns
+// nullptr, leaving the call a record, when `src` is something only code could iterate.
+value* machine::copy_pairs(value* into, const value* src, const char* who) {
+  if (src->type == kind::dict) {
+    for (size_t i = 0; i < src->dict_size(); ++i) dict_set(into, src->dict_key(i), src->dict_value(i));
+    return into;
+  }
+  if (src->type != kind::list && src->type != kind::tuple) return nullptr;
+  for (size_t i = 0; i < src->items.size(); ++i) {
+    const value* pair = src->items[i];
+    if ((pair->type != kind::list && pair->type != kind::tuple) || pair->items.size() != 2)
+      unsupported(std::string(who) + " from a sequence whose element " + std::to_string(i) +
+                  " is not a (key, value) pair");
+    dict_set(into, pair->items[0], pair->items[1]);
+  }
+  return into;
+}
+
+value* machine::copy_items(value* into, const value* src) {
+  if (src->type != kind::list && src->type != kind::tuple) return nullptr;
+  check_container(src->items.size());
+  charge(src->items.size());
+  for (value* item : src->items) link(into, item);
+  into->items.assign(src->items.begin(), src->items.end());
+  return into;
+}
+
+// What pickle writes below protocol 2 for objects: copyreg._reconstructor(cls, base, state)
+// (copyreg._reduce_ex), and copyreg.__newobj__(cls, *args) as a REDUCE. Both become what
+// protocol 2 writes for the same object (NEWOBJ, then SETITEMS / APPENDS for a dict or
+// list subclass), so every reader sees one form. Anything else stays a record.
+value* machine::copyreg_call(const value* callable, value* args) {
+  if (callable->type != kind::global) return nullptr;
+  const item_list& a = args->items;
+  if (callable->is_global("copyreg", "__newobj__") && !a.empty()) {
+    value* rest = make_empty_tuple();
+    if (a.size() > 1) {
+      rest = make(kind::tuple);
+      copy_items(rest, args);
+      rest->items.erase(rest->items.begin(), rest->items.begin() + 1);
+    }
+    return call(object_op::newobj, a[0], rest);
+  }
+  if (!callable->is_global("copyreg", "_reconstructor") || a.size() != 3 || a[1]->type != kind::global ||
+      a[1]->global_module() != "builtins")
+    return nullptr;
+  std::string_view base = a[1]->global_attr();
+  const value* state = a[2];
+  if (base == "object" && state->type == kind::none) return call(object_op::newobj, a[0], make_empty_tuple());
+  if (!(base == "dict" && state->type == kind::dict) && !(base == "list" && state->type == kind::list)) return nullptr;
+  value* obj = call(object_op::newobj, a[0], make_empty_tuple());
+  if (base == "dict" && obj->type == kind::dict) return copy_pairs(obj, state, "dict");
+  if (base == "list" && obj->type == kind::list) return copy_items(obj, state);
+  if (obj->type != kind::object) return nullptr;
+  value* slot = object_slot(obj, base == "dict" ? kDictItems : kListItems, base == "dict" ? kind::dict : kind::list);
+  if (base == "dict")
+    copy_pairs(slot, state, "dict");
+  else
+    copy_items(slot, state);
+  grow_owner(obj, slot);
+  return obj;
+}
+
 value* machine::call(object_op how, value* callable, value* args) {
   if (callable->type != kind::global && callable->type != kind::object &&
       callable->type != kind::persistent_id)
@@ -561,6 +633,7 @@ value* machine::call(object_op how, value* callable, value* args) {
         d->flag = true;
         return d;
       }
+      if (m == "builtins" && (n == "dict" || n == "list")) return make(n == "dict" ? kind::dict : kind::list);
       if (m == "builtins" && (n == "set" || n == "frozenset" || n == "bytes" || n == "bytearray"))
         return make(n == "set"         ? kind::set
                     : n == "frozenset" ? kind::frozenset
@@ -569,6 +642,7 @@ value* machine::call(object_op how, value* callable, value* args) {
     }
     return make_object(how, callable, args);
   }
+  if (value* v = copyreg_call(callable, args)) return v;
   if (value* folded = fold_data_constructor(callable, args)) return folded;
   return make_object(how, callable, args);
 }

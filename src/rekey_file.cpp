@@ -394,6 +394,13 @@ rekey_result rekey_file(checkpoint& c, const rekey_request& req) {
                 "TorchScript archive: its parameter names live in its code, so they cannot be renamed; "
                 "load the weights into it with `ckptool materialize --model` instead")
         .with_file(c.path);
+  if (!c.module_class.empty())
+    throw error(errc::unsupported,
+                "a pickled nn.Module (" + c.module_class +
+                    "): its keys are attribute names that its class's code, which the file does not hold, "
+                    "refers to, so renaming them cannot be exact; `ckptool materialize FILE --device cpu -o OUT` "
+                    "writes its state dict, which rekey can rename")
+        .with_file(c.path);
   if (c.format == file_format::torch_legacy)
     throw error(errc::unsupported, "legacy (pre-1.6) torch file: re-save it with torch.save to rekey it").with_file(c.path);
 

@@ -191,6 +191,30 @@ void write_inspect_json(const checkpoint& c, const inspect_json_options& options
       w.null();
   };
   members["lightning"] = [&] { w.boolean(c.lightning); };
+  if (!c.module_class.empty())
+    members["pickled_module"] = [&] {
+      w.begin_object();
+      w.key("class");
+      w.string(c.module_class);
+      w.key("state_dict_keys");
+      w.begin_array();
+      for (const auto& [key, i] : c.module_keys) {
+        w.begin_object();
+        w.key("key");
+        w.string(key);
+        w.key("path");
+        write_path(w, c.tensors[i].path);
+        w.end_object();
+      }
+      w.end_array();
+      if (!c.module_unread.empty()) {
+        w.key("unread");
+        w.string(c.module_unread);
+      }
+      w.key("weights_only");
+      w.boolean(false);
+      w.end_object();
+    };
   members["byteorder"] = [&] { w.string(c.byteorder); };
   members["tensors"] = [&] {
     w.begin_array();

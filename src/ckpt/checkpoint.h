@@ -126,6 +126,14 @@ struct checkpoint {
   std::optional<value_path> state_dict;
   const pickle::value* state_dict_node = nullptr;
   bool lightning = false;
+  /// A pickled nn.Module (torch.save(model)) at `state_dict`: its class ("__main__.Net"),
+  /// and the keys its state_dict() gives, found through _modules, _parameters and
+  /// _buffers (state_dict_node is then the module's object node, not a dict).
+  std::string module_class;
+  std::vector<std::pair<std::string, size_t>> module_keys;
+  /// Set (with module_class, and no state_dict) when the file cannot say what the pickled
+  /// module's state_dict() gives: why ("module 'q' is a torch.ao...Linear, which ...").
+  std::string module_unread;
 
   std::vector<std::string> globals;         // every global the pickle names, sorted, unique
   std::vector<std::string> unsafe_globals;  // those torch.load(weights_only=True) refuses

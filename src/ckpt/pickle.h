@@ -6,6 +6,10 @@
 // APPEND(S) later did to it. A few constructors whose meaning is pure data are folded into
 // plain values, because that is what they are to every reader and writer of the format:
 //   collections.OrderedDict()         -> dict (ordered = true; BUILD state kept in `state`)
+//   OrderedDict / dict (pairs or dict) -> dict (Python 2's OrderedDict.__reduce__)
+//   builtins.list / tuple (sequence)  -> list / tuple
+//   copyreg._reconstructor(cls, object | dict | list, state), copyreg.__newobj__(cls, ...)
+//                                     -> what NEWOBJ (plus SETITEMS / APPENDS) makes of cls
 //   builtins.set / frozenset (list)   -> set / frozenset
 //   _codecs.encode(str, 'latin1')     -> bytes (how protocol 2 spells bytes)
 //   builtins.bytes() / bytearray(b)   -> bytes / bytearray

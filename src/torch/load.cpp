@@ -22,11 +22,17 @@ std::vector<std::pair<std::string, size_t>> named_tensors(const checkpoint& c) {
   std::vector<std::pair<std::string, size_t>> out = c.state_dict_tensors();
   std::vector<bool> named(c.tensors.size(), false);
   for (auto& [k, i] : out) named[i] = true;
-  for (size_t i = 0; i < c.tensors.size(); ++i)
-    if (!named[i]) out.emplace_back(path_to_string(c.tensors[i].path), i);
-  auto in_state_dict = [&](const value_path& p) {
-    return c.state_dict && p.size() == c.state_dict->size() + 1 &&
+  // A pickled module's tensors that its state_dict() leaves out (non-persistent buffers,
+  // plain tensor attributes) stay out, so the result loads with load_state_dict(strict=True).
+  auto in_module = [&](const value_path& p) {
+    return !c.module_class.empty() && c.module_unread.empty() && p.size() > c.state_dict->size() &&
            std::equal(c.state_dict->begin(), c.state_dict->end(), p.begin());
+  };
+  for (size_t i = 0; i < c.tensors.size(); ++i)
+    if (!named[i] && !in_module(c.tensors[i].path)) out.emplace_back(path_to_string(c.tensors[i].path), i);
+  auto in_state_dict = [&](const value_path& p) {
+    return in_module(p) || (c.state_dict && p.size() == c.state_dict->size() + 1 &&
+                            std::equal(c.state_dict->begin(), c.state_dict->end(), p.begin()));
   };
   for (const auto& a : c.aliases)
     if (!in_state_dict(a.path)) out.emplace_back(path_to_string(a.path), a.tensor);
@@ -185,7 +191,11 @@ std::vector<tensor_state> tensor_states(const checkpoint& c) {
   std::vector<tensor_state> out;
   for (auto& [name, i] : named_tensors(c)) {
     const tensor_record& t = c.tensors[i];
-    out.push_back({t.parameter, t.requires_grad, python_state(t)});
+    // A module's state_dict() holds detached tensors: no Parameter, no requires_grad.
+    if (out.size() < c.module_keys.size())
+      out.push_back({false, false, nullptr});
+    else
+      out.push_back({t.parameter, t.requires_grad, python_state(t)});
   }
   return out;
 }

@@ -99,9 +99,11 @@ class PersRec:
 # rules; any other call of them stays a Record, as it does in ckptool.
 LATIN1 = {"latin1", "latin-1", "latin_1", "iso-8859-1", "iso8859-1"}
 FOLDED = {("collections", "OrderedDict"), ("builtins", "set"), ("builtins", "frozenset"),
-          ("builtins", "bytes"), ("builtins", "bytearray"), ("_codecs", "encode")}
+          ("builtins", "bytes"), ("builtins", "bytearray"), ("_codecs", "encode"),
+          ("builtins", "dict"), ("builtins", "list"), ("builtins", "tuple"),
+          ("copyreg", "_reconstructor"), ("copyreg", "__newobj__")}
 EMPTY = {"OrderedDict": RecOD, "set": set, "frozenset": frozenset, "bytes": bytes,
-         "bytearray": bytearray}
+         "bytearray": bytearray, "dict": dict, "list": list}
 
 
 def _latin1(s):
@@ -116,10 +118,64 @@ def _is_latin1_call(args):
             args[1].lower() in LATIN1 and _latin1(args[0]) is not None)
 
 
+def _new(cls, args):
+    """cls.__new__(cls, *args) as ckptool's NEWOBJ makes it."""
+    if isinstance(cls, type) and issubclass(cls, Stub):
+        return cls.__new__(cls, *args)
+    return Record()._ckpt_init("newobj", cls, args)
+
+
+def _is_builtin(x, name):
+    return isinstance(x, type) and issubclass(x, Stub) and (x._module, x._name) == ("builtins", name)
+
+
+def fold_copyreg(name, args):
+    """copyreg._reconstructor and copyreg.__newobj__ (below protocol 2) as ckptool reads
+    them: what NEWOBJ (and SETITEMS / APPENDS) of the class makes, or None (a record)."""
+    if name == "__newobj__":
+        return _new(args[0], args[1:]) if args else None
+    if len(args) != 3:
+        return None
+    cls, base, state = args
+    if _is_builtin(base, "object") and state is None:
+        return _new(cls, ())
+    is_dict = _is_builtin(base, "dict") and type(state) in (dict, RecOD)
+    is_list = _is_builtin(base, "list") and type(state) is list
+    if not (is_dict or is_list):
+        return None
+    obj = _new(cls, ())
+    if is_dict and type(obj) in (dict, RecOD):
+        obj.update(state)
+    elif is_list and type(obj) is list:
+        obj.extend(state)
+    elif isinstance(obj, Record):
+        if is_dict:
+            for k, v in state.items():
+                obj[k] = v
+        else:
+            obj.extend(state)
+    else:
+        return None
+    return obj
+
+
 def fold_call(module, name, args):
     """ckptool's result of calling a folded constructor, or None for a recorded call."""
-    if name == "OrderedDict":
-        return RecOD() if not args else None
+    if module == "copyreg":
+        return fold_copyreg(name, args)
+    if name in ("OrderedDict", "dict"):
+        ctor = RecOD if name == "OrderedDict" else dict
+        if not args:
+            return ctor()
+        # Python 2's OrderedDict.__reduce__: (OrderedDict, ([[key, value], ...],)).
+        if len(args) == 1 and type(args[0]) in (dict, RecOD, list, tuple):
+            return ctor(args[0])
+        return None
+    if name in ("list", "tuple"):
+        ctor = list if name == "list" else tuple
+        if not args:
+            return ctor()
+        return ctor(args[0]) if len(args) == 1 and type(args[0]) in (list, tuple) else None
     if name == "encode":
         return _latin1(args[0]) if _is_latin1_call(args) else None
     ctor = EMPTY[name]
@@ -586,3 +642,18 @@ def test_torch_state_dict_parse_speed(tmp_path):
     sanitized = os.environ.get("CKPTOOL_SANITIZE", "").upper() in ("ON", "1", "TRUE", "YES")
     # CPU time: this box may be shared, and wall time then measures the neighbours.
     assert stats["best_cpu_ms"] < (500 if sanitized else 50)
+
+
+@pytest.mark.parametrize("protocol", range(3))
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_python2_pickler_matches_cpython(case, protocol, tmp_path):
+    """What Python 2's pickler writes (tests/py/py2_pickle.py: str as BINSTRING / STRING,
+    OrderedDict reduced to a list of [key, value] pairs, copy_reg names) reads as CPython 3
+    reads it."""
+    import py2_pickle
+
+    try:
+        data = py2_pickle.dumps(CORPUS[case[0]][case[1]], protocol)
+    except (TypeError, UnicodeEncodeError, pickle.PicklingError) as e:
+        pytest.skip(f"not picklable the Python 2 way at protocol {protocol}: {e}")
+    assert ckpt_canonical(data, tmp_path) == expected_canonical(data)
