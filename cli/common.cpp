@@ -61,7 +61,8 @@ std::string with_commas(uint64_t n) {
 
 std::string shape_string(const std::vector<int64_t>& shape) {
   std::string out = "[";
-  for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
+  // -1: a nested tensor's dimension that varies from one member to the next.
+  for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + (shape[i] < 0 ? "?" : std::to_string(shape[i]));
   return out + "]";
 }
 
