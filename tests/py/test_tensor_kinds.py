@@ -179,6 +179,7 @@ def test_jagged_nested_inspect_and_refusal(tmp_path):
     assert [t["path"] for t in j["tensors"]] == [["w"]]
     t = j["tensors"][0]
     assert t["layout"] == "jagged" and t["kind"]["ragged_dim"] == ref._ragged_idx
+    assert j["unsafe_globals"] == []  # torch.load(weights_only=True) read it above
     assert t["shape"] == [ref.size(0), -1, ref.size(2)]
     parts = {p["name"]: p["shape"] for p in t["kind"]["components"]}
     assert parts["values"] == list(ref.values().shape) and parts["offsets"] == list(ref.offsets().shape)
@@ -229,6 +230,8 @@ def test_dtensor_is_its_local_tensor(tmp_path, world):
         j = inspect_json(src)
         rows = {t["path"][0]: t for t in j["tensors"]}
         assert list(rows) == ["w", "b"]
+        # torch.load(weights_only=True) read it above (torch.distributed.tensor imported).
+        assert j["unsafe_globals"] == []
         for key, want_placements in (("w", ["Shard(dim=0)"] + (["Replicate()"] if world == 2 else [])),
                                      ("b", ["Replicate()"] * (1 if world == 1 else 2))):
             t, r = rows[key], ref[key]
