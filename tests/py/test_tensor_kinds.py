@@ -293,3 +293,45 @@ def test_other_subclasses_are_unsupported_not_corrupt(tmp_path, make, name):
         rc, _, err = run_ckptool(*args)
         assert rc == 3, (verb, err)
         assert "unsupported" in err and f"tensor subclass test_tensor_kinds.{name}" in err, (verb, err)
+
+
+class _Reduces:
+    """Pickles as the given call: the shape of a hostile or hand-made file, written by
+    torch.save (tensors inside are real torch.save records)."""
+
+    def __init__(self, fn, args):
+        self.fn, self.args = fn, args
+
+    def __reduce__(self):
+        return (self.fn, self.args)
+
+
+def _long(*shape):
+    return torch.zeros(*shape, dtype=torch.long)
+
+
+@pytest.mark.parametrize("name, value, kind, message", [
+    ("coo_size", _Reduces(torch._utils._rebuild_sparse_tensor,
+                          (torch.sparse_coo, (_long(2, 3), torch.ones(3), torch.Size([4]), True))),
+     "corrupt", "sparse COO size does not match"),
+    ("coo_nnz", _Reduces(torch._utils._rebuild_sparse_tensor,
+                         (torch.sparse_coo, (_long(1, 3), torch.ones(2), torch.Size([4]), True))),
+     "corrupt", "one row per index column"),
+    ("csr_float_indices", _Reduces(torch._utils._rebuild_sparse_tensor,
+                                   (torch.sparse_csr, (torch.zeros(3), torch.zeros(2), torch.ones(2), torch.Size([2, 2])))),
+     "corrupt", "int32 or both int64"),
+    ("mkldnn_layout", _Reduces(torch._utils._rebuild_sparse_tensor, (torch._mkldnn, (torch.ones(1),))),
+     "unsupported", "sparse layout torch._mkldnn"),
+    ("nested_counts", _Reduces(torch._utils._rebuild_nested_tensor, (torch.ones(6), _long(2, 1), _long(2, 1), _long(3))),
+     "corrupt", "disagree on the number of tensors"),
+    ("bare_wrapper", _Reduces(torch._utils._rebuild_wrapper_subclass,
+                              (torch.Tensor, torch.float32, (2,), (1,), 0, torch.strided, torch.device("cpu"), False)),
+     "unsupported", "tensor subclass torch.Tensor saved without its data"),
+])
+def test_malformed_kinds_are_refused_in_one_line(tmp_path, name, value, kind, message):
+    src = tmp_path / f"{name}.pt"
+    torch.save({"w": value}, src)
+    for args in (("inspect", src), ("materialize", "--device", "cpu", src), ("rekey", "--add-prefix", "x.", src, "-o", tmp_path / "o.pt")):
+        rc, _, err = run_ckptool(*args)
+        assert rc == 3, (args[0], err)
+        assert err.count("\n") == 1 and f"ckptool: {kind}: " in err and message in err, (args[0], err)
