@@ -306,6 +306,8 @@ void print_inspect_text(std::ostream& out, const ckpt::checkpoint& c, const ckpt
     numel += t->numel();
     bytes += t->nbytes();
     if (t->storage) storages.insert(*t->storage);
+    if (t->kind)  // a sparse or nested tensor's parts, a DTensor's mesh ranks
+      for (const auto& part : t->kind->components) storages.insert(*part.second->storage);
     by_dtype[ckpt::name(t->type)][0]++;
     by_dtype[ckpt::name(t->type)][1] += t->nbytes();
   }

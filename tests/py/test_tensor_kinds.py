@@ -201,7 +201,9 @@ DTENSOR_WRITER = textwrap.dedent("""
         place = [Shard(0)] if world == 1 else [Shard(0), Replicate()]
         w = distribute_tensor(full, mesh, place)
         b = distribute_tensor(torch.ones(4), mesh, [Replicate()] * len(names))
-        torch.save({"w": w, "b": b}, f"{out}.rank{rank}.pt")
+        # An FSDP2 shard saved with plain torch.save: an nn.Parameter around a DTensor.
+        p = torch.nn.Parameter(distribute_tensor(full * 2, mesh, place))
+        torch.save({"w": w, "b": b, "p": p}, f"{out}.rank{rank}.pt")
         dist.destroy_process_group()
 
     if __name__ == "__main__":
@@ -229,11 +231,12 @@ def test_dtensor_is_its_local_tensor(tmp_path, world):
         ref = _load(src)
         j = inspect_json(src)
         rows = {t["path"][0]: t for t in j["tensors"]}
-        assert list(rows) == ["w", "b"]
+        assert list(rows) == ["w", "b", "p"]
         # torch.load(weights_only=True) read it above (torch.distributed.tensor imported).
         assert j["unsafe_globals"] == []
         for key, want_placements in (("w", ["Shard(dim=0)"] + (["Replicate()"] if world == 2 else [])),
-                                     ("b", ["Replicate()"] * (1 if world == 1 else 2))):
+                                     ("b", ["Replicate()"] * (1 if world == 1 else 2)),
+                                     ("p", ["Shard(dim=0)"] + (["Replicate()"] if world == 2 else []))):
             t, r = rows[key], ref[key]
             local = r.to_local()
             assert t["shape"] == list(local.shape) and t["stride"] == list(local.stride())
@@ -250,9 +253,10 @@ def test_dtensor_is_its_local_tensor(tmp_path, world):
         rc, _, err = run_ckptool("materialize", "--device", "cpu", "-o", dst, src, timeout=60)
         assert rc == 0, err
         got = _load(dst)
-        for key in ("w", "b"):
+        for key in ("w", "b", "p"):
             assert type(got[key]) is torch.Tensor
-            assert _same_bits(got[key], ref[key].to_local()), key
+            assert got[key].requires_grad == ref[key].requires_grad, key
+            assert _same_bits(got[key].detach(), ref[key].to_local().detach()), key
         rc, _, err = run_ckptool("verify", src)
         assert rc == 0, err
 
