@@ -262,8 +262,10 @@ at::Tensor sparse_tensor(const tensor_record& t, const std::vector<at::Tensor>& 
 
 at::Tensor composite_tensor(const tensor_record& t, const std::vector<at::Tensor>& storages, const c10::Device& device) {
   if (t.kind->sparse()) return sparse_tensor(t, storages, device);
+  // LibTorch has no jagged nested tensor (a Python subclass); strided ones it has, but
+  // ckptool neither checks their offsets against the buffer nor writes them back yet.
   throw error(errc::unsupported, t.kind->description() + " tensor " + path_to_string(t.path) +
-                                     ": LibTorch has no such tensor to build (inspect describes it)");
+                                     ": materialize does not build nested tensors (inspect describes it)");
 }
 
 void mark_storages(const tensor_record& t, std::vector<bool>& needed) {
