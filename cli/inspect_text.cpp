@@ -64,10 +64,40 @@ bool is_contiguous(const ckpt::tensor_record& t) {
   return true;
 }
 
+// "sparse CSR, nnz 11: crow_indices int64 [5], col_indices int64 [11], values float32 [11]";
+// a DTensor's global shape, mesh and placements.
+std::string kind_note(const ckpt::tensor_kind& k) {
+  std::string out;
+  if (!k.subclass.empty()) {
+    out = "DTensor, local shard of " + shape_string(k.global_shape) + ", mesh ";
+    std::string mesh;
+    for (size_t i = 0; i < k.mesh_shape.size(); ++i)
+      mesh += (i ? ", " : "") + (i < k.mesh_dim_names.size() ? escape_controls(k.mesh_dim_names[i]) + "=" : "") +
+              std::to_string(k.mesh_shape[i]);
+    out += "(" + mesh + "), placements ";
+    for (size_t i = 0; i < k.placements.size(); ++i) out += (i ? ", " : "") + escape_controls(k.placements[i]);
+    return out;
+  }
+  out = k.description();
+  if (k.sparse()) {
+    const auto& index = *k.components[k.components.size() - 2].second;
+    out += ", nnz " + std::to_string(index.shape.empty() ? 0 : index.shape.back());
+    if (k.coalesced) out += *k.coalesced ? ", coalesced" : ", not coalesced";
+  } else if (k.layout == "jagged") {
+    out += ", ragged dim " + std::to_string(k.ragged_dim);
+  }
+  out += ":";
+  for (size_t i = 0; i < k.components.size(); ++i)
+    out += std::string(i ? "," : "") + " " + k.components[i].first + " " + ckpt::name(k.components[i].second->type) +
+           " " + shape_string(k.components[i].second->shape);
+  return out;
+}
+
 row tensor_row(const ckpt::checkpoint& c, const ckpt::tensor_record& t, std::string key) {
   std::vector<std::string> notes;
   if (t.parameter) notes.push_back("param");
-  if (!t.storage) notes.push_back("meta");
+  if (t.kind) notes.push_back(kind_note(*t.kind));
+  if (!t.storage && !t.composite()) notes.push_back("meta");
   if (t.quant) {
     const auto& q = *t.quant;
     if (q.per_channel())
@@ -80,7 +110,7 @@ row tensor_row(const ckpt::checkpoint& c, const ckpt::tensor_record& t, std::str
     if (s.tensor_count > 1) notes.push_back("shares storage " + display_name(s.key) + " (" + std::to_string(s.tensor_count) + " tensors)");
     if (t.storage_offset != 0) notes.push_back("offset " + std::to_string(t.storage_offset));
   }
-  if (!is_contiguous(t)) notes.push_back("strided " + ckpt::text::shape(t.stride));
+  if (!t.composite() && !is_contiguous(t)) notes.push_back("strided " + ckpt::text::shape(t.stride));
   if (!t.location.empty() && t.location != "cpu" && t.location != "meta") notes.push_back("saved on " + display_name(t.location));
   std::string joined;
   for (const auto& n : notes) joined += (joined.empty() ? "" : ", ") + n;
@@ -282,6 +312,8 @@ void print_inspect_text(std::ostream& out, const ckpt::checkpoint& c, const ckpt
     numel += t->numel();
     bytes += t->nbytes();
     if (t->storage) storages.insert(*t->storage);
+    if (t->kind)  // a sparse or nested tensor's parts, a DTensor's mesh ranks
+      for (const auto& part : t->kind->components) storages.insert(*part.second->storage);
     by_dtype[ckpt::name(t->type)][0]++;
     by_dtype[ckpt::name(t->type)][1] += t->nbytes();
   }

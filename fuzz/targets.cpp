@@ -142,10 +142,38 @@ std::unique_ptr<byte_source> memory(const uint8_t* data, size_t size) {
 // Independent re-check of every view against its storage, in 128-bit arithmetic: the
 // collector's validate_view must never let through a tensor that reaches past its bytes
 // (the CVE-2026-24747 class).
+void check_view(const char* target, const checkpoint& c, const tensor_record& t, const std::string& name);
+
 void check_tensor_table(const char* target, const checkpoint& c) {
   for (size_t i = 0; i < c.tensors.size(); ++i) {
     const tensor_record& t = c.tensors[i];
     std::string name = "tensor " + std::to_string(i) + " (" + path_to_string(t.path) + ")";
+    if (t.kind) {
+      // A sparse or nested tensor has no view of its own; its parts (and a DTensor's mesh
+      // ranks) are views like any other.
+      for (const auto& [part, record] : t.kind->components) {
+        if (!record || !record->storage) fail(target, name + ": component " + part + " without data");
+        check_view(target, c, *record, name + " " + part);
+      }
+      if (t.composite()) {
+        if (t.storage || !t.stride.empty()) fail(target, name + ": composite tensor with a view of its own");
+        if (t.kind->components.empty()) fail(target, name + ": composite tensor without components");
+        for (int64_t d : t.shape)
+          if (d < -1 || (d == -1 && !t.kind->nested())) fail(target, name + ": bad logical dimension accepted");
+        (void)t.numel();
+        continue;
+      }
+    }
+    check_view(target, c, t, name);
+  }
+  for (const auto& a : c.aliases)
+    if (a.tensor >= c.tensors.size()) fail(target, "alias points past the tensor table");
+  for (const auto& [key, index] : c.state_dict_tensors())
+    if (index >= c.tensors.size()) fail(target, "state_dict_tensors index out of range");
+}
+
+void check_view(const char* target, const checkpoint& c, const tensor_record& t, const std::string& name) {
+  {
     if (t.shape.size() != t.stride.size()) fail(target, name + ": shape and stride ranks differ");
     if (t.storage_offset < 0) fail(target, name + ": negative storage offset accepted");
     bool empty = false;
@@ -158,14 +186,14 @@ void check_tensor_table(const char* target, const checkpoint& c) {
       numel *= uint64_t(t.shape[d]);
       if (numel > (unsigned __int128)UINT64_MAX) fail(target, name + ": element count overflow accepted");
     }
-    if (!t.storage) continue;  // meta tensor
+    if (!t.storage) return;  // meta tensor
     if (*t.storage >= c.storages.size()) fail(target, name + ": storage index out of range");
     const storage_record& s = c.storages[*t.storage];
     if (s.file_offset) {
       unsigned __int128 end = (unsigned __int128)*s.file_offset + s.nbytes;
       if (end > c.file_size) fail(target, name + ": storage '" + s.key + "' runs past the end of the file");
     }
-    if (empty) continue;
+    if (empty) return;
     unsigned __int128 max_index = uint64_t(t.storage_offset);
     for (size_t d = 0; d < t.shape.size(); ++d) {
       if (t.stride[d] < 0) fail(target, name + ": negative stride accepted");
@@ -177,10 +205,6 @@ void check_tensor_table(const char* target, const checkpoint& c) {
       fail(target, name + ": view needs more bytes than storage '" + s.key + "' holds (" +
                        std::to_string(s.nbytes) + ")");
   }
-  for (const auto& a : c.aliases)
-    if (a.tensor >= c.tensors.size()) fail(target, "alias points past the tensor table");
-  for (const auto& [key, index] : c.state_dict_tensors())
-    if (index >= c.tensors.size()) fail(target, "state_dict_tensors index out of range");
 }
 
 // What `ckptool inspect --json` does with a checkpoint.

@@ -427,12 +427,41 @@ std::string path_to_string(const value_path& path, char separator) {
   return out;
 }
 
+bool tensor_record::composite() const { return kind && kind->layout != "strided"; }
+
 uint64_t tensor_record::numel() const {
+  if (composite()) {
+    uint64_t sum = 0;
+    for (const auto& part : kind->components)
+      if (__builtin_add_overflow(sum, part.second->numel(), &sum)) throw_corrupt("tensor element count overflows");
+    return sum;
+  }
   uint64_t n = 1;
   for (int64_t d : shape)
     if (__builtin_mul_overflow(n, uint64_t(d < 0 ? 0 : d), &n))
       throw_corrupt("tensor element count overflows");
   return n;
+}
+
+uint64_t tensor_record::nbytes() const {
+  if (composite()) {
+    uint64_t sum = 0;
+    for (const auto& part : kind->components) sum += part.second->nbytes();
+    return sum;
+  }
+  const uint64_t n = numel(), per_byte = elements_per_byte(type);
+  return per_byte > 1 ? (n + per_byte - 1) / per_byte : n * element_size(type);
+}
+
+std::string tensor_kind::description() const {
+  if (sparse()) {
+    std::string upper = layout.substr(7);
+    for (char& ch : upper) ch = char(ch - 'a' + 'A');
+    return "sparse " + upper;
+  }
+  if (layout == "jagged") return "jagged nested";
+  if (layout == "strided") return subclass;
+  return layout;
 }
 
 std::vector<std::pair<std::string, size_t>> checkpoint::state_dict_tensors() const {
@@ -511,6 +540,11 @@ void release_pickle(checkpoint& c) {
   };
   for (tensor_record& t : c.tensors) {
     t.node = nullptr;
+    if (t.kind && !t.kind->components.empty()) {
+      auto k = std::make_shared<tensor_kind>(*t.kind);
+      for (auto& part : k->components) part.second = detached(part.second);
+      t.kind = std::move(k);
+    }
     if (t.quant && (t.quant->scales || t.quant->zero_points)) {
       auto q = std::make_shared<quantization>(*t.quant);
       q->scales = detached(q->scales);

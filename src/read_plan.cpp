@@ -70,14 +70,18 @@ read_plan plan_reads(const checkpoint& c, const std::vector<bool>& needed, const
 
 std::vector<bool> storages_of(const checkpoint& c, const std::vector<size_t>& tensors) {
   std::vector<bool> needed(c.storages.size(), false);
-  auto mark = [&](const tensor_record& t) {
+  // A tensor's own storage, a per-channel quantizer's scales and zero points, and a sparse
+  // or nested tensor's components (which are tensor records themselves).
+  std::vector<const tensor_record*> todo;
+  for (size_t k : tensors) todo.push_back(&c.tensors.at(k));
+  while (!todo.empty()) {
+    const tensor_record& t = *todo.back();
+    todo.pop_back();
     if (t.storage) needed.at(*t.storage) = true;
-  };
-  for (size_t k : tensors) {
-    const tensor_record& t = c.tensors.at(k);
-    mark(t);
-    if (t.quant && t.quant->scales) mark(*t.quant->scales);
-    if (t.quant && t.quant->zero_points) mark(*t.quant->zero_points);
+    if (t.quant && t.quant->scales) todo.push_back(&*t.quant->scales);
+    if (t.quant && t.quant->zero_points) todo.push_back(&*t.quant->zero_points);
+    if (t.composite())
+      for (const auto& part : t.kind->components) todo.push_back(&*part.second);
   }
   return needed;
 }

@@ -65,6 +65,30 @@ nlohmann::json quantization_json(const checkpoint& c, const quantization& q) {
   return j;
 }
 
+// A sparse or nested tensor's parts, or a DTensor's mesh and placements.
+nlohmann::json kind_json(const checkpoint& c, const tensor_kind& k) {
+  nlohmann::json j = {{"layout", k.layout}};
+  if (k.coalesced) j["coalesced"] = *k.coalesced;
+  if (k.layout == "jagged") j["ragged_dim"] = k.ragged_dim;
+  nlohmann::json parts = nlohmann::json::array();
+  for (const auto& [part_name, t] : k.components)
+    parts.push_back({{"name", part_name},
+                     {"dtype", name(t->type)},
+                     {"shape", t->shape},
+                     {"stride", t->stride},
+                     {"storage", c.storages[*t->storage].key},
+                     {"storage_offset", t->storage_offset},
+                     {"nbytes", t->nbytes()}});
+  j["components"] = std::move(parts);
+  if (!k.subclass.empty()) {
+    j["subclass"] = k.subclass;
+    j["global_shape"] = k.global_shape;
+    j["mesh"] = {{"shape", k.mesh_shape}, {"dim_names", k.mesh_dim_names}};
+    j["placements"] = k.placements;
+  }
+  return j;
+}
+
 // Members in nlohmann's order (sorted keys); each row of the tensor and storage tables.
 void write_tensor(detail::json_writer& w, const checkpoint& c, const tensor_record& t) {
   w.begin_object();
@@ -72,6 +96,12 @@ void write_tensor(detail::json_writer& w, const checkpoint& c, const tensor_reco
   w.string(t.location);
   w.key("dtype");
   w.string(name(t.type));
+  if (t.kind) {
+    w.key("kind");
+    w.value(kind_json(c, *t.kind));
+  }
+  w.key("layout");
+  w.string(t.composite() ? t.kind->layout : "strided");
   w.key("nbytes");
   w.number(t.nbytes());
   w.key("parameter");

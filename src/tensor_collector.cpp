@@ -296,7 +296,8 @@ bool tensor_collector::try_tensor(const value* v, value_path& path) {
   static constexpr std::string_view kTensorRebuilds[] = {
       "_rebuild_tensor", "_rebuild_tensor_v2", "_rebuild_tensor_v3", "_rebuild_parameter",
       "_rebuild_parameter_with_state", "_rebuild_meta_tensor_no_storage", "_rebuild_qtensor",
-      "_rebuild_device_tensor_from_cpu_tensor", "_rebuild_from_type_v2"};
+      "_rebuild_device_tensor_from_cpu_tensor", "_rebuild_from_type_v2", "_rebuild_sparse_tensor",
+      "_rebuild_nested_tensor", "_rebuild_wrapper_subclass"};
   if (std::find(std::begin(kTensorRebuilds), std::end(kTensorRebuilds), name) == std::end(kTensorRebuilds))
     return false;
   if (ckpt_.tensors.size() >= max_tensors_)
@@ -344,9 +345,27 @@ tensor_record tensor_collector::rebuild(const value* call, uint64_t depth) {
     // Only the wrapped rebuild is interpreted; the subclass itself is never instantiated.
     const value* args = tuple_args(call, 4, 4, "_rebuild_from_type_v2");
     const value* inner_fn = arg(args, 0);
+    const value* new_type = arg(args, 1);
     const value* inner_args = arg(args, 2);
     if (inner_fn->type != kind::global || inner_args->type != kind::tuple)
       bad(call, "_rebuild_from_type_v2: malformed arguments");
+    if (inner_fn->is_global("torch._utils", "_rebuild_wrapper_subclass"))
+      return wrapper_subclass(call, inner_args, arg(args, 3), depth);
+    if (inner_fn->is_global("torch.nested._internal.nested_tensor", "_rebuild_njt") &&
+        new_type->is_global("torch.nested._internal.nested_tensor", "NestedTensor"))
+      return jagged(call, inner_args, depth);
+    // Anything else builds a subclass ckptool cannot reproduce: refuse it by name.
+    static constexpr std::string_view kPlainRebuilds[] = {
+        "_rebuild_tensor", "_rebuild_tensor_v2", "_rebuild_tensor_v3", "_rebuild_parameter",
+        "_rebuild_parameter_with_state", "_rebuild_meta_tensor_no_storage", "_rebuild_qtensor",
+        "_rebuild_device_tensor_from_cpu_tensor", "_rebuild_sparse_tensor", "_rebuild_nested_tensor"};
+    if (inner_fn->global_module() != "torch._utils" ||
+        std::find(std::begin(kPlainRebuilds), std::end(kPlainRebuilds), inner_fn->global_attr()) ==
+            std::end(kPlainRebuilds))
+      throw_unsupported("tensor subclass " +
+                            (new_type->type == kind::global ? new_type->global_name() : std::string("?")) +
+                            " (rebuilt by " + inner_fn->global_name() + ")",
+                        call->offset);
     // Evaluate func(*args) as if it were its own REDUCE node.
     pickle::value synthetic;
     synthetic.type = kind::object;
@@ -356,9 +375,19 @@ tensor_record tensor_collector::rebuild(const value* call, uint64_t depth) {
     synthetic.items[pickle::kArgs] = const_cast<value*>(inner_args);
     tensor_record inner = rebuild(&synthetic, depth + 1);
     inner.node = call;
-    const value* new_type = arg(args, 1);
     if (new_type->is_global("torch.nn.parameter", "Parameter")) inner.parameter = true;
     return inner;
+  }
+  if (is_rebuild(fn, "_rebuild_sparse_tensor")) return sparse(call, depth);
+  if (is_rebuild(fn, "_rebuild_nested_tensor")) return nested(call, depth);
+  if (is_rebuild(fn, "_rebuild_wrapper_subclass")) {
+    // Called directly (not under _rebuild_from_type_v2) it makes an empty wrapper: the
+    // subclass's data, if any, is nowhere in the file.
+    const value* args = tuple_args(call, 8, 8, "_rebuild_wrapper_subclass");
+    const value* cls = arg(args, 0);
+    throw_unsupported("tensor subclass " + (cls->type == kind::global ? cls->global_name() : std::string("?")) +
+                          " saved without its data",
+                      call->offset);
   }
   if (is_rebuild(fn, "_rebuild_meta_tensor_no_storage")) {
     const value* args = tuple_args(call, 4, 4, "_rebuild_meta_tensor_no_storage");

@@ -52,6 +52,17 @@ class tensor_collector {
   void channel_values(const pickle::value* v, const tensor_record& t, int64_t axis, uint64_t depth, bool zero_points,
                       quantization& q);
   void validate_view(const tensor_record& t, uint64_t offset) const;
+
+  // Tensors that are not one strided view (tensor_kinds.cpp).
+  tensor_record sparse(const pickle::value* call, uint64_t depth);
+  tensor_record nested(const pickle::value* call, uint64_t depth);
+  /// NestedTensor.__reduce_ex__: _rebuild_njt({values, offsets, lengths, ...}).
+  tensor_record jagged(const pickle::value* call, const pickle::value* njt_args, uint64_t depth);
+  /// _rebuild_wrapper_subclass(cls, ...) under _rebuild_from_type_v2, with the object's state.
+  tensor_record wrapper_subclass(const pickle::value* call, const pickle::value* wrapper_args,
+                                 const pickle::value* state, uint64_t depth);
+  /// One of a composite tensor's parts: a plain tensor with data, its storage counted.
+  std::shared_ptr<const tensor_record> component(const pickle::value* v, uint64_t depth, const std::string& what);
   /// A size or stride tuple, charged to the budget below past its 64th entry.
   std::vector<int64_t> dims(const pickle::value* v, const char* what);
 

@@ -1,6 +1,7 @@
 #include "text.h"
 
 #include <cstdio>
+#include <type_traits>
 
 namespace ckpt::text {
 namespace {
@@ -10,7 +11,12 @@ constexpr char kHexDigits[] = "0123456789abcdef";
 template <class Int>
 std::string shape_of(const std::vector<Int>& dims) {
   std::string out = "[";
-  for (size_t i = 0; i < dims.size(); ++i) out += (i ? ", " : "") + std::to_string(dims[i]);
+  // A negative dimension is a nested tensor's that varies from one member to the next.
+  for (size_t i = 0; i < dims.size(); ++i) {
+    bool varies = false;
+    if constexpr (std::is_signed_v<Int>) varies = dims[i] < 0;
+    out += (i ? ", " : "") + (varies ? std::string("?") : std::to_string(dims[i]));
+  }
   return out + "]";
 }
 

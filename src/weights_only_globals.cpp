@@ -38,6 +38,22 @@ constexpr std::string_view kAllowed[] = {
     "torch.sparse_bsr",
     "torch.sparse_bsc",
     "torch._mkldnn",
+    // Registered by torch itself (add_safe_globals) when the modules that define them are
+    // imported: torch.nested (imported by `import torch`), torch._dynamo, and
+    // torch.distributed.tensor / device_mesh, which torch.load's own error asks the user to
+    // import to load DTensors. A jagged nested tensor or a DTensor file is what these name.
+    "torch.nested._internal.nested_tensor.NestedTensor",
+    "torch.nested._internal.nested_tensor._rebuild_njt",
+    "torch._dynamo.decorators._DimRange",
+    "torch.distributed.device_mesh.DeviceMesh",
+    "torch.distributed._mesh_layout._MeshLayout",
+    "torch.distributed.tensor._dtensor_spec.DTensorSpec",
+    "torch.distributed.tensor._dtensor_spec.TensorMeta",
+    "torch.distributed.tensor._dtensor_spec.ShardOrderEntry",
+    "torch.distributed.tensor.DTensor",
+    "torch.distributed.tensor.placement_types.Partial",
+    "torch.distributed.tensor.placement_types.Replicate",
+    "torch.distributed.tensor.placement_types.Shard",
 };
 
 constexpr std::string_view kRebuilds[] = {

@@ -58,6 +58,8 @@ struct quantization {
   bool per_channel() const { return scheme != "per_tensor_affine"; }
 };
 
+struct tensor_kind;
+
 struct tensor_record {
   value_path path;
   dtype type = dtype::float32;
@@ -72,12 +74,48 @@ struct tensor_record {
   // Quantized dtypes only. Held by pointer: a quantization is large, and a million plain
   // tensors should not each carry an empty one.
   std::shared_ptr<const quantization> quant;
+  // Sparse and nested tensors, and tensor subclasses (DTensor); null for a plain tensor.
+  std::shared_ptr<const tensor_kind> kind;
 
+  /// Elements and bytes stored: for a sparse or nested tensor, its components' sum.
   uint64_t numel() const;
-  uint64_t nbytes() const {
-    const uint64_t n = numel(), per_byte = elements_per_byte(type);
-    return per_byte > 1 ? (n + per_byte - 1) / per_byte : n * element_size(type);
-  }
+  uint64_t nbytes() const;
+  /// True for sparse and nested tensors: no storage of their own, data in components.
+  bool composite() const;
+};
+
+/// A tensor that torch.save wrote as something other than one strided view of a storage.
+///
+/// Sparse and nested tensors (layout != "strided") have no storage of their own: the
+/// record's `storage` is nullopt (it is NOT a meta tensor), `type` is their values' dtype,
+/// `stride` is empty and `shape` is the logical size; a nested tensor's shape is
+/// [number of tensors, then -1 for each dimension that the metadata does not fix].
+/// Their data are the component tensors, each a plain tensor with a storage.
+///
+/// A DTensor's record is its local tensor (storage, shape and stride of this rank's
+/// shard): `subclass` names the class, and the mesh and placements say how it is laid out.
+struct tensor_kind {
+  // "strided" (a subclass wrapping a plain tensor), "sparse_coo", "sparse_csr",
+  // "sparse_csc", "sparse_bsr", "sparse_bsc", "nested" (strided nested tensor),
+  // "jagged" (torch.nested's NestedTensor subclass).
+  std::string layout = "strided";
+  std::optional<bool> coalesced;  // sparse_coo: as saved (nullopt: the old 3-field form)
+  int64_t ragged_dim = 0;         // jagged
+  // In torch.save's order: ("indices", "values"); ("crow_indices" | "ccol_indices",
+  // "col_indices" | "row_indices", "values"); ("buffer", "sizes", "strides",
+  // "storage_offsets"); ("values", "offsets"[, "lengths"]); DTensor: ("mesh").
+  std::vector<std::pair<std::string, std::shared_ptr<const tensor_record>>> components;
+
+  std::string subclass;                      // "torch.distributed.tensor.DTensor"
+  std::vector<int64_t> global_shape;         // DTensor: the whole tensor's size
+  std::vector<int64_t> mesh_shape;           // DTensor: the device mesh (empty: not saved)
+  std::vector<std::string> mesh_dim_names;   // DTensor: may be empty
+  std::vector<std::string> placements;       // DTensor: "Shard(dim=0)", "Replicate()", ...
+
+  bool sparse() const { return layout.compare(0, 7, "sparse_") == 0; }
+  bool nested() const { return layout == "nested" || layout == "jagged"; }
+  /// "sparse COO", "sparse CSR", ..., "nested", "jagged nested": for messages.
+  std::string description() const;
 };
 
 /// A second path to a tensor object that already has a record (the pickle shared it).

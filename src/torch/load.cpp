@@ -50,7 +50,8 @@ class storage_caster {
   at::Tensor apply(const at::Tensor& t, std::vector<std::string>* report, const std::string& name) {
     if (!to_ || !at::isFloatingType(t.scalar_type()) || t.scalar_type() == *to_) return t;
     if (report) report->push_back(name + ": " + dtype_text(t.scalar_type()) + " -> " + dtype_text(*to_));
-    if (t.is_meta()) return t.to(*to_);
+    // Sparse tensors own no storage of their own: their values are cast (a new tensor).
+    if (t.is_meta() || t.layout() != at::kStrided) return t.to(*to_);
     const void* key = t.storage().unsafeGetStorageImpl();
     auto it = cast_.find(key);
     if (it == cast_.end()) {
@@ -101,7 +102,7 @@ std::vector<std::pair<std::string, at::Tensor>> load_named(const checkpoint& c,
   bool quantized = false;
   for (const tensor_record& t : c.tensors) {
     if (t.storage) ++views_left[*t.storage];
-    quantized = quantized || t.quant;
+    quantized = quantized || t.quant || t.composite();
   }
   std::vector<std::pair<std::string, at::Tensor>> out;
   out.reserve(names.size());
@@ -169,6 +170,9 @@ bool empty_state(const pickle::value* v) {
 
 // The state argument of _rebuild_parameter_with_state / _rebuild_from_type_v2 (both 4th).
 const pickle::value* python_state(const tensor_record& t) {
+  // A DTensor's state is its local tensor and spec, which materialize gives as the plain
+  // local tensor: not attributes to keep.
+  if (t.kind) return nullptr;
   const pickle::value* fn = t.node ? t.node->callable_global() : nullptr;
   if (!fn || !(fn->is_global("torch._utils", "_rebuild_parameter_with_state") ||
                fn->is_global("torch._tensor", "_rebuild_from_type_v2")))
@@ -260,7 +264,8 @@ torch::jit::Module load_module(const std::string& model_path, const checkpoint& 
   for (auto& [src, dst] : match.mapping) target_to_source[dst] = src;
   std::vector<size_t> selected;
   for (auto& [dst, src] : target_to_source) selected.push_back(tensor_of_key.at(src));
-  // The keys' storages, per-channel quantizers' scales and zero points included.
+  // The keys' storages: per-channel quantizers' scales and zero points, and the component
+  // tensors of sparse ones, included.
   std::vector<bool> needed = detail::storages_of(c, selected);
   std::vector<at::Tensor> storages = detail::load_storages(c, needed, o);
   if (!o.device.is_meta())

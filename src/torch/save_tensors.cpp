@@ -127,6 +127,30 @@ void save_tensors(const std::vector<std::pair<std::string, at::Tensor>>& tensors
   std::function<value*(const at::Tensor&, const std::string&, bool)> rebuild =
       [&](const at::Tensor& t0, const std::string& name, bool requires_grad) -> value* {
     at::Tensor t = t0.is_meta() ? t0 : t0.detach();
+    if (t.layout() != at::kStrided) {
+      // As Tensor.__reduce_ex__: _rebuild_sparse_tensor(layout, (parts..., size[, coalesced])),
+      // the parts pickled as tensors of their own.
+      const bool coo = t.layout() == at::kSparse;
+      const bool rows = t.layout() == at::kSparseCsr || t.layout() == at::kSparseBsr;
+      if (!coo && !rows && t.layout() != at::kSparseCsc && t.layout() != at::kSparseBsc)
+        throw error(errc::unsupported, "tensor " + name + ": layout " + c10::str(t.layout()) + " cannot be saved");
+      std::string layout_name = "torch.sparse_" + std::string(coo ? "coo"
+                                                                : t.layout() == at::kSparseCsr ? "csr"
+                                                                : t.layout() == at::kSparseCsc ? "csc"
+                                                                : t.layout() == at::kSparseBsr ? "bsr"
+                                                                                                : "bsc");
+      value* layout = b.call(b.global("torch.serialization", "_get_layout"), b.tuple({b.str(layout_name)}));
+      value* size = b.call(b.global("torch", "Size"), b.tuple({b.ints(t.sizes())}));
+      value* data;
+      if (coo)
+        data = b.tuple({rebuild(t._indices(), name + " indices", false), rebuild(t._values(), name + " values", false),
+                        size, b.boolean(t.is_coalesced())});
+      else
+        data = b.tuple({rebuild(rows ? t.crow_indices() : t.ccol_indices(), name + " compressed indices", false),
+                        rebuild(rows ? t.col_indices() : t.row_indices(), name + " plain indices", false),
+                        rebuild(t.values(), name + " values", false), size});
+      return b.call(b.global("torch._utils", "_rebuild_sparse_tensor"), b.tuple({layout, data}));
+    }
     dtype dt = detail::from_scalar_type(t.scalar_type());
     const dtype_info& di = info(dt);
     if (t.is_meta())

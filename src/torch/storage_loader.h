@@ -21,6 +21,10 @@ std::vector<at::Tensor> load_storages(const checkpoint& c, const std::vector<boo
 /// checkpoint meta tensor).
 at::Tensor view_of(const tensor_record& t, const std::vector<at::Tensor>& storages, const c10::Device& device);
 
+/// A sparse tensor built from its components' views (the same LibTorch kind torch.load
+/// gives); throws errc::unsupported for a kind LibTorch cannot build (nested tensors).
+at::Tensor composite_tensor(const tensor_record& t, const std::vector<at::Tensor>& storages, const c10::Device& device);
+
 /// Threads that read or map storages: options.threads, else the machine's cores (1-8).
 int loader_threads(const load_options& options);
 
