@@ -69,7 +69,7 @@ bool is_contiguous(const ckpt::tensor_record& t) {
 std::string kind_note(const ckpt::tensor_kind& k) {
   std::string out;
   if (!k.subclass.empty()) {
-    out = "DTensor, local shard of " + shape_string(k.global_shape) + ", mesh ";
+    out = "DTensor, local shard of " + ckpt::text::shape(k.global_shape) + ", mesh ";
     std::string mesh;
     for (size_t i = 0; i < k.mesh_shape.size(); ++i)
       mesh += (i ? ", " : "") + (i < k.mesh_dim_names.size() ? escape_controls(k.mesh_dim_names[i]) + "=" : "") +
@@ -89,7 +89,7 @@ std::string kind_note(const ckpt::tensor_kind& k) {
   out += ":";
   for (size_t i = 0; i < k.components.size(); ++i)
     out += std::string(i ? "," : "") + " " + k.components[i].first + " " + ckpt::name(k.components[i].second->type) +
-           " " + shape_string(k.components[i].second->shape);
+           " " + ckpt::text::shape(k.components[i].second->shape);
   return out;
 }
 
