@@ -1,5 +1,7 @@
 #include "ckpt/rekey_file.h"
 
+#include <algorithm>
+#include <cstring>
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <unordered_map>
@@ -10,6 +12,7 @@
 #include "ckpt/pickle_writer.h"
 #include "ckpt/zip_writer.h"
 #include "pointer_map.h"
+#include "string_index.h"
 
 namespace ckpt {
 namespace {
@@ -120,9 +123,9 @@ value* metadata_of(value* state_dict) {
 // state-dict-keyed dicts, and a million of them are most of a big checkpoint's nodes.
 class mirror_finder {
  public:
-  mirror_finder(const std::unordered_set<std::string_view>& sd_keys, const value* skip_a, const value* skip_b,
+  mirror_finder(const std::function<bool(std::string_view)>& is_sd_key, const value* skip_a, const value* skip_b,
                 const detail::pointer_map<bool>& tensors, size_t nodes)
-      : sd_keys_(sd_keys), skip_a_(skip_a), skip_b_(skip_b), tensors_(tensors), seen_(nodes / 8) {}
+      : is_sd_key_(is_sd_key), skip_a_(skip_a), skip_b_(skip_b), tensors_(tensors), seen_(nodes / 8) {}
 
   std::vector<std::pair<value*, std::string>> run(value* root) {
     find(root, 0);
@@ -139,7 +142,7 @@ class mirror_finder {
         if (v != skip_a_ && v != skip_b_ && v->dict_size() > 0) {
           bool mirror = true;
           for (size_t i = 0; i < v->dict_size() && mirror; ++i)
-            mirror = v->dict_key(i)->type == kind::str && sd_keys_.count(v->dict_key(i)->text);
+            mirror = v->dict_key(i)->type == kind::str && is_sd_key_(v->dict_key(i)->text);
           if (mirror) out_.emplace_back(v, path_);
         }
         for (size_t i = 0; i < v->dict_size(); ++i) {
@@ -178,7 +181,7 @@ class mirror_finder {
     path_.resize(mark);
   }
 
-  const std::unordered_set<std::string_view>& sd_keys_;
+  const std::function<bool(std::string_view)>& is_sd_key_;
   const value* skip_a_;
   const value* skip_b_;
   const detail::pointer_map<bool>& tensors_;
@@ -276,27 +279,12 @@ void verify_output(const output_file& written, const checkpoint& in, const std::
   throw error(errc::io, "the written file does not read back " + what + " (internal error; nothing replaced)");
 }
 
-// The torch archive written must read back as what we meant to write: the same records in
-// the same order with the same sizes and CRC-32s, data.pkl exactly the bytes made, and those
-// decode to a pickle whose state dict, where the input had it, holds the new keys in order.
-// Every record but data.pkl is a verbatim copy, so this is checked without building the
-// tensor records a second time (for a million tensors, a second open_checkpoint doubled
-// rekey's time and memory).
-void verify_torch_output(const std::string& temp, const checkpoint& in, const std::vector<uint8_t>& pkl,
-                         const rekey_plan& plan, const open_options& reader) {
-  file_source src(temp);
-  auto ar = zip::archive::open(src, reader.zip_limits);
-  const auto& before = in.zip->entries();
-  const auto& after = ar->entries();
-  if (before.size() != after.size()) not_read_back("with the same records");
-  for (size_t i = 0; i < before.size(); ++i) {
-    if (before[i].record != after[i].record) not_read_back("with the same records");
-    if (before[i].record == "data.pkl") continue;
-    if (before[i].uncompressed_size != after[i].uncompressed_size || before[i].crc32 != after[i].crc32)
-      not_read_back("with record " + before[i].record + " unchanged");
-  }
-  const zip::entry* data = ar->find("data.pkl");
-  if (!data || ar->read_record(*data) != pkl) not_read_back("with the pickle written");
+// The pickle made must decode to a state dict, where the input had it, that holds the new
+// keys in order. Checked on the bytes in memory, before the archive is written and while
+// no other tree is alive (the input's was released): for a million tensors a decoded tree
+// is most of rekey's memory, and two at once were its peak.
+void check_pickle_reads_back(const std::vector<uint8_t>& pkl, const checkpoint& in, const rekey_plan& plan,
+                             const open_options& reader) {
   pickle::parse_options po;
   po.lim = reader.pickle_limits;
   pickle::document doc = pickle::parse(pkl.data(), pkl.size(), po);
@@ -320,13 +308,49 @@ void verify_torch_output(const std::string& temp, const checkpoint& in, const st
   if (n != plan.mapping.size()) not_read_back("with the new keys");
 }
 
+// The torch archive written must read back as what we meant to write: the same records in
+// the same order with the same sizes and CRC-32s, and data.pkl exactly the bytes made (which
+// check_pickle_reads_back decoded). Every record but data.pkl is a verbatim copy, so this is
+// checked without building the tensor records a second time (for a million tensors, a
+// second open_checkpoint doubled rekey's time and memory).
+void verify_torch_output(const std::string& temp, const checkpoint& in, const std::vector<uint8_t>& pkl,
+                         const open_options& reader) {
+  file_source src(temp);
+  auto ar = zip::archive::open(src, reader.zip_limits);
+  const auto& before = in.zip->entries();
+  const auto& after = ar->entries();
+  if (before.size() != after.size()) not_read_back("with the same records");
+  for (size_t i = 0; i < before.size(); ++i) {
+    if (before[i].record != after[i].record) not_read_back("with the same records");
+    if (before[i].record == "data.pkl") continue;
+    if (before[i].uncompressed_size != after[i].uncompressed_size || before[i].crc32 != after[i].crc32)
+      not_read_back("with record " + before[i].record + " unchanged");
+  }
+  const zip::entry* data = ar->find("data.pkl");
+  if (!data || data->uncompressed_size != pkl.size()) not_read_back("with the pickle written");
+  if (data->method != 0) {
+    if (ar->read_record(*data) != pkl) not_read_back("with the pickle written");
+    return;
+  }
+  // Compared piece by piece: no second copy of a pickle that may be hundreds of MB.
+  std::vector<uint8_t> piece(size_t(std::min<uint64_t>(pkl.size(), 1 << 20)));
+  for (size_t done = 0; done < pkl.size();) {
+    const size_t n = std::min(piece.size(), pkl.size() - done);
+    src.read_exact(data->data_offset + done, piece.data(), n);
+    if (std::memcmp(piece.data(), pkl.data() + done, n) != 0) not_read_back("with the pickle written");
+    done += n;
+  }
+}
+
 // Small records (a million one-element tensors) are copied from a window of the source read
 // in large pieces: one copy_file_range per record cost two system calls each.
 constexpr uint64_t kSmallRecord = 64 << 10;
 
 void write_torch_zip(checkpoint& c, const rekey_request& req, rekey_result& result) {
-  std::vector<uint8_t> pkl = pickle::write(c.pickle->root, 2);
+  std::vector<uint8_t> pkl = pickle::write(c.pickle->root, 2, c.pickle.get());
+  pkl.shrink_to_fit();  // it lives to the end; the writer's growth left up to twice its size
   if (req.release_input) release_pickle(c);  // the tree is written; nothing reads it again
+  check_pickle_reads_back(pkl, c, result.plan, req.reader);
   const file_source& src = file_of(c);
   output_file& out = *req.output;
   zip::writer w(out.fd(), c.zip->prefix(), storage_alignment(*c.zip));
@@ -350,7 +374,7 @@ void write_torch_zip(checkpoint& c, const rekey_request& req, rekey_result& resu
   }
   w.finish();
   result.bytes_written = w.offset();
-  if (!out.is_stream()) verify_torch_output(out.temp_path(), c, pkl, result.plan, req.reader);
+  if (!out.is_stream()) verify_torch_output(out.temp_path(), c, pkl, req.reader);
 }
 
 void write_safetensors(checkpoint& c, const rekey_request& req, rekey_result& result, const renamer& rename,
@@ -417,6 +441,7 @@ rekey_result rekey_file(checkpoint& c, const rekey_request& req) {
     old_keys = str_keys(c.state_dict_node);
   }
   result.plan = plan_rekey(old_keys, req.ops);
+  std::vector<std::string>().swap(old_keys);  // the plan holds them all (as mapping[i].first)
   if (!result.plan.emptied.empty())
     throw error(errc::check_failed, std::to_string(result.plan.emptied.size()) +
                                         " key(s) would be renamed to the empty string; nothing written: " +
@@ -434,14 +459,20 @@ rekey_result rekey_file(checkpoint& c, const rekey_request& req) {
   if (c.format != file_format::safetensors) {
     value* sd = const_cast<value*>(c.state_dict_node);
     value* meta = metadata_of(sd);
-    std::unordered_set<std::string_view> sd_keys(old_keys.begin(), old_keys.end());
+    // The state dict's keys, found where the plan keeps them: 16 bytes a key, not a hash node.
+    const auto& mapping = result.plan.mapping;
+    auto old_key = [&](size_t i) -> std::string_view { return mapping[i].first; };
+    detail::string_index sd_index(mapping.size());
+    for (size_t i = 0; i < mapping.size(); ++i) sd_index.insert(i, old_key);
+    const std::function<bool(std::string_view)> is_sd_key = [&](std::string_view k) {
+      return sd_index.find(k, old_key) != detail::string_index::npos;
+    };
     detail::pointer_map<bool> tensor_nodes(c.tensors.size());
     for (const auto& t : c.tensors) tensor_nodes.insert(t.node, true);
     std::vector<std::pair<value*, std::string>> mirrors =
-        mirror_finder(sd_keys, sd, meta, tensor_nodes, c.pickle->node_count()).run(c.pickle->root);
+        mirror_finder(is_sd_key, sd, meta, tensor_nodes, c.pickle->node_count()).run(c.pickle->root);
     if (!req.dry_run) {
       // The plan already holds every state-dict key's new name, in the dict's order.
-      const auto& mapping = result.plan.mapping;
       rename_keys_indexed(*c.pickle, sd, [&](size_t i, const std::string&) { return mapping[i].second; }, false);
       if (meta) result.metadata_renamed = rename_metadata(*c.pickle, meta, derive_module_rules(result.plan.mapping));
       // A mirror's keys are state-dict keys, which the plan renames without collisions.

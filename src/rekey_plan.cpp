@@ -8,6 +8,7 @@
 #include "ckpt/wrappers.h"
 #include "json_input.h"
 #include "rename_spec.h"
+#include "string_index.h"
 
 namespace ckpt {
 namespace {
@@ -125,19 +126,20 @@ rekey_plan plan_rekey(const std::vector<std::string>& keys, const std::vector<ke
     if (current[i].empty() && !keys[i].empty()) plan.emptied.push_back(keys[i]);
     plan.mapping.emplace_back(keys[i], std::move(current[i]));
   }
-  // Views of the new keys (the mapping no longer moves): a million keys cost no copies here.
-  std::unordered_map<std::string_view, size_t> first_of;    // new key -> first old index
+  // The new keys are found in place (the mapping no longer moves): a million keys cost 16
+  // bytes each here, not a hash node each.
+  auto new_key = [&](size_t i) -> std::string_view { return plan.mapping[i].second; };
+  detail::string_index first_of(plan.mapping.size());       // new key -> first old index
   std::unordered_map<std::string_view, size_t> collision;   // new key -> index in collisions
   std::vector<size_t> first_index;                          // per collision, for the order
-  first_of.reserve(keys.size());
   for (size_t i = 0; i < plan.mapping.size(); ++i) {
-    const std::string_view key = plan.mapping[i].second;
-    auto [it, fresh] = first_of.emplace(key, i);
-    if (fresh) continue;
+    const size_t first = first_of.insert(i, new_key);
+    if (first == detail::string_index::npos) continue;
+    const std::string_view key = new_key(i);
     auto [c, new_collision] = collision.emplace(key, plan.collisions.size());
     if (new_collision) {
-      plan.collisions.emplace_back(std::string(key), std::vector<std::string>{keys[it->second]});
-      first_index.push_back(it->second);
+      plan.collisions.emplace_back(std::string(key), std::vector<std::string>{keys[first]});
+      first_index.push_back(first);
     }
     plan.collisions[c->second].second.push_back(keys[i]);
   }
