@@ -99,11 +99,11 @@ class node_table {
 
 class writer {
  public:
-  explicit writer(const document* doc) : memo_(doc), refs_(doc), doc_(doc) {}
+  writer(const document* doc, size_t expected_size) : memo_(doc), refs_(doc), doc_(doc), expected_(expected_size) {}
 
   std::vector<uint8_t> run(const value* root) {
     count_shared(root);
-    out_.reserve(4096);
+    out_.reserve(std::max<size_t>(expected_, 4096));
     out_.push_back(op::PROTO);
     out_.push_back(2);
     save(root);
@@ -591,13 +591,14 @@ class writer {
   std::unordered_map<std::string, uint32_t> named_memo_;  // globals and constants by name
   node_table<uint8_t, 0> refs_;
   const document* doc_;
+  size_t expected_;
   uint32_t next_memo_ = 0;
   int depth_ = 0;
 };
 
 }  // namespace
 
-std::vector<uint8_t> write(const value* root, int protocol, const document* owner) {
+std::vector<uint8_t> write(const value* root, int protocol, const document* owner, size_t expected_size) {
   if (protocol != 2)
     throw_unsupported("pickle protocol " + std::to_string(protocol) +
                       " cannot be written (only protocol 2, torch.save's)");
@@ -610,13 +611,14 @@ std::vector<uint8_t> write(const value* root, int protocol, const document* owne
   struct job {
     const value* root;
     const document* doc;
+    size_t expected_size;
     std::vector<uint8_t>* out;
     std::exception_ptr* failure;
-  } j{root, owner, &out, &failure};
+  } j{root, owner, expected_size, &out, &failure};
   auto body = [](void* arg) -> void* {
     auto* jp = static_cast<job*>(arg);
     try {
-      *jp->out = writer(jp->doc).run(jp->root);
+      *jp->out = writer(jp->doc, jp->expected_size).run(jp->root);
     } catch (...) {
       *jp->failure = std::current_exception();
     }

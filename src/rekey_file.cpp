@@ -36,14 +36,39 @@ std::vector<std::string> str_keys(const value* d) {
   return keys;
 }
 
+// How many places in the document refer to each of its nodes (0, 1, or 2 for "more"), by
+// node id: a key node only this dict refers to can take its new name in place, where one
+// the memo shares with other places must be replaced. For a million tensors a fresh node per
+// key was a tenth of rekey's memory.
+class reference_counts {
+ public:
+  explicit reference_counts(const pickle::document& doc) : doc_(doc), counts_(doc.node_count() + 1, 0) {
+    bump(doc.root);
+    for (const value& v : doc.nodes()) {
+      for (const value* child : v.items) bump(child);
+      bump(v.state);
+    }
+  }
+  /// True unless `v` is one of the document's nodes and exactly one place refers to it.
+  bool shared(const value* v) const { return !doc_.owns(v) || v->id >= counts_.size() || counts_[v->id] != 1; }
+
+ private:
+  void bump(const value* v) {
+    if (doc_.owns(v) && v->id < counts_.size() && counts_[v->id] < 2) ++counts_[v->id];
+  }
+  const pickle::document& doc_;
+  std::vector<uint8_t> counts_;
+};
+
 // Renames the str keys of dict `d` in place: `f(i, key)` gives the new name of its i-th str
-// key. New key nodes are made rather than edited: a key's str node may be shared through the
-// memo with other places in the pickle. When two keys meet (only possible for `_metadata`:
-// the planner refuses collisions among state-dict keys, whose renaming the mirrors share),
-// the later value wins in the earlier position, as consume_prefix_in_state_dict_if_present
-// does; `may_collide` asks for that check.
+// key (as anything a std::string_view can look at). A key node that is shared (the memo may
+// share it with other places in the pickle) is replaced by a new one; an unshared one is
+// renamed where it is, which writes the same bytes. New text goes into the document's arena.
+// When two keys meet (only possible for `_metadata`: the planner refuses collisions among
+// state-dict keys, whose renaming the mirrors share), the later value wins in the earlier
+// position, as consume_prefix_in_state_dict_if_present does; `may_collide` asks for that check.
 template <class F>
-size_t rename_keys_indexed(pickle::document& doc, value* d, F&& f, bool may_collide) {
+size_t rename_keys_indexed(pickle::document& doc, const reference_counts& refs, value* d, F&& f, bool may_collide) {
   std::vector<value*> items;
   items.reserve(d->items.size());
   // Views of node texts, which stay put for the document's lifetime.
@@ -53,12 +78,12 @@ size_t rename_keys_indexed(pickle::document& doc, value* d, F&& f, bool may_coll
     value* k = d->dict_key(i);
     value* v = d->dict_value(i);
     if (k->type == kind::str) {
-      std::string renamed = f(str_index++, k->text);
-      if (renamed != k->text) {
+      const auto& renamed = f(str_index++, k->text.view());
+      const std::string_view name = renamed;
+      if (name != k->text) {
         ++changed;
-        value* fresh = doc.make(kind::str, k->offset);
-        fresh->text = std::move(renamed);
-        k = fresh;
+        if (refs.shared(k)) k = doc.make(kind::str, k->offset);
+        k->text.borrow(doc.keep(name));
       }
       if (may_collide) {
         auto [it, inserted] = position.emplace(k->text, items.size());
@@ -71,19 +96,20 @@ size_t rename_keys_indexed(pickle::document& doc, value* d, F&& f, bool may_coll
     items.push_back(k);
     items.push_back(v);
   }
-  d->items = std::move(items);
+  d->items = items;
   return changed;
 }
 
-size_t rename_keys(pickle::document& doc, value* d, const renamer& f, bool may_collide) {
-  return rename_keys_indexed(doc, d, [&f](size_t, const std::string& k) { return f(k); }, may_collide);
+size_t rename_keys(pickle::document& doc, const reference_counts& refs, value* d, const renamer& f, bool may_collide) {
+  return rename_keys_indexed(
+      doc, refs, d, [&f](size_t, std::string_view k) { return f(std::string(k)); }, may_collide);
 }
 
 // `_metadata` follows the keys (module_rules); wrappers that an edit adds get the entry
 // nn.Module.state_dict() would give them, {'version': 1}, just before the module they wrap.
-size_t rename_metadata(pickle::document& doc, value* meta, const module_rules& rules) {
+size_t rename_metadata(pickle::document& doc, const reference_counts& refs, value* meta, const module_rules& rules) {
   const renamer module_path = [&](const std::string& p) { return map_module_path(rules, p); };
-  size_t changed = rename_keys(doc, meta, module_path, true);
+  size_t changed = rename_keys(doc, refs, meta, module_path, true);
   for (const auto& [wrapper, before] : added_wrapper_paths(rules)) {
     bool present = false;
     size_t position = meta->dict_size();
@@ -342,18 +368,44 @@ void verify_torch_output(const std::string& temp, const checkpoint& in, const st
   }
 }
 
+// What the new data.pkl will about weigh: the old one, with each renamed key's length change
+// (in the state dict and in each dict mirroring it) and some room for new memo entries and
+// `_metadata` wrappers. Reserved up front, a pickle of 80 MB is not grown by doubling, which
+// held the old and the new buffer (up to three times its size) at rekey's peak.
+size_t expected_pickle_size(const checkpoint& c, const rekey_result& result) {
+  const zip::entry* data = c.zip->find("data.pkl");
+  if (!data) return 0;
+  uint64_t grow = 0;
+  for (const auto& [from, to] : result.plan.mapping)
+    if (to.size() > from.size()) grow += to.size() - from.size();
+  const uint64_t expected = data->uncompressed_size + grow * (1 + result.mirrored_dicts.size());
+  return size_t(std::min<uint64_t>(expected + expected / 64 + (64 << 10), uint64_t(1) << 40));
+}
+
+// With release_input: the tensor, alias, storage and entry lists are not needed to write the
+// new archive (the records are copied from c.zip's entries), and for a million tensors they
+// are a third of what is alive while the pickle is written.
+void release_records(checkpoint& c) {
+  std::vector<tensor_record>().swap(c.tensors);
+  std::vector<tensor_alias>().swap(c.aliases);
+  std::vector<storage_record>().swap(c.storages);
+  std::vector<entry_summary>().swap(c.entries);
+}
+
 // Small records (a million one-element tensors) are copied from a window of the source read
 // in large pieces: one copy_file_range per record cost two system calls each.
 constexpr uint64_t kSmallRecord = 64 << 10;
 
 void write_torch_zip(checkpoint& c, const rekey_request& req, rekey_result& result) {
-  std::vector<uint8_t> pkl = pickle::write(c.pickle->root, 2, c.pickle.get());
-  pkl.shrink_to_fit();  // it lives to the end; the writer's growth left up to twice its size
+  if (req.release_input) release_records(c);  // only the tree and the zip records are needed now
+  std::vector<uint8_t> pkl = pickle::write(c.pickle->root, 2, c.pickle.get(), expected_pickle_size(c, result));
+  pkl.shrink_to_fit();  // it lives to the end; should the estimate fall short, growth left slack
   if (req.release_input) release_pickle(c);  // the tree is written; nothing reads it again
   check_pickle_reads_back(pkl, c, result.plan, req.reader);
   const file_source& src = file_of(c);
   output_file& out = *req.output;
   zip::writer w(out.fd(), c.zip->prefix(), storage_alignment(*c.zip));
+  w.reserve(c.zip->entries().size());
   w.on_bytes_out([&](uint64_t bytes_out) {
     out.start_writeback(bytes_out);
     if (req.progress) req.progress(bytes_out, c.file_size);
@@ -473,11 +525,15 @@ rekey_result rekey_file(checkpoint& c, const rekey_request& req) {
         mirror_finder(is_sd_key, sd, meta, tensor_nodes, c.pickle->node_count()).run(c.pickle->root);
     if (!req.dry_run) {
       // The plan already holds every state-dict key's new name, in the dict's order.
-      rename_keys_indexed(*c.pickle, sd, [&](size_t i, const std::string&) { return mapping[i].second; }, false);
-      if (meta) result.metadata_renamed = rename_metadata(*c.pickle, meta, derive_module_rules(result.plan.mapping));
+      const reference_counts refs(*c.pickle);
+      rename_keys_indexed(
+          *c.pickle, refs, sd, [&](size_t i, std::string_view) -> const std::string& { return mapping[i].second; },
+          false);
+      if (meta)
+        result.metadata_renamed = rename_metadata(*c.pickle, refs, meta, derive_module_rules(result.plan.mapping));
       // A mirror's keys are state-dict keys, which the plan renames without collisions.
       for (auto& [d, path] : mirrors)
-        if (rename_keys(*c.pickle, d, rename, false)) result.mirrored_dicts.push_back(path);
+        if (rename_keys(*c.pickle, refs, d, rename, false)) result.mirrored_dicts.push_back(path);
     } else {
       for (auto& [d, path] : mirrors) result.mirrored_dicts.push_back(path);
     }
