@@ -397,7 +397,6 @@ void release_records(checkpoint& c) {
 constexpr uint64_t kSmallRecord = 64 << 10;
 
 void write_torch_zip(checkpoint& c, const rekey_request& req, rekey_result& result) {
-  if (req.release_input) release_records(c);  // only the tree and the zip records are needed now
   std::vector<uint8_t> pkl = pickle::write(c.pickle->root, 2, c.pickle.get(), expected_pickle_size(c, result));
   pkl.shrink_to_fit();  // it lives to the end; should the estimate fall short, growth left slack
   if (req.release_input) release_pickle(c);  // the tree is written; nothing reads it again
@@ -492,8 +491,12 @@ rekey_result rekey_file(checkpoint& c, const rekey_request& req) {
       throw error(errc::unsupported, "no state dict found to rekey (inspect shows where the tensors are)").with_file(c.path);
     old_keys = str_keys(c.state_dict_node);
   }
-  result.plan = plan_rekey(old_keys, req.ops);
-  std::vector<std::string>().swap(old_keys);  // the plan holds them all (as mapping[i].first)
+  // Which nodes are tensors, for the mirror search below; then, when the caller lets go of
+  // c, its tensor records are freed before the plan, the rename and the write add theirs.
+  detail::pointer_map<bool> tensor_nodes(c.tensors.size());
+  for (const auto& t : c.tensors) tensor_nodes.insert(t.node, true);
+  if (req.release_input && !req.dry_run && c.format != file_format::safetensors) release_records(c);
+  result.plan = plan_rekey(std::move(old_keys), req.ops);  // it keeps them (as mapping[i].first)
   if (!result.plan.emptied.empty())
     throw error(errc::check_failed, std::to_string(result.plan.emptied.size()) +
                                         " key(s) would be renamed to the empty string; nothing written: " +
@@ -519,8 +522,6 @@ rekey_result rekey_file(checkpoint& c, const rekey_request& req) {
     const std::function<bool(std::string_view)> is_sd_key = [&](std::string_view k) {
       return sd_index.find(k, old_key) != detail::string_index::npos;
     };
-    detail::pointer_map<bool> tensor_nodes(c.tensors.size());
-    for (const auto& t : c.tensors) tensor_nodes.insert(t.node, true);
     std::vector<std::pair<value*, std::string>> mirrors =
         mirror_finder(is_sd_key, sd, meta, tensor_nodes, c.pickle->node_count()).run(c.pickle->root);
     if (!req.dry_run) {
