@@ -107,10 +107,10 @@ struct limits {
   // Values decoded: every node made plus every element put in a container. None, True,
   // False, the ints -5..256 and the empty tuple are made once and cost nothing after.
   // This is what bounds the reader's memory: a value costs at most about 80 bytes (a node
-  // is 72 bytes plus its share of the node deque; an element 8-16 bytes; a new dict key
-  // with its index and hash entries about 60 per value it counts), so the default keeps
-  // the machine under about 3.6 GiB whatever the input (measured: 50 M popped dicts, 75
-  // bytes each). A torch.save checkpoint needs 30 values per 1-D tensor, 34 per 2-D one:
+  // is 64 bytes in its block of the document; an element 8-16 bytes; a new dict key with
+  // its index and hash entries about 60 per value it counts; text is bounded by the input's
+  // size), so the default keeps the machine under about 3.6 GiB whatever the input
+  // (measured with 72-byte nodes: 50 M popped dicts, 75 bytes each). A torch.save checkpoint needs 30 values per 1-D tensor, 34 per 2-D one:
   // 1,000,000 tensors fit. The tensor collector counts the paths it stores against the
   // same number (one value per step, ~40 bytes), separately.
   uint64_t max_values = 48'000'000;
