@@ -341,6 +341,9 @@ int pickle_target(const uint8_t* data, size_t size) {
     note(__func__, swallowed);
     return 0;  // values protocol 2 cannot carry are refused, not mangled
   }
+  // Told which document owns the nodes, the writer keeps its bookkeeping by node id
+  // instead of by address: the bytes must not change.
+  if (pickle::write(doc.root, 2, &doc) != first) fail(T, "write with the owning document differs from write without");
   // The writer's spelling can nest deeper than the input (a set is builtins.set([...])),
   // so the re-parse gets room; every other limit stays at its default.
   pickle::parse_options po;

@@ -293,15 +293,24 @@ class machine {
     if (cached) small_ints_[i - kSmallIntMin] = v;
     return v;
   }
-  value* make_str(std::string text) {
+  // Text and element arrays go to the document's arena: one bump allocation each instead
+  // of a heap block per node (a million tensors make millions of them).
+  void set_text(value* v, std::string_view text) { v->text.borrow(doc_.keep(text)); }
+  void set_items(value* v, value* const* first, size_t n) {
+    value** room = doc_.keep_items(n);
+    if (n) std::copy(first, first + n, room);
+    v->items.borrow(room, n);
+  }
+  void set_items(value* v, std::initializer_list<value*> items) { set_items(v, items.begin(), items.size()); }
+  value* make_str(std::string_view text) {
     value* v = make(kind::str);
-    v->text = std::move(text);
+    set_text(v, text);
     return v;
   }
   value* make_int(const python_int& i) {
     if (i.is_small) return make_small(i.small);
     value* v = make(kind::big_integer);
-    v->text = i.big;
+    set_text(v, i.big);
     return v;
   }
   value* make_long(std::string_view twos) {
@@ -330,9 +339,9 @@ class machine {
   // ASCII and fails otherwise; torch.load passes encoding="utf-8". We take valid UTF-8 as
   // str (a superset of both) and keep anything else as bytes, which is what
   // encoding="bytes" would give, rather than inventing characters with latin-1.
-  value* make_py2_string(std::string raw) {
+  value* make_py2_string(std::string_view raw) {
     value* v = make(detail::valid_utf8(raw, false) ? kind::str : kind::bytes);
-    v->text = std::move(raw);
+    set_text(v, raw);
     return v;
   }
   value* make_global(std::string module, std::string name);
@@ -340,9 +349,10 @@ class machine {
     value* v = make(kind::object);
     v->op = how;
     charge(kObjectSlots);
-    v->items.assign(kObjectSlots, nullptr);
-    v->items[kCallable] = callable;
-    v->items[kArgs] = args;
+    value* slots[kObjectSlots] = {};
+    slots[kCallable] = callable;
+    slots[kArgs] = args;
+    set_items(v, slots, kObjectSlots);
     link(v, callable);
     link(v, args);
     return v;
@@ -490,7 +500,7 @@ value* machine::make_global(std::string module, std::string name) {
   // as one attribute whose name holds the dots: the writer must know which it was.
   g->flag = proto_ < 4 && name.find('.') != std::string::npos;
   charge(2);
-  g->items = {make_str(std::move(module)), make_str(std::move(name))};
+  set_items(g, {make_str(module), make_str(name)});
   return g;
 }
 
@@ -514,7 +524,7 @@ value* machine::fold_data_constructor(const value* callable, const value* args) 
     if (a.size() == 2 && a[0]->type == kind::str && a[1]->type == kind::str &&
         is_latin1_name(a[1]->text) && detail::utf8_to_latin1(a[0]->text, &raw)) {
       value* b = make(kind::bytes);
-      b->text = std::move(raw);
+      set_text(b, raw);
       return b;
     }
     return nullptr;
@@ -548,7 +558,7 @@ value* machine::fold_data_constructor(const value* callable, const value* args) 
       return nullptr;
     }
     value* b = make(k);
-    b->text = std::move(raw);
+    set_text(b, raw);
     return b;
   }
   return nullptr;
@@ -836,7 +846,7 @@ void machine::load_collection(kind k) {
   } else {
     charge(n);
     for (size_t i = from; i < stack_.size(); ++i) link(v, stack_[i]);
-    v->items.assign(stack_.begin() + long(from), stack_.end());
+    set_items(v, stack_.data() + from, n);
   }
   stack_.resize(from);
   push(v);
@@ -966,18 +976,18 @@ void machine::step() {
       std::string raw;
       if (const char* err = detail::escape_decode(text.substr(1, text.size() - 2), &raw))
         corrupt(err);
-      push(make_py2_string(std::move(raw)));
+      push(make_py2_string(raw));
       return;
     }
     case BINSTRING: {
       int32_t n = int32_t(load_u32(take(4)));
       if (n < 0) corrupt("negative byte count");
-      push(make_py2_string(std::string(take_string(uint64_t(n)))));
+      push(make_py2_string(take_string(uint64_t(n))));
       return;
     }
     case SHORT_BINSTRING: {
       uint8_t n = take_u8();
-      push(make_py2_string(std::string(take_string(n))));
+      push(make_py2_string(take_string(n)));
       return;
     }
     case UNICODE: {
@@ -986,7 +996,7 @@ void machine::step() {
         over_limit("string operand longer than", lim_.max_string, "--max-string");
       std::string decoded;
       if (const char* err = detail::raw_unicode_escape_decode(text, &decoded)) corrupt(err);
-      push(make_str(std::move(decoded)));
+      push(make_str(decoded));
       return;
     }
     case BINUNICODE:
@@ -997,7 +1007,7 @@ void machine::step() {
                                              : load_u64(take(8));
       std::string_view s = take_string(n);
       if (!detail::valid_utf8(s, true)) corrupt("invalid UTF-8");
-      push(make_str(std::string(s)));
+      push(make_str(s));
       return;
     }
     case BINBYTES:
@@ -1008,7 +1018,7 @@ void machine::step() {
                    : code_ == BINBYTES     ? load_u32(take(4))
                                            : load_u64(take(8));
       value* v = make(code_ == BYTEARRAY8 ? kind::bytearray : kind::bytes);
-      v->text = std::string(take_string(n));
+      set_text(v, take_string(n));
       push(v);
       return;
     }
@@ -1040,7 +1050,7 @@ void machine::step() {
       need(n);
       value* t = make(kind::tuple);
       charge(n);
-      t->items.assign(stack_.end() - long(n), stack_.end());
+      set_items(t, stack_.data() + (stack_.size() - n), n);
       for (value* item : t->items) link(t, item);
       stack_.resize(stack_.size() - n);
       push(t);
@@ -1120,7 +1130,7 @@ void machine::step() {
       size_t from = pop_mark();
       value* args = make(kind::tuple);
       charge(stack_.size() - from);
-      args->items.assign(stack_.begin() + long(from), stack_.end());
+      set_items(args, stack_.data() + from, stack_.size() - from);
       for (value* item : args->items) link(args, item);
       stack_.resize(from);
       push(call(object_op::inst, g, args));
@@ -1133,7 +1143,7 @@ void machine::step() {
         corrupt("STACK_GLOBAL requires str operands, got " + std::string(kind_name(module->type)) +
                 " and " + kind_name(name->type));
       if (module->text.empty() || name->text.empty()) corrupt("empty module or attribute name");
-      push(make_global(module->text, name->text));
+      push(make_global(std::string(module->text), std::string(name->text)));
       return;
     }
     case OBJ: {
@@ -1142,7 +1152,7 @@ void machine::step() {
       value* cls = stack_[from];
       value* args = make(kind::tuple);
       charge(stack_.size() - from - 1);
-      args->items.assign(stack_.begin() + long(from) + 1, stack_.end());
+      set_items(args, stack_.data() + from + 1, stack_.size() - from - 1);
       for (value* item : args->items) link(args, item);
       stack_.resize(from);
       push(call(object_op::obj, cls, args));
@@ -1191,7 +1201,7 @@ void machine::step() {
       if (!ascii_only(pid)) corrupt("persistent IDs in protocol 0 must be ASCII strings");
       value* v = make(kind::persistent_id);
       charge(1);
-      v->items = {make_str(std::string(pid))};
+      set_items(v, {make_str(pid)});
       push(v);
       return;
     }
@@ -1199,7 +1209,7 @@ void machine::step() {
       value* pid = pop();
       value* v = make(kind::persistent_id);
       charge(1);
-      v->items = {pid};
+      set_items(v, {pid});
       link(v, pid);
       push(v);
       return;

@@ -66,11 +66,44 @@ bool never_memoized(const value* v) {
   }
 }
 
+// Facts about nodes: for the document's own nodes in an array indexed by node id, for any
+// other node in a pointer_map. A million tensors make millions of nodes, and a hash map
+// keyed by address missed the cache on every probe and took 16 bytes a slot at half load:
+// most of what writing their pickle cost in time and memory. `kNone` marks "no fact".
+template <class V, V kNone>
+class node_table {
+ public:
+  explicit node_table(const document* doc) : doc_(doc) {
+    if (doc_) dense_.assign(doc_->node_count() + 1, kNone);
+  }
+  V* find(const value* v) {
+    if (size_t i = index(v)) return dense_[i] == kNone ? nullptr : &dense_[i];
+    return sparse_.find(v);
+  }
+  const V* find(const value* v) const { return const_cast<node_table*>(this)->find(v); }
+  void set(const value* v, V x) {
+    if (size_t i = index(v))
+      dense_[i] = x;
+    else
+      sparse_.assign(v, x);
+  }
+
+ private:
+  size_t index(const value* v) const {
+    return doc_ && v->id < dense_.size() && doc_->owns(v) ? size_t(v->id) : 0;
+  }
+  const document* doc_;
+  std::vector<V> dense_;
+  ckpt::detail::pointer_map<V> sparse_;
+};
+
 class writer {
  public:
+  writer(const document* doc, size_t expected_size) : memo_(doc), refs_(doc), doc_(doc), expected_(expected_size) {}
+
   std::vector<uint8_t> run(const value* root) {
     count_shared(root);
-    out_.reserve(4096);
+    out_.reserve(std::max<size_t>(expected_, 4096));
     out_.push_back(op::PROTO);
     out_.push_back(2);
     save(root);
@@ -114,7 +147,7 @@ class writer {
     put_memo_index(idx);
     return idx;
   }
-  void memoize(const value* v) { memo_.assign(v, memoize_fresh()); }
+  void memoize(const value* v) { memo_.set(v, memoize_fresh()); }
   const uint32_t* memo_of(const value* v) const {
     return memo_.find(v);
   }
@@ -132,8 +165,8 @@ class writer {
   void count_shared(const value* root) {
     // Iterative, so the pre-pass cannot overflow the stack on a deep tree; save() has its
     // own depth guard.
-    ckpt::detail::pointer_map<bool> seen;
-    seen.insert(root, true);
+    node_table<uint8_t, 0> seen(doc_);
+    seen.set(root, 1);
     std::vector<const value*> todo{root};
     bump(root);
     while (!todo.empty()) {
@@ -142,20 +175,24 @@ class writer {
       auto visit = [&](const value* child) {
         if (!child) return;
         if (memo_only_if_shared(child)) bump(child);
-        if (seen.insert(child, true)) todo.push_back(child);
+        if (!seen.find(child)) {
+          seen.set(child, 1);
+          todo.push_back(child);
+        }
       };
       for (const value* child : v->items) visit(child);
       visit(v->state);
     }
   }
   void bump(const value* v) {
-    if (uint32_t* n = refs_.find(v))
-      ++*n;
+    // Only "more than one" matters: the count stops at 2.
+    if (uint8_t* n = refs_.find(v))
+      *n = 2;
     else
-      refs_.insert(v, 1);
+      refs_.set(v, 1);
   }
   bool shared(const value* v) const {
-    const uint32_t* n = refs_.find(v);
+    const uint8_t* n = refs_.find(v);
     return n && *n > 1;
   }
 
@@ -550,16 +587,18 @@ class writer {
   std::vector<uint8_t> out_;
   // Pointer-keyed maps in one array each: node-allocating hash maps were most of the time
   // of rewriting a pickle of a million tensors (rekey: 36 -> 19 CPU s).
-  ckpt::detail::pointer_map<uint32_t> memo_;
+  node_table<uint32_t, UINT32_MAX> memo_;
   std::unordered_map<std::string, uint32_t> named_memo_;  // globals and constants by name
-  ckpt::detail::pointer_map<uint32_t> refs_;
+  node_table<uint8_t, 0> refs_;
+  const document* doc_;
+  size_t expected_;
   uint32_t next_memo_ = 0;
   int depth_ = 0;
 };
 
 }  // namespace
 
-std::vector<uint8_t> write(const value* root, int protocol) {
+std::vector<uint8_t> write(const value* root, int protocol, const document* owner, size_t expected_size) {
   if (protocol != 2)
     throw_unsupported("pickle protocol " + std::to_string(protocol) +
                       " cannot be written (only protocol 2, torch.save's)");
@@ -571,13 +610,15 @@ std::vector<uint8_t> write(const value* root, int protocol) {
   std::exception_ptr failure;
   struct job {
     const value* root;
+    const document* doc;
+    size_t expected_size;
     std::vector<uint8_t>* out;
     std::exception_ptr* failure;
-  } j{root, &out, &failure};
+  } j{root, owner, expected_size, &out, &failure};
   auto body = [](void* arg) -> void* {
     auto* jp = static_cast<job*>(arg);
     try {
-      *jp->out = writer().run(jp->root);
+      *jp->out = writer(jp->doc, jp->expected_size).run(jp->root);
     } catch (...) {
       *jp->failure = std::current_exception();
     }

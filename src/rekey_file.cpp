@@ -1,5 +1,7 @@
 #include "ckpt/rekey_file.h"
 
+#include <algorithm>
+#include <cstring>
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <unordered_map>
@@ -10,6 +12,7 @@
 #include "ckpt/pickle_writer.h"
 #include "ckpt/zip_writer.h"
 #include "pointer_map.h"
+#include "string_index.h"
 
 namespace ckpt {
 namespace {
@@ -33,14 +36,39 @@ std::vector<std::string> str_keys(const value* d) {
   return keys;
 }
 
+// How many places in the document refer to each of its nodes (0, 1, or 2 for "more"), by
+// node id: a key node only this dict refers to can take its new name in place, where one
+// the memo shares with other places must be replaced. For a million tensors a fresh node per
+// key was a tenth of rekey's memory.
+class reference_counts {
+ public:
+  explicit reference_counts(const pickle::document& doc) : doc_(doc), counts_(doc.node_count() + 1, 0) {
+    bump(doc.root);
+    for (const value& v : doc.nodes()) {
+      for (const value* child : v.items) bump(child);
+      bump(v.state);
+    }
+  }
+  /// True unless `v` is one of the document's nodes and exactly one place refers to it.
+  bool shared(const value* v) const { return !doc_.owns(v) || v->id >= counts_.size() || counts_[v->id] != 1; }
+
+ private:
+  void bump(const value* v) {
+    if (doc_.owns(v) && v->id < counts_.size() && counts_[v->id] < 2) ++counts_[v->id];
+  }
+  const pickle::document& doc_;
+  std::vector<uint8_t> counts_;
+};
+
 // Renames the str keys of dict `d` in place: `f(i, key)` gives the new name of its i-th str
-// key. New key nodes are made rather than edited: a key's str node may be shared through the
-// memo with other places in the pickle. When two keys meet (only possible for `_metadata`:
-// the planner refuses collisions among state-dict keys, whose renaming the mirrors share),
-// the later value wins in the earlier position, as consume_prefix_in_state_dict_if_present
-// does; `may_collide` asks for that check.
+// key (as anything a std::string_view can look at). A key node that is shared (the memo may
+// share it with other places in the pickle) is replaced by a new one; an unshared one is
+// renamed where it is, which writes the same bytes. New text goes into the document's arena.
+// When two keys meet (only possible for `_metadata`: the planner refuses collisions among
+// state-dict keys, whose renaming the mirrors share), the later value wins in the earlier
+// position, as consume_prefix_in_state_dict_if_present does; `may_collide` asks for that check.
 template <class F>
-size_t rename_keys_indexed(pickle::document& doc, value* d, F&& f, bool may_collide) {
+size_t rename_keys_indexed(pickle::document& doc, const reference_counts& refs, value* d, F&& f, bool may_collide) {
   std::vector<value*> items;
   items.reserve(d->items.size());
   // Views of node texts, which stay put for the document's lifetime.
@@ -50,12 +78,12 @@ size_t rename_keys_indexed(pickle::document& doc, value* d, F&& f, bool may_coll
     value* k = d->dict_key(i);
     value* v = d->dict_value(i);
     if (k->type == kind::str) {
-      std::string renamed = f(str_index++, k->text);
-      if (renamed != k->text) {
+      const auto& renamed = f(str_index++, k->text.view());
+      const std::string_view name = renamed;
+      if (name != k->text) {
         ++changed;
-        value* fresh = doc.make(kind::str, k->offset);
-        fresh->text = std::move(renamed);
-        k = fresh;
+        if (refs.shared(k)) k = doc.make(kind::str, k->offset);
+        k->text.borrow(doc.keep(name));
       }
       if (may_collide) {
         auto [it, inserted] = position.emplace(k->text, items.size());
@@ -68,19 +96,20 @@ size_t rename_keys_indexed(pickle::document& doc, value* d, F&& f, bool may_coll
     items.push_back(k);
     items.push_back(v);
   }
-  d->items = std::move(items);
+  d->items = items;
   return changed;
 }
 
-size_t rename_keys(pickle::document& doc, value* d, const renamer& f, bool may_collide) {
-  return rename_keys_indexed(doc, d, [&f](size_t, const std::string& k) { return f(k); }, may_collide);
+size_t rename_keys(pickle::document& doc, const reference_counts& refs, value* d, const renamer& f, bool may_collide) {
+  return rename_keys_indexed(
+      doc, refs, d, [&f](size_t, std::string_view k) { return f(std::string(k)); }, may_collide);
 }
 
 // `_metadata` follows the keys (module_rules); wrappers that an edit adds get the entry
 // nn.Module.state_dict() would give them, {'version': 1}, just before the module they wrap.
-size_t rename_metadata(pickle::document& doc, value* meta, const module_rules& rules) {
+size_t rename_metadata(pickle::document& doc, const reference_counts& refs, value* meta, const module_rules& rules) {
   const renamer module_path = [&](const std::string& p) { return map_module_path(rules, p); };
-  size_t changed = rename_keys(doc, meta, module_path, true);
+  size_t changed = rename_keys(doc, refs, meta, module_path, true);
   for (const auto& [wrapper, before] : added_wrapper_paths(rules)) {
     bool present = false;
     size_t position = meta->dict_size();
@@ -120,9 +149,9 @@ value* metadata_of(value* state_dict) {
 // state-dict-keyed dicts, and a million of them are most of a big checkpoint's nodes.
 class mirror_finder {
  public:
-  mirror_finder(const std::unordered_set<std::string_view>& sd_keys, const value* skip_a, const value* skip_b,
+  mirror_finder(const std::function<bool(std::string_view)>& is_sd_key, const value* skip_a, const value* skip_b,
                 const detail::pointer_map<bool>& tensors, size_t nodes)
-      : sd_keys_(sd_keys), skip_a_(skip_a), skip_b_(skip_b), tensors_(tensors), seen_(nodes / 8) {}
+      : is_sd_key_(is_sd_key), skip_a_(skip_a), skip_b_(skip_b), tensors_(tensors), seen_(nodes / 8) {}
 
   std::vector<std::pair<value*, std::string>> run(value* root) {
     find(root, 0);
@@ -139,7 +168,7 @@ class mirror_finder {
         if (v != skip_a_ && v != skip_b_ && v->dict_size() > 0) {
           bool mirror = true;
           for (size_t i = 0; i < v->dict_size() && mirror; ++i)
-            mirror = v->dict_key(i)->type == kind::str && sd_keys_.count(v->dict_key(i)->text);
+            mirror = v->dict_key(i)->type == kind::str && is_sd_key_(v->dict_key(i)->text);
           if (mirror) out_.emplace_back(v, path_);
         }
         for (size_t i = 0; i < v->dict_size(); ++i) {
@@ -178,7 +207,7 @@ class mirror_finder {
     path_.resize(mark);
   }
 
-  const std::unordered_set<std::string_view>& sd_keys_;
+  const std::function<bool(std::string_view)>& is_sd_key_;
   const value* skip_a_;
   const value* skip_b_;
   const detail::pointer_map<bool>& tensors_;
@@ -275,27 +304,12 @@ void verify_output(const output_file& written, const checkpoint& in, const std::
   throw error(errc::io, "the written file does not read back " + what + " (internal error; nothing replaced)");
 }
 
-// The torch archive written must read back as what we meant to write: the same records in
-// the same order with the same sizes and CRC-32s, data.pkl exactly the bytes made, and those
-// decode to a pickle whose state dict, where the input had it, holds the new keys in order.
-// Every record but data.pkl is a verbatim copy, so this is checked without building the
-// tensor records a second time (for a million tensors, a second open_checkpoint doubled
-// rekey's time and memory).
-void verify_torch_output(const std::string& temp, const checkpoint& in, const std::vector<uint8_t>& pkl,
-                         const rekey_plan& plan, const open_options& reader) {
-  file_source src(temp);
-  auto ar = zip::archive::open(src, reader.zip_limits);
-  const auto& before = in.zip->entries();
-  const auto& after = ar->entries();
-  if (before.size() != after.size()) not_read_back("with the same records");
-  for (size_t i = 0; i < before.size(); ++i) {
-    if (before[i].record != after[i].record) not_read_back("with the same records");
-    if (before[i].record == "data.pkl") continue;
-    if (before[i].uncompressed_size != after[i].uncompressed_size || before[i].crc32 != after[i].crc32)
-      not_read_back("with record " + before[i].record + " unchanged");
-  }
-  const zip::entry* data = ar->find("data.pkl");
-  if (!data || ar->read_record(*data) != pkl) not_read_back("with the pickle written");
+// The pickle made must decode to a state dict, where the input had it, that holds the new
+// keys in order. Checked on the bytes in memory, before the archive is written and while
+// no other tree is alive (the input's was released): for a million tensors a decoded tree
+// is most of rekey's memory, and two at once were its peak.
+void check_pickle_reads_back(const std::vector<uint8_t>& pkl, const checkpoint& in, const rekey_plan& plan,
+                             const open_options& reader) {
   pickle::parse_options po;
   po.lim = reader.pickle_limits;
   pickle::document doc = pickle::parse(pkl.data(), pkl.size(), po);
@@ -319,16 +333,77 @@ void verify_torch_output(const std::string& temp, const checkpoint& in, const st
   if (n != plan.mapping.size()) not_read_back("with the new keys");
 }
 
+// The torch archive written must read back as what we meant to write: the same records in
+// the same order with the same sizes and CRC-32s, and data.pkl exactly the bytes made (which
+// check_pickle_reads_back decoded). Every record but data.pkl is a verbatim copy, so this is
+// checked without building the tensor records a second time (for a million tensors, a
+// second open_checkpoint doubled rekey's time and memory).
+void verify_torch_output(const std::string& temp, const checkpoint& in, const std::vector<uint8_t>& pkl,
+                         const open_options& reader) {
+  file_source src(temp);
+  auto ar = zip::archive::open(src, reader.zip_limits);
+  const auto& before = in.zip->entries();
+  const auto& after = ar->entries();
+  if (before.size() != after.size()) not_read_back("with the same records");
+  for (size_t i = 0; i < before.size(); ++i) {
+    if (before[i].record != after[i].record) not_read_back("with the same records");
+    if (before[i].record == "data.pkl") continue;
+    if (before[i].uncompressed_size != after[i].uncompressed_size || before[i].crc32 != after[i].crc32)
+      not_read_back("with record " + before[i].record + " unchanged");
+  }
+  const zip::entry* data = ar->find("data.pkl");
+  if (!data || data->uncompressed_size != pkl.size()) not_read_back("with the pickle written");
+  if (data->method != 0) {
+    if (ar->read_record(*data) != pkl) not_read_back("with the pickle written");
+    return;
+  }
+  // Compared piece by piece: no second copy of a pickle that may be hundreds of MB.
+  std::vector<uint8_t> piece(size_t(std::min<uint64_t>(pkl.size(), 1 << 20)));
+  for (size_t done = 0; done < pkl.size();) {
+    const size_t n = std::min(piece.size(), pkl.size() - done);
+    src.read_exact(data->data_offset + done, piece.data(), n);
+    if (std::memcmp(piece.data(), pkl.data() + done, n) != 0) not_read_back("with the pickle written");
+    done += n;
+  }
+}
+
+// What the new data.pkl will about weigh: the old one, with each renamed key's length change
+// (in the state dict and in each dict mirroring it) and some room for new memo entries and
+// `_metadata` wrappers. Reserved up front, a pickle of 80 MB is not grown by doubling, which
+// held the old and the new buffer (up to three times its size) at rekey's peak.
+size_t expected_pickle_size(const checkpoint& c, const rekey_result& result) {
+  const zip::entry* data = c.zip->find("data.pkl");
+  if (!data) return 0;
+  uint64_t grow = 0;
+  for (const auto& [from, to] : result.plan.mapping)
+    if (to.size() > from.size()) grow += to.size() - from.size();
+  const uint64_t expected = data->uncompressed_size + grow * (1 + result.mirrored_dicts.size());
+  return size_t(std::min<uint64_t>(expected + expected / 64 + (64 << 10), uint64_t(1) << 40));
+}
+
+// With release_input: the tensor, alias, storage and entry lists are not needed to write the
+// new archive (the records are copied from c.zip's entries), and for a million tensors they
+// are a third of what is alive while the pickle is written.
+void release_records(checkpoint& c) {
+  std::vector<tensor_record>().swap(c.tensors);
+  std::vector<tensor_alias>().swap(c.aliases);
+  std::vector<storage_record>().swap(c.storages);
+  std::vector<entry_summary>().swap(c.entries);
+}
+
 // Small records (a million one-element tensors) are copied from a window of the source read
 // in large pieces: one copy_file_range per record cost two system calls each.
 constexpr uint64_t kSmallRecord = 64 << 10;
 
 void write_torch_zip(checkpoint& c, const rekey_request& req, rekey_result& result) {
-  std::vector<uint8_t> pkl = pickle::write(c.pickle->root, 2);
+  std::vector<uint8_t> pkl = pickle::write(c.pickle->root, 2, c.pickle.get(), expected_pickle_size(c, result));
+  pkl.shrink_to_fit();  // it lives to the end; should the estimate fall short, growth left slack
   if (req.release_input) release_pickle(c);  // the tree is written; nothing reads it again
+  check_pickle_reads_back(pkl, c, result.plan, req.reader);
   const file_source& src = file_of(c);
   output_file& out = *req.output;
   zip::writer w(out.fd(), c.zip->prefix(), output_alignment(c));
+  w.reserve(c.zip->entries().size());
   w.on_bytes_out([&](uint64_t bytes_out) {
     out.start_writeback(bytes_out);
     if (req.progress) req.progress(bytes_out, c.file_size);
@@ -349,7 +424,7 @@ void write_torch_zip(checkpoint& c, const rekey_request& req, rekey_result& resu
   }
   w.finish();
   result.bytes_written = w.offset();
-  if (!out.is_stream()) verify_torch_output(out.temp_path(), c, pkl, result.plan, req.reader);
+  if (!out.is_stream()) verify_torch_output(out.temp_path(), c, pkl, req.reader);
 }
 
 void write_safetensors(checkpoint& c, const rekey_request& req, rekey_result& result, const renamer& rename,
@@ -422,7 +497,12 @@ rekey_result rekey_file(checkpoint& c, const rekey_request& req) {
       throw error(errc::unsupported, "no state dict found to rekey (inspect shows where the tensors are)").with_file(c.path);
     old_keys = str_keys(c.state_dict_node);
   }
-  result.plan = plan_rekey(old_keys, req.ops);
+  // Which nodes are tensors, for the mirror search below; then, when the caller lets go of
+  // c, its tensor records are freed before the plan, the rename and the write add theirs.
+  detail::pointer_map<bool> tensor_nodes(c.tensors.size());
+  for (const auto& t : c.tensors) tensor_nodes.insert(t.node, true);
+  if (req.release_input && !req.dry_run && c.format != file_format::safetensors) release_records(c);
+  result.plan = plan_rekey(std::move(old_keys), req.ops);  // it keeps them (as mapping[i].first)
   if (!result.plan.emptied.empty())
     throw error(errc::check_failed, std::to_string(result.plan.emptied.size()) +
                                         " key(s) would be renamed to the empty string; nothing written: " +
@@ -440,19 +520,27 @@ rekey_result rekey_file(checkpoint& c, const rekey_request& req) {
   if (c.format != file_format::safetensors) {
     value* sd = const_cast<value*>(c.state_dict_node);
     value* meta = metadata_of(sd);
-    std::unordered_set<std::string_view> sd_keys(old_keys.begin(), old_keys.end());
-    detail::pointer_map<bool> tensor_nodes(c.tensors.size());
-    for (const auto& t : c.tensors) tensor_nodes.insert(t.node, true);
+    // The state dict's keys, found where the plan keeps them: 16 bytes a key, not a hash node.
+    const auto& mapping = result.plan.mapping;
+    auto old_key = [&](size_t i) -> std::string_view { return mapping[i].first; };
+    detail::string_index sd_index(mapping.size());
+    for (size_t i = 0; i < mapping.size(); ++i) sd_index.insert(i, old_key);
+    const std::function<bool(std::string_view)> is_sd_key = [&](std::string_view k) {
+      return sd_index.find(k, old_key) != detail::string_index::npos;
+    };
     std::vector<std::pair<value*, std::string>> mirrors =
-        mirror_finder(sd_keys, sd, meta, tensor_nodes, c.pickle->node_count()).run(c.pickle->root);
+        mirror_finder(is_sd_key, sd, meta, tensor_nodes, c.pickle->node_count()).run(c.pickle->root);
     if (!req.dry_run) {
       // The plan already holds every state-dict key's new name, in the dict's order.
-      const auto& mapping = result.plan.mapping;
-      rename_keys_indexed(*c.pickle, sd, [&](size_t i, const std::string&) { return mapping[i].second; }, false);
-      if (meta) result.metadata_renamed = rename_metadata(*c.pickle, meta, derive_module_rules(result.plan.mapping));
+      const reference_counts refs(*c.pickle);
+      rename_keys_indexed(
+          *c.pickle, refs, sd, [&](size_t i, std::string_view) -> const std::string& { return mapping[i].second; },
+          false);
+      if (meta)
+        result.metadata_renamed = rename_metadata(*c.pickle, refs, meta, derive_module_rules(result.plan.mapping));
       // A mirror's keys are state-dict keys, which the plan renames without collisions.
       for (auto& [d, path] : mirrors)
-        if (rename_keys(*c.pickle, d, rename, false)) result.mirrored_dicts.push_back(path);
+        if (rename_keys(*c.pickle, refs, d, rename, false)) result.mirrored_dicts.push_back(path);
     } else {
       for (auto& [d, path] : mirrors) result.mirrored_dicts.push_back(path);
     }

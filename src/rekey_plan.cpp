@@ -8,6 +8,7 @@
 #include "ckpt/wrappers.h"
 #include "json_input.h"
 #include "rename_spec.h"
+#include "string_index.h"
 #include "text.h"
 
 namespace ckpt {
@@ -106,41 +107,45 @@ key_op make_map_op(std::map<std::string, std::string> mapping, std::string origi
   return op;
 }
 
-rekey_plan plan_rekey(const std::vector<std::string>& keys, const std::vector<key_op>& ops) {
+rekey_plan plan_rekey(std::vector<std::string> keys, const std::vector<key_op>& ops) {
   rekey_plan plan;
-  std::vector<std::string> current = keys;
-  for (const auto& op : ops) {
-    bool touched = false;
-    for (auto& k : current) {
-      std::string next = apply_op(op, k);
-      if (next != k) {
-        touched = true;
-        k = std::move(next);
+  // Key by key, every operation in turn (each is a function of the key alone, so this is
+  // the same as operation by operation): no second copy of a million keys.
+  std::vector<bool> touched(ops.size(), false);
+  plan.mapping.reserve(keys.size());
+  for (std::string& key : keys) {
+    std::string current = key;
+    for (size_t o = 0; o < ops.size(); ++o) {
+      std::string next = apply_op(ops[o], current);
+      if (next != current) {
+        touched[o] = true;
+        current = std::move(next);
       }
     }
-    if (!touched) plan.unused_ops.push_back(op.describe());
+    if (key != current) plan.changed++;
+    if (current.empty() && !key.empty()) plan.emptied.push_back(key);
+    plan.mapping.emplace_back(std::move(key), std::move(current));
   }
-  plan.mapping.reserve(keys.size());
-  for (size_t i = 0; i < keys.size(); ++i) {
-    if (keys[i] != current[i]) plan.changed++;
-    if (current[i].empty() && !keys[i].empty()) plan.emptied.push_back(keys[i]);
-    plan.mapping.emplace_back(keys[i], std::move(current[i]));
-  }
-  // Views of the new keys (the mapping no longer moves): a million keys cost no copies here.
-  std::unordered_map<std::string_view, size_t> first_of;    // new key -> first old index
+  for (size_t o = 0; o < ops.size(); ++o)
+    if (!touched[o]) plan.unused_ops.push_back(ops[o].describe());
+  std::vector<std::string>().swap(keys);
+  auto old_key = [&](size_t i) -> const std::string& { return plan.mapping[i].first; };
+  // The new keys are found in place (the mapping no longer moves): a million keys cost 16
+  // bytes each here, not a hash node each.
+  auto new_key = [&](size_t i) -> std::string_view { return plan.mapping[i].second; };
+  detail::string_index first_of(plan.mapping.size());       // new key -> first old index
   std::unordered_map<std::string_view, size_t> collision;   // new key -> index in collisions
   std::vector<size_t> first_index;                          // per collision, for the order
-  first_of.reserve(keys.size());
   for (size_t i = 0; i < plan.mapping.size(); ++i) {
-    const std::string_view key = plan.mapping[i].second;
-    auto [it, fresh] = first_of.emplace(key, i);
-    if (fresh) continue;
+    const size_t first = first_of.insert(i, new_key);
+    if (first == detail::string_index::npos) continue;
+    const std::string_view key = new_key(i);
     auto [c, new_collision] = collision.emplace(key, plan.collisions.size());
     if (new_collision) {
-      plan.collisions.emplace_back(std::string(key), std::vector<std::string>{keys[it->second]});
-      first_index.push_back(it->second);
+      plan.collisions.emplace_back(std::string(key), std::vector<std::string>{old_key(first)});
+      first_index.push_back(first);
     }
-    plan.collisions[c->second].second.push_back(keys[i]);
+    plan.collisions[c->second].second.push_back(old_key(i));
   }
   // In the order of each colliding group's first key, as the keys come.
   std::vector<size_t> order(plan.collisions.size());

@@ -60,6 +60,9 @@ constexpr size_t kIoChunk = 1 << 20;
 using text::hex;
 using text::quote;
 
+// How far ahead one read of local headers may reach (see load_window).
+constexpr uint64_t kHeaderWindow = 256 << 10;
+
 [[noreturn]] void corrupt(const std::string& msg, uint64_t offset) {
   throw_corrupt("zip: " + msg, offset);
 }
@@ -606,7 +609,8 @@ class archive_parser {
   void read_local_headers(const end_info& end) {
     auto& entries = a_.entries_;
     const size_t n = entries.size();
-    std::vector<size_t> order(n);
+    std::vector<size_t>& order = order_;
+    order.resize(n);
     for (size_t i = 0; i < n; ++i) order[i] = i;
     std::sort(order.begin(), order.end(), [&](size_t x, size_t y) {
       return entries[x].local_header_offset < entries[y].local_header_offset;
@@ -641,7 +645,8 @@ class archive_parser {
       try {
         const size_t from = n * run / runs, to = n * (run + 1) / runs;
         header_cursor cur;
-        load_buf(cur, entries[order[from]].local_header_offset, header_guess(cur, order[from], region_end_of(from)));
+        load_window(cur, entries[order[from]].local_header_offset, header_guess(cur, order[from], region_end_of(from)),
+                    from + 1, to, region_end_of);
         for (size_t k = from; k < to; ++k) {
           const size_t i = order[k];
           const bool last = k + 1 == n;
@@ -649,8 +654,11 @@ class archive_parser {
           const uint64_t data_end = parse_local(cur, i, region_end, last);
           const uint64_t gap = region_end - data_end;
           check_gap(entries[i], gap, data_end);
-          load_buf(cur, data_end, gap + (last ? 0 : header_guess(cur, order[k + 1], region_end_of(k + 1))));
-          check_descriptor(entries[i], cur.buf.data(), size_t(gap), data_end);
+          if (!last) {
+            const uint64_t want = gap + header_guess(cur, order[k + 1], region_end_of(k + 1));
+            if (!covers(cur, data_end, want)) load_window(cur, data_end, want, k + 2, to, region_end_of);
+          }
+          check_descriptor(entries[i], gap ? local_bytes(cur, data_end, size_t(gap)) : nullptr, size_t(gap), data_end);
           entries[i].end_offset = region_end;
         }
       } catch (...) {
@@ -701,6 +709,29 @@ class archive_parser {
       const uint64_t from = e.local_header_offset - std::min(e.local_header_offset, kDescriptorRoom);
       src_.prefetch(from, size_t(kDescriptorRoom + kHeaderRoom + info_[order[k]].name_len));
     }
+  }
+
+  static bool covers(const header_cursor& cur, uint64_t offset, uint64_t n) {
+    return offset >= cur.buf_offset && offset - cur.buf_offset <= cur.buf.size() &&
+           n <= cur.buf.size() - (offset - cur.buf_offset);
+  }
+
+  // Reads [offset, offset+n) and, in the same read, the local headers of the entries from
+  // order[next] on that end within kHeaderWindow of `offset`: an archive of a million tiny
+  // records (one-element tensors) then costs a few hundred reads, not one per record, while
+  // the records of big tensors are never read along.
+  template <class RegionEnd>
+  void load_window(header_cursor& cur, uint64_t offset, uint64_t n, size_t next, size_t to,
+                   const RegionEnd& region_end_of) const {
+    uint64_t end = offset + n;
+    const auto& entries = a_.entries_;
+    for (size_t j = next; j < to; ++j) {
+      const size_t i = order_[j];
+      const uint64_t header_end = entries[i].local_header_offset + header_guess(cur, i, region_end_of(j));
+      if (header_end > offset + kHeaderWindow) break;
+      end = std::max(end, header_end);
+    }
+    load_buf(cur, offset, end - offset);
   }
 
   void load_buf(header_cursor& cur, uint64_t offset, uint64_t n) const {
@@ -853,6 +884,7 @@ class archive_parser {
   archive& a_;
   const byte_source& src_;
   std::vector<central_extra> info_;
+  std::vector<size_t> order_;  // entries by local header offset (read_local_headers)
   std::vector<uint8_t> tail_;
   uint64_t tail_offset_ = 0;
   std::vector<uint8_t> scratch_;

@@ -125,25 +125,39 @@ void writer::add_record_known_crc(std::string_view record, const void* data, siz
   finish_entry(crc32);
 }
 
+void writer::reserve(size_t records) {
+  central_.reserve(records);
+  if (2 * records > name_index_.size()) rebuild_name_index(2 * records);
+}
+
+// Slots hold 1 + the record's index and, above it, 32 bits of its name's hash, so a probe
+// that meets another name rarely has to fetch that name to compare.
+void writer::rebuild_name_index(size_t want) {
+  size_t cap = 64;
+  while (cap < want) cap *= 2;
+  std::vector<uint64_t> fresh(cap, 0);
+  fresh.swap(name_index_);
+  const size_t mask = name_index_.size() - 1;
+  for (size_t i = 0; i < central_.size(); ++i) {
+    const uint64_t h = std::hash<std::string_view>()(name_of(central_[i]));
+    size_t slot = h & mask;
+    while (name_index_[slot]) slot = (slot + 1) & mask;
+    name_index_[slot] = ((h >> 32) << 32) | uint64_t(i + 1);
+  }
+}
+
 bool writer::insert_name(std::string_view name) {
   // Kept at most half full; rebuilt from the arena when it grows.
-  if (2 * (central_.size() + 1) > name_index_.size()) {
-    std::vector<uint32_t> old(std::max<size_t>(64, 2 * name_index_.size()), 0);
-    old.swap(name_index_);
-    const size_t mask = name_index_.size() - 1;
-    for (size_t i = 0; i < central_.size(); ++i) {
-      size_t slot = std::hash<std::string_view>()(name_of(central_[i])) & mask;
-      while (name_index_[slot]) slot = (slot + 1) & mask;
-      name_index_[slot] = uint32_t(i + 1);
-    }
-  }
+  if (2 * (central_.size() + 1) > name_index_.size()) rebuild_name_index(2 * name_index_.size());
   if (central_.size() >= UINT32_MAX - 1) usage_error("more than 4294967294 records");
   const size_t mask = name_index_.size() - 1;
-  size_t slot = std::hash<std::string_view>()(name) & mask;
+  const uint64_t h = std::hash<std::string_view>()(name);
+  size_t slot = h & mask;
   for (; name_index_[slot]; slot = (slot + 1) & mask)
-    if (name_of(central_[name_index_[slot] - 1]) == name) return false;
+    if ((name_index_[slot] >> 32) == (h >> 32) && name_of(central_[(name_index_[slot] & 0xFFFFFFFFu) - 1]) == name)
+      return false;
   // The record about to be pushed is central_.size().
-  name_index_[slot] = uint32_t(central_.size() + 1);
+  name_index_[slot] = ((h >> 32) << 32) | uint64_t(central_.size() + 1);
   names_.append(name);
   return true;
 }

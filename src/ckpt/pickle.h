@@ -22,12 +22,14 @@
 #pragma once
 
 #include <cstdint>
-#include <deque>
+#include <iterator>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "ckpt/pickle_items.h"
+#include "ckpt/pickle_node_text.h"
 
 namespace ckpt::pickle {
 
@@ -52,8 +54,9 @@ enum object_slot : size_t {
   kObjectSlots = 5,
 };
 
-// 72 bytes (tests/unit/pickle_test.cpp measures it): the machine's memory is about this
-// per decoded value, which is what limits::max_values multiplies.
+// 64 bytes (tests/unit/pickle_test.cpp measures it): the machine's memory is about this
+// per decoded value, plus the text and elements it holds, which is what limits::max_values
+// multiplies.
 struct value {
   value() : offset(0) {}
 
@@ -71,11 +74,15 @@ struct value {
   };
   // str: UTF-8 (lone surrogates kept as WTF-8, as CPython's surrogatepass would);
   // bytes/bytearray: raw bytes; big_integer: two's complement, little-endian, minimal.
-  std::string text;
+  node_text text;
   // tuple/list/set/frozenset: elements; dict: k0, v0, k1, v1, ... in insertion order;
   // global, object, persistent_id: see above.
   item_list items;
   value* state = nullptr;  // BUILD state (objects, OrderedDict)
+  // Its number in the document that made it (1, 2, ...; see document::node), so that a
+  // walk over millions of nodes can keep per-node facts in plain arrays; 0 for a node made
+  // elsewhere (or past 2^32 nodes).
+  uint32_t id = 0;
 
   size_t dict_size() const { return items.size() / 2; }
   value* dict_key(size_t i) const { return items[2 * i]; }
@@ -104,18 +111,28 @@ struct limits {
   // Values decoded: every node made plus every element put in a container. None, True,
   // False, the ints -5..256 and the empty tuple are made once and cost nothing after.
   // This is what bounds the reader's memory: a value costs at most about 80 bytes (a node
-  // is 72 bytes plus its share of the node deque; an element 8-16 bytes; a new dict key
-  // with its index and hash entries about 60 per value it counts), so the default keeps
-  // the machine under about 3.6 GiB whatever the input (measured: 50 M popped dicts, 75
-  // bytes each). A torch.save checkpoint needs 30 values per 1-D tensor, 34 per 2-D one:
+  // is 64 bytes in its block of the document; an element 8-16 bytes; a new dict key with
+  // its index and hash entries about 60 per value it counts; text is bounded by the input's
+  // size), so the default keeps the machine under about 3.6 GiB whatever the input
+  // (measured with 72-byte nodes: 50 M popped dicts, 75 bytes each). A torch.save checkpoint needs 30 values per 1-D tensor, 34 per 2-D one:
   // 1,000,000 tensors fit. The tensor collector counts the paths it stores against the
   // same number (one value per step, ~40 bytes), separately.
   uint64_t max_values = 48'000'000;
 };
 
-/// Owns every node of one decoded pickle.
+/// Owns every node of one decoded pickle, and the text and element arrays the pickle
+/// machine gave them: nodes in fixed blocks (their addresses never change), text and
+/// arrays in one bump arena, so a million tensors cost a few large allocations instead of
+/// millions of small ones, and freeing the document costs about nothing per node.
 class document {
  public:
+  document() = default;
+  document(document&& o) noexcept;
+  document& operator=(document&& o) noexcept;
+  document(const document&) = delete;
+  document& operator=(const document&) = delete;
+  ~document();
+
   value* make(kind type, uint64_t offset);
   value* root = nullptr;
   /// Highest protocol announced by PROTO (0 when there was none).
@@ -123,13 +140,62 @@ class document {
   /// Offset just past the STOP opcode, relative to the start of the parsed bytes. Several
   /// pickles can follow each other in one stream (the legacy torch.save format does this).
   uint64_t end_offset = 0;
-  size_t node_count() const { return nodes_.size(); }
+  size_t node_count() const { return count_; }
+  /// The node whose value::id is `id`, or nullptr when this document made none.
+  const value* node(uint64_t id) const {
+    if (id == 0 || id > count_) return nullptr;
+    return &blocks_[size_t((id - 1) >> kBlockShift)][size_t((id - 1) & (kBlockNodes - 1))];
+  }
+  /// True when `v` is a node of this document (its id leads back to it).
+  bool owns(const value* v) const { return v && node(v->id) == v; }
+
+  /// A copy of `s` that lives as long as the document: for node text (value::text.borrow).
+  std::string_view keep(std::string_view s);
+  /// Room for `n` element pointers that lives as long as the document (item_list::borrow).
+  value** keep_items(size_t n);
+
+  class node_iterator {
+   public:
+    using iterator_category = std::forward_iterator_tag;
+    using value_type = value;
+    using difference_type = std::ptrdiff_t;
+    using pointer = const value*;
+    using reference = const value&;
+    node_iterator(const document* d, size_t i) : d_(d), i_(i) {}
+    reference operator*() const { return *d_->node(i_ + 1); }
+    pointer operator->() const { return d_->node(i_ + 1); }
+    node_iterator& operator++() {
+      ++i_;
+      return *this;
+    }
+    bool operator==(const node_iterator& o) const { return i_ == o.i_; }
+    bool operator!=(const node_iterator& o) const { return i_ != o.i_; }
+
+   private:
+    const document* d_;
+    size_t i_;
+  };
+  struct node_range {
+    node_iterator b, e;
+    node_iterator begin() const { return b; }
+    node_iterator end() const { return e; }
+  };
   /// Every node ever made, reachable from root or not: a global that was called and then
   /// popped off the stack still ran under CPython, so safety scans must see them all.
-  const std::deque<value>& nodes() const { return nodes_; }
+  node_range nodes() const { return {node_iterator(this, 0), node_iterator(this, count_)}; }
 
  private:
-  std::deque<value> nodes_;
+  static constexpr unsigned kBlockShift = 12;
+  static constexpr size_t kBlockNodes = size_t(1) << kBlockShift;  // 256 KiB of nodes
+  void destroy();
+
+  std::vector<value*> blocks_;
+  size_t count_ = 0;
+  // The arena: chunks of raw bytes, filled from the front.
+  std::vector<char*> chunks_;
+  char* arena_next_ = nullptr;
+  size_t arena_left_ = 0;
+  void* arena_alloc(size_t bytes, size_t align);
 };
 
 struct parse_options {

@@ -1,6 +1,9 @@
 // The element list of a pickle node: a vector of node pointers in 16 bytes (std::vector
 // takes 24), grown with realloc so that a large list grows in place instead of being copied
 // (no transient second copy: the memory bound of the pickle machine counts on it).
+// A list may also borrow its elements from the document's arena (tuples and call records,
+// which the machine builds once at their final size): no allocation of its own, and none
+// to free. Growing a borrowed list moves it to storage of its own.
 #pragma once
 
 #include <cstdint>
@@ -36,7 +39,7 @@ class item_list {
   }
   item_list& operator=(item_list&& o) noexcept {
     if (this != &o) {
-      std::free(data_);
+      release();
       data_ = o.data_;
       size_ = o.size_;
       cap_ = o.cap_;
@@ -53,7 +56,17 @@ class item_list {
     assign(v.data(), v.data() + v.size());
     return *this;
   }
-  ~item_list() { std::free(data_); }
+  ~item_list() { release(); }
+
+  /// Uses `n` elements at `storage`, which someone else keeps for as long as this list
+  /// borrows them (the document's arena); the list may still change them in place.
+  void borrow(value** storage, size_t n) {
+    if (n > UINT32_MAX) throw std::bad_alloc();
+    release();
+    data_ = storage;
+    size_ = uint32_t(n);
+    cap_ = 0;
+  }
 
   size_t size() const { return size_; }
   bool empty() const { return size_ == 0; }
@@ -81,10 +94,10 @@ class item_list {
 
   void clear() { size_ = 0; }
   void reserve(size_t n) {
-    if (n > cap_) grow_to(n);
+    if (n > capacity()) grow_to(n);
   }
   void push_back(value* v) {
-    if (size_ == cap_) grow_to(size_t(cap_) < 4 ? 4 : size_t(cap_) * 2);
+    if (size_ >= capacity()) grow_to(size_t(size_) < 4 ? 4 : size_t(size_) * 2);
     data_[size_++] = v;
   }
   void pop_back() { --size_; }
@@ -100,7 +113,7 @@ class item_list {
   template <class It>
   void assign(It first, It last) {
     size_t n = size_t(last - first);
-    if (n > cap_) grow_to(n);  // exact: most lists are built once from the stack
+    if (n > capacity()) grow_to(n, false);  // exact: most lists are built once from the stack
     size_ = uint32_t(n);
     for (size_t i = 0; i < n; ++i, ++first) data_[i] = *first;
   }
@@ -109,7 +122,7 @@ class item_list {
   iterator insert(const_iterator pos, It first, It last) {
     size_t at = size_t(pos - data_), n = size_t(last - first);
     if (n == 0) return data_ + at;
-    if (size_ + n > cap_) grow_to(std::max<size_t>(size_ + n, size_t(cap_) * 2));
+    if (size_ + n > capacity()) grow_to(std::max<size_t>(size_ + n, size_t(size_) * 2));
     if (size_ > at) std::memmove(data_ + at + n, data_ + at, (size_ - at) * sizeof(value*));
     for (size_t i = 0; i < n; ++i, ++first) data_[at + i] = *first;
     size_ += uint32_t(n);
@@ -127,10 +140,23 @@ class item_list {
   }
 
  private:
+  bool borrowed() const { return data_ && cap_ == 0; }
+  // What fits without moving: a borrowed list has no room to grow into.
+  size_t capacity() const { return borrowed() ? size_ : cap_; }
+  void release() {
+    if (!borrowed()) std::free(data_);
+  }
   // Sizes are 32-bit: the pickle machine caps every container below 2^32 elements.
-  void grow_to(size_t n) {
+  // `keep`: the current elements must survive (not so for assign()).
+  void grow_to(size_t n, bool keep = true) {
     if (n > UINT32_MAX) throw std::bad_alloc();
-    void* p = std::realloc(data_, n * sizeof(value*));
+    void* p;
+    if (borrowed()) {
+      p = std::malloc(n * sizeof(value*));
+      if (p && keep && size_) std::memcpy(p, data_, size_t(size_) * sizeof(value*));
+    } else {
+      p = std::realloc(data_, n * sizeof(value*));
+    }
     if (!p) throw std::bad_alloc();
     data_ = static_cast<value**>(p);
     cap_ = uint32_t(n);

@@ -20,6 +20,11 @@ namespace ckpt::pickle {
 /// Throws ckpt::error: `unsupported` for a protocol other than 2 or a value protocol 2
 /// cannot carry (a non-ASCII global name, a string of 4 GiB or more), `limit` for nesting
 /// deeper than the writer recurses (10,000 levels).
-std::vector<uint8_t> write(const value* root, int protocol = 2);
+/// `owner`, the document the tree's nodes come from, lets the writer keep its per-node
+/// bookkeeping in arrays indexed by node id (much faster and smaller for big trees); nodes
+/// it does not own are handled all the same, only more slowly. The bytes do not depend on it.
+/// `expected_size`, when known, is reserved up front (the result is grown past it if need be).
+std::vector<uint8_t> write(const value* root, int protocol = 2, const document* owner = nullptr,
+                           size_t expected_size = 0);
 
 }  // namespace ckpt::pickle

@@ -65,8 +65,8 @@ struct rekey_plan {
   size_t changed = 0;
 };
 
-/// Runs the operations in order over `keys`.
-rekey_plan plan_rekey(const std::vector<std::string>& keys, const std::vector<key_op>& ops);
+/// Runs the operations in order over `keys` (taken by value: move them in to spare a copy).
+rekey_plan plan_rekey(std::vector<std::string> keys, const std::vector<key_op>& ops);
 
 /// How module paths move, learned from a key mapping: for each renamed key whose last
 /// segment is unchanged, its module path with the common trailing segments removed gives

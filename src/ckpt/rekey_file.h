@@ -31,11 +31,12 @@ struct rekey_request {
   /// Bytes of the output written so far, and the expected total (the input's size: the
   /// output differs only by the pickle). Called often; keep it cheap.
   std::function<void(uint64_t done, uint64_t total)> progress;
-  /// Lets rekey_file free the input's pickle document once the output's pickle is made, so
-  /// the output is read back without both documents in memory at once (for a million
-  /// tensors they are most of the peak). Afterwards c.pickle is null and every pointer into
-  /// it is cleared (state_dict_node, tensor_record::node): c still names its tensors,
-  /// storages and records, but its tree is gone.
+  /// Lets rekey_file free what it no longer needs as it goes: the input's tensor, alias,
+  /// storage and entry lists before the output's pickle is made, and the input's pickle
+  /// document after, so the output is read back without both documents in memory at once
+  /// (for a million tensors these are most of the peak). Afterwards c.pickle is null, every
+  /// pointer into it is cleared (state_dict_node), and c.tensors, c.aliases, c.storages
+  /// and c.entries are empty: c keeps its zip records and where its state dict was.
   bool release_input = false;
 };
 

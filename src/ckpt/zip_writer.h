@@ -86,6 +86,10 @@ class writer {
   /// a record the source's central directory describes): the CRC is not computed again.
   void add_record_known_crc(std::string_view record, const void* data, size_t size, uint32_t crc32);
 
+  /// Room for `records` records, so that writing a million does not regrow the index of
+  /// their names over and over. Optional.
+  void reserve(size_t records);
+
   /// Writes the central directory and end records. Nothing may be added afterwards.
   void finish();
 
@@ -117,6 +121,7 @@ class writer {
   std::string_view name_of(const central_record& c) const { return {names_.data() + c.name_offset, c.name_size}; }
   /// Adds `name` to the arena and the duplicate index; false if it is there already.
   bool insert_name(std::string_view name);
+  void rebuild_name_index(size_t want);
 
   void check_writable() const;
   void start_entry(std::string_view record, uint64_t size);
@@ -137,7 +142,7 @@ class writer {
   std::vector<uint8_t> buf_;
   std::vector<central_record> central_;
   std::string names_;                 // every full name, back to back
-  std::vector<uint32_t> name_index_;  // open addressing: 1 + index into central_, 0 empty
+  std::vector<uint64_t> name_index_;  // open addressing: hash tag, 1 + index into central_; 0 empty
   bool in_record_ = false;
   uint64_t record_size_ = 0;
   uint64_t record_written_ = 0;

@@ -222,7 +222,7 @@ void save_tensors(const std::vector<std::pair<std::string, at::Tensor>>& tensors
     root->items.push_back(v);
   }
 
-  std::vector<uint8_t> pkl = pickle::write(b.doc.root, 2);
+  std::vector<uint8_t> pkl = pickle::write(b.doc.root, 2, &b.doc);
   try {
     write_archive(out, pkl, storages);
   } catch (error& e) {

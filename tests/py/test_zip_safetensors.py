@@ -131,9 +131,13 @@ def test_reader_agrees_with_zipfile_on_torch_save(tmp_path):
     assert got["prefix"] == "model"
     for e in got["entries"]:
         assert e["data_offset"] % 64 == 0
-    # Opening touches the end records, the central directory and the headers, no data.
+    # Opening touches the end records, the central directory and the local headers. Small
+    # records between neighbouring headers come along in the same reads (one read per record
+    # cost an archive of a million tiny tensors a million reads); a large record's data never.
     data = sum(e["compressed_size"] for e in got["entries"])
-    assert got["open_bytes_read"] == p.stat().st_size - data
+    large = sum(e["compressed_size"] for e in got["entries"] if e["compressed_size"] >= 256 << 10)
+    assert large > 0  # "big" is 280,000 bytes
+    assert p.stat().st_size - data <= got["open_bytes_read"] <= p.stat().st_size - large
 
 
 def test_reader_agrees_with_zipfile_on_torchscript(tmp_path):

@@ -26,7 +26,7 @@ int main(int argc, char** argv) {
                              std::istreambuf_iterator<char>());
   try {
     ckpt::pickle::document doc = ckpt::pickle::parse(bytes.data(), bytes.size());
-    std::vector<uint8_t> out = ckpt::pickle::write(doc.root);
+    std::vector<uint8_t> out = ckpt::pickle::write(doc.root, 2, &doc);
     if (std::fwrite(out.data(), 1, out.size(), stdout) != out.size()) return 4;
   } catch (const ckpt::error& e) {
     std::fprintf(stderr, "pickle_roundtrip: %s: %s\n", ckpt::errc_name(e.kind()), e.what());

@@ -148,13 +148,16 @@ TEST_CASE("round trip through the reader") {
   CHECK(a->find("data/3")->uncompressed_size == 0);
 }
 
-TEST_CASE("opening a written archive reads headers only, one read per entry") {
+TEST_CASE("opening a written archive reads local headers in windows, never a large record's data") {
+  // Tiny records (a million one-element tensors) come along with the headers around them, a
+  // few reads in all where one read per record cost most of opening such an archive; the
+  // data of a large record is never read.
   temp_file out;
   ckpt::zip::writer w(out.fd, "archive");
-  uint64_t data_bytes = 0;
+  uint64_t large_bytes = 0;
   for (int i = 0; i < 500; ++i) {
-    auto p = pattern(size_t(i * 13 % 300), uint8_t(i));
-    data_bytes += p.size();
+    auto p = pattern(i % 100 == 99 ? size_t(1) << 20 : size_t(i * 13 % 300), uint8_t(i));
+    if (p.size() > (64 << 10)) large_bytes += p.size();
     w.add_record("data/" + std::to_string(i), p);
   }
   w.finish();
@@ -162,8 +165,8 @@ TEST_CASE("opening a written archive reads headers only, one read per entry") {
   counting_source src(bytes);
   auto a = ckpt::zip::archive::open(src);
   CHECK(a->entries().size() == 500);
-  CHECK(src.bytes_read() == bytes.size() - data_bytes);
-  CHECK(src.calls.load() <= 500 + 3);
+  CHECK(src.bytes_read() <= bytes.size() - large_bytes);
+  CHECK(src.calls.load() <= 20);
 }
 
 TEST_CASE("ZIP64 end records and the 16-bit entry count") {
