@@ -34,12 +34,6 @@ struct rekey_options {
   CLI::Option *strip_compiled, *strip_wrappers, *strip_prefix, *add_prefix, *add_compiled, *rename, *map, *match;
 };
 
-std::vector<ckpt::keyed_tensor> keyed_tensors(const ckpt::checkpoint& c) {
-  std::vector<ckpt::keyed_tensor> out;
-  for (auto& [key, i] : c.state_dict_tensors()) out.push_back({key, c.tensors[i].type, c.tensors[i].shape});
-  return out;
-}
-
 // --match TARGET: the TorchScript model's parameters and buffers, or another checkpoint's
 // state dict.
 std::vector<ckpt::keyed_tensor> target_tensors(const std::string& path, const ckpt::open_options& reader,
@@ -47,7 +41,7 @@ std::vector<ckpt::keyed_tensor> target_tensors(const std::string& path, const ck
   ckpt::checkpoint t = ckpt::open_checkpoint(path, reader);
   if (t.format != ckpt::file_format::torchscript) {
     if (!t.state_dict) throw ckpt::error(ckpt::errc::unsupported, "--match: no state dict found").with_file(path);
-    return keyed_tensors(t);
+    return ckpt::keyed_tensors(t);
   }
   ckpt::torchscript_info ts;
   try {
@@ -70,26 +64,12 @@ std::vector<ckpt::keyed_tensor> target_tensors(const std::string& path, const ck
 
 ckpt::key_op match_op(const ckpt::checkpoint& c, const std::string& target, const std::vector<ckpt::key_op>& so_far,
                       const ckpt::open_options& reader, const code_options& code) {
-  std::vector<ckpt::keyed_tensor> source = keyed_tensors(c);
+  std::vector<ckpt::keyed_tensor> source = ckpt::keyed_tensors(c);
   for (auto& t : source)
     for (const auto& op : so_far) t.key = ckpt::apply_op(op, t.key);
-  ckpt::match_result m = ckpt::match_keys(source, target_tensors(target, reader, code));
-  auto first = [](const std::vector<std::string>& v) {
-    std::string s;
-    for (size_t i = 0; i < v.size() && i < 5; ++i) s += (i ? ", " : "") + v[i];
-    return v.size() > 5 ? s + ", ..." : s;
-  };
-  if (!m.ambiguity.empty())
-    throw ckpt::error(ckpt::errc::check_failed, "--match " + target + ": ambiguous, refusing: " + m.ambiguity).with_file(c.path);
-  if (!m.ok)
-    throw ckpt::error(ckpt::errc::check_failed,
-                      "--match " + target + ": no wrapper-segment edit makes the keys equal (" +
-                          std::to_string(m.missing.size()) + " model keys unmatched: " + first(m.missing) + "; " +
-                          std::to_string(m.unexpected.size()) + " checkpoint keys unmatched: " + first(m.unexpected) + ")")
-        .with_file(c.path);
-  if (!m.shape_mismatches.empty())
-    throw ckpt::error(ckpt::errc::check_failed, "--match " + target + ": keys align but shapes differ: " + first(m.shape_mismatches))
-        .with_file(c.path);
+  ckpt::align_policy policy;
+  policy.target = "--match " + target;
+  ckpt::match_result m = ckpt::align_keys(source, target_tensors(target, reader, code), policy, c.path);
   for (const auto& d : m.dtype_mismatches) spdlog::warn("--match: dtype differs: {}", ckpt::escape_controls(d));
   spdlog::info("--match {}: edit chosen: {}", ckpt::display_name(target), ckpt::escape_controls(m.edit));
   std::map<std::string, std::string> mapping(m.mapping.begin(), m.mapping.end());

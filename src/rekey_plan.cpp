@@ -3,6 +3,7 @@
 #include <set>
 #include <unordered_map>
 
+#include "ckpt/checkpoint.h"
 #include "ckpt/error.h"
 #include "ckpt/rekey.h"
 #include "ckpt/wrappers.h"
@@ -370,6 +371,46 @@ std::map<std::string, std::string> mapping_from_json(const std::string& text, co
     out[k] = v.get<std::string>();
   }
   return out;
+}
+
+std::vector<keyed_tensor> keyed_tensors(const checkpoint& c) {
+  std::vector<keyed_tensor> out;
+  for (auto& [key, i] : c.state_dict_tensors()) out.push_back({key, c.tensors[i].type, c.tensors[i].shape});
+  return out;
+}
+
+namespace {
+
+std::string first_few(const std::vector<std::string>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size() && i < 5; ++i) s += (i ? ", " : "") + v[i];
+  return v.size() > 5 ? s + ", ..." : s;
+}
+
+}  // namespace
+
+match_result align_keys(const std::vector<keyed_tensor>& source, const std::vector<keyed_tensor>& target,
+                        const align_policy& policy, const std::string& file) {
+  match_result m = match_keys(source, target);
+  const std::string context = "cannot align the checkpoint to " + policy.target + ": ";
+  if (!m.ambiguity.empty()) throw error(errc::check_failed, context + "ambiguous, refusing: " + m.ambiguity).with_file(file);
+  std::vector<std::string> unpaired;
+  if (!policy.allow_missing && !m.missing.empty())
+    unpaired.push_back(std::to_string(m.missing.size()) + " " + policy.target_noun +
+                       " tensors are missing from the checkpoint (" + first_few(m.missing) + ")" + policy.missing_hint);
+  if (!policy.allow_unexpected && !m.unexpected.empty())
+    unpaired.push_back(std::to_string(m.unexpected.size()) + " checkpoint tensors have no " + policy.target_noun +
+                       " tensor (" + first_few(m.unexpected) + ")");
+  if (!unpaired.empty()) {
+    std::string why = "no wrapper-segment edit pairs every key: " + unpaired[0];
+    for (size_t i = 1; i < unpaired.size(); ++i) why += "; " + unpaired[i];
+    throw error(errc::check_failed, context + why).with_file(file);
+  }
+  if (!m.shape_mismatches.empty())
+    throw error(errc::check_failed, context + "keys align but " + std::to_string(m.shape_mismatches.size()) +
+                                        " shapes differ: " + first_few(m.shape_mismatches))
+        .with_file(file);
+  return m;
 }
 
 }  // namespace ckpt

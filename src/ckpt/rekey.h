@@ -18,6 +18,8 @@ class RE2;
 
 namespace ckpt {
 
+struct checkpoint;
+
 struct key_op {
   enum kind_t { strip_compiled, strip_wrappers, strip_prefix, add_prefix, add_compiled, rename, map };
   kind_t kind;
@@ -109,6 +111,25 @@ struct match_result {
 /// "model."), and keys are paired through those reduced names. Ambiguous when two keys on
 /// one side reduce to the same name, or when two reductions give different full matches.
 match_result match_keys(const std::vector<keyed_tensor>& source, const std::vector<keyed_tensor>& target);
+
+/// The state dict's tensors as the solver sees them (key, dtype, shape).
+std::vector<keyed_tensor> keyed_tensors(const checkpoint& c);
+
+/// What a caller of align_keys accepts beyond a pairing of every key on both sides.
+struct align_policy {
+  std::string target;             // names the target in messages: "the model", "--match t.pt"
+  std::string target_noun = "target";  // "1 model tensors are missing ..."
+  bool allow_missing = false;     // target keys no checkpoint key maps to
+  bool allow_unexpected = false;  // checkpoint keys that map to no target key
+  std::string missing_hint;       // appended to the missing-keys refusal
+};
+
+/// match_keys, then the refusals every aligning command makes, worded once (rekey --match,
+/// materialize --model, the library's load_module): an ambiguous edit, keys left unpaired
+/// that the policy does not accept, shapes that differ. Throws errc::check_failed naming
+/// `file`. Dtype differences are the caller's to report (result.dtype_mismatches).
+match_result align_keys(const std::vector<keyed_tensor>& source, const std::vector<keyed_tensor>& target,
+                        const align_policy& policy, const std::string& file);
 
 /// Writes / reads the `--save-map` / `--map` JSON: {"ckptool_key_map": 1, "mapping": {old: new}}.
 /// Reading refuses (usage) invalid JSON, a duplicate key in any object and a value that is

@@ -242,22 +242,17 @@ torch::jit::Module load_module(const std::string& model_path, const checkpoint& 
     tensor_of_key[key] = i;
   }
   if (have.empty()) throw error(errc::unsupported, "no state dict found in the checkpoint").with_file(c.path);
-  match_result match = match_keys(have, wanted);
-  if (!match.ambiguity.empty())
-    throw error(errc::check_failed, "cannot align the checkpoint to the model: " + match.ambiguity).with_file(c.path);
+  align_policy policy;
+  policy.target = "the model";
+  policy.target_noun = "model";
+  policy.allow_missing = !strict;
+  policy.allow_unexpected = true;  // a checkpoint may hold more than the model reads
+  policy.missing_hint = "; --no-strict fills them from the model file";
+  match_result match = align_keys(have, wanted, policy, c.path);
   r.key_edit = match.edit;
   r.missing = match.missing;
   r.unexpected = match.unexpected;
   r.shape_mismatched = match.shape_mismatches;
-  if (!r.shape_mismatched.empty())
-    throw error(errc::check_failed, std::to_string(r.shape_mismatched.size()) + " tensors differ in shape from the model: " +
-                                        r.shape_mismatched.front())
-        .with_file(c.path);
-  if (strict && !r.missing.empty())
-    throw error(errc::check_failed, std::to_string(r.missing.size()) + " model tensors are missing from the checkpoint (" +
-                                        r.missing.front() + (r.missing.size() > 1 ? ", ..." : "") +
-                                        "); --no-strict fills them from the model file")
-        .with_file(c.path);
 
   // Read only the storages the model uses.
   std::map<std::string, std::string> target_to_source;
