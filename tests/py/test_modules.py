@@ -9,6 +9,7 @@ its build id (a hash of the shared headers) instead of being called with mismatc
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -106,4 +107,19 @@ def test_copied_build_runs_from_its_own_directory(tmp_path):
     other = _copy_build(tmp_path)
     r = subprocess.run([str(other / "ckptool"), "materialize", str(ckpt), "--device", "cpu"],
                        capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+
+
+def test_installed_tree_runs(tmp_path):
+    """`cmake --install` puts the libraries in <prefix>/lib/ckptool and the executable finds
+    them there (RUNPATH $ORIGIN/../lib/ckptool), LibTorch modules included."""
+    prefix = tmp_path / "prefix"
+    r = subprocess.run(["cmake", "--install", str(BUILD), "--prefix", str(prefix)], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    ckpt = tmp_path / "w.pt"
+    torch.save({"w": torch.arange(4.0)}, ckpt)
+    env = {k: v for k, v in os.environ.items() if k not in ("CKPTOOL_TORCH_PLUGIN", "LD_LIBRARY_PATH")}
+    r = subprocess.run([str(prefix / "bin" / "ckptool"), "materialize", str(ckpt), "--device", "cpu"],
+                       capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 0, r.stderr
