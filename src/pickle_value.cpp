@@ -18,22 +18,7 @@ constexpr size_t kArenaChunk = size_t(1) << 20;
 
 }  // namespace
 
-document::document(document&& o) noexcept
-    : root(o.root),
-      protocol(o.protocol),
-      end_offset(o.end_offset),
-      blocks_(std::move(o.blocks_)),
-      count_(o.count_),
-      chunks_(std::move(o.chunks_)),
-      arena_next_(o.arena_next_),
-      arena_left_(o.arena_left_) {
-  o.root = nullptr;
-  o.blocks_.clear();
-  o.count_ = 0;
-  o.chunks_.clear();
-  o.arena_next_ = nullptr;
-  o.arena_left_ = 0;
-}
+document::document(document&& o) noexcept { *this = std::move(o); }
 
 document& document::operator=(document&& o) noexcept {
   if (this != &o) {
@@ -46,12 +31,7 @@ document& document::operator=(document&& o) noexcept {
     chunks_ = std::move(o.chunks_);
     arena_next_ = o.arena_next_;
     arena_left_ = o.arena_left_;
-    o.root = nullptr;
-    o.blocks_.clear();
-    o.count_ = 0;
-    o.chunks_.clear();
-    o.arena_next_ = nullptr;
-    o.arena_left_ = 0;
+    o.forget();
   }
   return *this;
 }
@@ -66,9 +46,13 @@ void document::destroy() {
     for (size_t i = 0; i < made; ++i) blocks_[b][i].~value();
     std::free(blocks_[b]);
   }
+  for (char* c : chunks_) std::free(c);
+  forget();
+}
+
+void document::forget() {
   blocks_.clear();
   count_ = 0;
-  for (char* c : chunks_) std::free(c);
   chunks_.clear();
   arena_next_ = nullptr;
   arena_left_ = 0;

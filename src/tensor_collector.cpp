@@ -4,6 +4,7 @@
 
 #include "ckpt/byteio.h"
 #include "ckpt/error.h"
+#include "pickle_accessors.h"
 
 namespace ckpt::detail {
 namespace {
@@ -11,45 +12,9 @@ namespace {
 using pickle::kind;
 using pickle::value;
 
-[[noreturn]] void bad(const value* at, const std::string& what) {
-  throw_corrupt(what, at ? std::optional<uint64_t>(at->offset) : std::nullopt);
-}
-
-const value* arg(const value* args, size_t i) { return args->items[i]; }
-
-int64_t as_int(const value* v, const char* what) {
-  if (v->type == kind::integer) return v->integer;
-  if (v->type == kind::boolean) return v->flag ? 1 : 0;
-  bad(v, std::string(what) + " must be an integer");
-}
-
-bool as_bool(const value* v, const char* what) {
-  if (v->type == kind::boolean) return v->flag;
-  if (v->type == kind::integer && (v->integer == 0 || v->integer == 1)) return v->integer == 1;
-  bad(v, std::string(what) + " must be a bool");
-}
-
-std::vector<int64_t> as_int_tuple(const value* v, const char* what) {
-  std::vector<int64_t> out;
-  out.reserve(v->items.size());
-  for (const value* e : v->items) out.push_back(as_int(e, what));
-  return out;
-}
-
-double as_number(const value* v, const char* what) {
-  if (v->type == kind::floating) return v->floating;
-  if (v->type == kind::integer) return double(v->integer);
-  bad(v, std::string(what) + " must be a number");
-}
-
 bool is_quantized(dtype t) {
   return t == dtype::qint8 || t == dtype::quint8 || t == dtype::qint32 || t == dtype::quint4x2 ||
          t == dtype::quint2x4;
-}
-
-std::string as_str(const value* v, const char* what) {
-  if (v->type != kind::str) bad(v, std::string(what) + " must be a string");
-  return v->text;
 }
 
 dtype dtype_global(const value* v) {
@@ -61,16 +26,6 @@ dtype dtype_global(const value* v) {
 
 bool is_rebuild(const value* g, std::string_view name) {
   return g && g->is_global("torch._utils", name);
-}
-
-const value* tuple_args(const value* call, size_t min, size_t max, const char* fn) {
-  const value* args = call->items[pickle::kArgs];
-  if (!args || args->type != kind::tuple) bad(call, std::string(fn) + ": arguments must be a tuple");
-  if (args->items.size() < min || args->items.size() > max)
-    bad(call, std::string(fn) + ": expected " + std::to_string(min) +
-                  (min == max ? "" : "-" + std::to_string(max)) + " arguments, got " +
-                  std::to_string(args->items.size()));
-  return args;
 }
 
 // A tensor's object node must not have been mutated by the pickle: SETITEM(S) or APPEND(S)

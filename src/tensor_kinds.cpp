@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "ckpt/error.h"
+#include "pickle_accessors.h"
 #include "tensor_collector.h"
 
 namespace ckpt::detail {
@@ -13,23 +14,6 @@ namespace {
 
 using pickle::kind;
 using pickle::value;
-
-[[noreturn]] void bad(const value* at, const std::string& what) {
-  throw_corrupt(what, at ? std::optional<uint64_t>(at->offset) : std::nullopt);
-}
-
-int64_t as_int(const value* v, const std::string& what) {
-  if (v->type == kind::integer) return v->integer;
-  if (v->type == kind::boolean) return v->flag ? 1 : 0;
-  bad(v, what + " must be an integer");
-}
-
-const value* call_args(const value* call, size_t n, const char* fn) {
-  const value* args = call->items[pickle::kArgs];
-  if (!args || args->type != kind::tuple || args->items.size() != n)
-    bad(call, std::string(fn) + ": expected " + std::to_string(n) + " arguments");
-  return args;
-}
 
 // torch.Size(tuple) as torch.save writes it, or a plain tuple.
 std::vector<int64_t> size_value(const value* v) {
@@ -122,7 +106,7 @@ std::shared_ptr<const tensor_record> tensor_collector::component(const value* v,
 }
 
 tensor_record tensor_collector::sparse(const value* call, uint64_t depth) {
-  const value* args = call_args(call, 2, "_rebuild_sparse_tensor");
+  const value* args = tuple_args(call, 2, 2, "_rebuild_sparse_tensor");
   auto k = std::make_shared<tensor_kind>();
   k->layout = layout_name(args->items[0]);
   const value* data = args->items[1];
@@ -184,7 +168,7 @@ tensor_record tensor_collector::sparse(const value* call, uint64_t depth) {
 }
 
 tensor_record tensor_collector::nested(const value* call, uint64_t depth) {
-  const value* args = call_args(call, 4, "_rebuild_nested_tensor");
+  const value* args = tuple_args(call, 4, 4, "_rebuild_nested_tensor");
   auto k = std::make_shared<tensor_kind>();
   k->layout = "nested";
   auto buffer = component(args->items[0], depth, "nested tensor buffer");

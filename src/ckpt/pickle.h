@@ -188,6 +188,8 @@ class document {
   static constexpr unsigned kBlockShift = 12;
   static constexpr size_t kBlockNodes = size_t(1) << kBlockShift;  // 256 KiB of nodes
   void destroy();
+  // Empty again without freeing anything: what was held now belongs to another document.
+  void forget();
 
   std::vector<value*> blocks_;
   size_t count_ = 0;

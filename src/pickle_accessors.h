@@ -1,0 +1,62 @@
+// Reading the pickle values that tensor rebuild calls carry, for the tensor collector and
+// the tensor kinds (tensor_collector.cpp, tensor_kinds.cpp): every mismatch is a corrupt
+// file, reported at the offending value's offset.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ckpt/error.h"
+#include "ckpt/pickle.h"
+
+namespace ckpt::detail {
+
+[[noreturn]] inline void bad(const pickle::value* at, const std::string& what) {
+  throw_corrupt(what, at ? std::optional<uint64_t>(at->offset) : std::nullopt);
+}
+
+inline const pickle::value* arg(const pickle::value* args, size_t i) { return args->items[i]; }
+
+inline int64_t as_int(const pickle::value* v, const char* what) {
+  if (v->type == pickle::kind::integer) return v->integer;
+  if (v->type == pickle::kind::boolean) return v->flag ? 1 : 0;
+  bad(v, std::string(what) + " must be an integer");
+}
+
+inline bool as_bool(const pickle::value* v, const char* what) {
+  if (v->type == pickle::kind::boolean) return v->flag;
+  if (v->type == pickle::kind::integer && (v->integer == 0 || v->integer == 1)) return v->integer == 1;
+  bad(v, std::string(what) + " must be a bool");
+}
+
+inline std::vector<int64_t> as_int_tuple(const pickle::value* v, const char* what) {
+  std::vector<int64_t> out;
+  out.reserve(v->items.size());
+  for (const pickle::value* e : v->items) out.push_back(as_int(e, what));
+  return out;
+}
+
+inline double as_number(const pickle::value* v, const char* what) {
+  if (v->type == pickle::kind::floating) return v->floating;
+  if (v->type == pickle::kind::integer) return double(v->integer);
+  bad(v, std::string(what) + " must be a number");
+}
+
+inline std::string as_str(const pickle::value* v, const char* what) {
+  if (v->type != pickle::kind::str) bad(v, std::string(what) + " must be a string");
+  return v->text;
+}
+
+inline const pickle::value* tuple_args(const pickle::value* call, size_t min, size_t max, const char* fn) {
+  const pickle::value* args = call->items[pickle::kArgs];
+  if (!args || args->type != pickle::kind::tuple) bad(call, std::string(fn) + ": arguments must be a tuple");
+  if (args->items.size() < min || args->items.size() > max)
+    bad(call, std::string(fn) + ": expected " + std::to_string(min) +
+                  (min == max ? "" : "-" + std::to_string(max)) + " arguments, got " +
+                  std::to_string(args->items.size()));
+  return args;
+}
+
+}  // namespace ckpt::detail
