@@ -10,7 +10,7 @@
 #include "ckpt/error.h"
 #include "ckpt/output_set.h"
 #include "ckpt/report.h"
-#include "ckpt/torch_plugin.h"
+#include "plugin/torch_plugin.h"
 #include "ckpt/torchscript_code.h"
 #include "common.h"
 #include "input_spec.h"

@@ -6,7 +6,7 @@
 #include "ckpt/error.h"
 #include "ckpt/output_set.h"
 #include "ckpt/report.h"
-#include "ckpt/text_escape.h"
+#include "base/text_escape.h"
 #include "ckpt/verify.h"
 #include "common.h"
 #include "progress.h"

@@ -12,10 +12,10 @@
 #include <set>
 
 #include "ckpt/report.h"
-#include "ckpt/text_escape.h"
+#include "base/text_escape.h"
 #include "ckpt/wrappers.h"
 #include "common.h"
-#include "text.h"
+#include "base/text.h"
 
 namespace cli {
 namespace {

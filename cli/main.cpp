@@ -9,7 +9,7 @@
 #include <new>
 
 #include "ckpt/error.h"
-#include "ckpt/text_escape.h"
+#include "base/text_escape.h"
 #include "cmd_inspect.h"
 #include "cmd_materialize.h"
 #include "cmd_rekey.h"

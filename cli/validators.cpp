@@ -5,7 +5,7 @@
 #include <string>
 
 #include "ckpt/dtype.h"
-#include "ckpt/text_escape.h"
+#include "base/text_escape.h"
 
 namespace cli {
 namespace {

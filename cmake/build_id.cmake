@@ -1,6 +1,6 @@
 # Writes ckpt/build_id.h: a hash of every header that ckptool's executable and its LibTorch
 # modules share, plus the compiler and the LibTorch they were built with. The executable
-# refuses a module whose id differs (src/module_loader.cpp), so no change to a shared
+# refuses a module whose id differs (src/plugin/module_loader.cpp), so no change to a shared
 # struct can be forgotten the way a hand-bumped version number can.
 #
 # Script mode: cmake -DOUT=... -DHEADERS="a.h;b.h" -DSALT="..." -P build_id.cmake

@@ -50,11 +50,11 @@ for t in $targets; do
 done
 "$profdata" merge -sparse "$out"/*.profraw -o "$out/merged.profdata"
 
-parsers=(src/pickle_machine.cpp src/pickle_names.cpp src/pickle_text.cpp src/pickle_repr.cpp
-         src/pickle_value.cpp src/pickle_keys.cpp src/pickle_writer.cpp
-         src/zip_reader.cpp src/zip_names.cpp src/zip_writer.cpp src/safetensors.cpp
-         src/checkpoint.cpp src/tensor_collector.cpp src/legacy_reader.cpp src/format_detect.cpp
-         src/rekey_file.cpp)
+parsers=(src/pickle/pickle_machine.cpp src/pickle/pickle_names.cpp src/pickle/pickle_text.cpp src/pickle/pickle_repr.cpp
+         src/pickle/pickle_value.cpp src/pickle/pickle_keys.cpp src/pickle/pickle_writer.cpp
+         src/zip/zip_reader.cpp src/zip/zip_names.cpp src/zip/zip_writer.cpp src/formats/safetensors.cpp
+         src/model/checkpoint.cpp src/formats/tensor_collector.cpp src/formats/legacy_reader.cpp src/formats/format_detect.cpp
+         src/rekey/rekey_file.cpp)
 # The first -object is the "binary"; the rest add their coverage mappings.
 first=("${objects[@]:1:1}")
 "$cov" report "${first[@]}" "${objects[@]:2}" -instr-profile="$out/merged.profdata" \

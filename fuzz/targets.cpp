@@ -29,13 +29,13 @@
 #include "ckpt/rekey_file.h"
 #include "ckpt/report.h"
 #include "ckpt/safetensors.h"
-#include "ckpt/text_escape.h"
+#include "base/text_escape.h"
 #include "ckpt/torchscript_code.h"
 #include "ckpt/wrappers.h"
 #include "ckpt/zip_reader.h"
 #include "ckpt/zip_writer.h"
-#include "pickle_names.h"      // detail::python3_to_2 / python2_to_3, see spelled_in_protocol2
-#include "tensor_collector.h"  // detail::parse_storage_pid, for torchscript_meta's records
+#include "pickle/pickle_names.h"      // detail::python3_to_2 / python2_to_3, see spelled_in_protocol2
+#include "formats/tensor_collector.h"  // detail::parse_storage_pid, for torchscript_meta's records
 
 namespace ckpt::fuzz {
 

@@ -1,8 +1,8 @@
-// The entry point of libckptool_torch.so (see ckpt/torch_plugin.h).
+// The entry point of libckptool_torch.so (see src/plugin/torch_plugin.h).
 #include <torch/version.h>
 
-#include "ckpt/torch_plugin.h"
-#include "module_loader.h"
+#include "plugin/torch_plugin.h"
+#include "plugin/module_loader.h"
 
 CKPTOOL_MODULE_EXPORT_BUILD_ID
 

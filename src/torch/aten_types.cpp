@@ -1,4 +1,4 @@
-#include "aten_types.h"
+#include "torch/aten_types.h"
 
 #include <string>
 

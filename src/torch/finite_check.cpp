@@ -1,4 +1,4 @@
-#include "finite_check.h"
+#include "torch/finite_check.h"
 
 #include <algorithm>
 #include <cstring>

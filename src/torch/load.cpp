@@ -4,13 +4,13 @@
 #include <set>
 #include <unordered_map>
 
-#include "aten_types.h"
+#include "torch/aten_types.h"
 #include "ckpt/error.h"
 #include "ckpt/rekey.h"
-#include "ckpt/torchscript_module.h"
-#include "model_file_tensors.h"
-#include "read_plan.h"
-#include "storage_loader.h"
+#include "torch/torchscript_module.h"
+#include "torch/model_file_tensors.h"
+#include "model/read_plan.h"
+#include "torch/loader/storage_loader.h"
 
 namespace ckpt {
 namespace {

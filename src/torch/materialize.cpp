@@ -7,14 +7,14 @@
 
 #include <torch/cuda.h>
 
-#include "aten_types.h"
+#include "torch/aten_types.h"
 #include "ckpt/error.h"
 #include "ckpt/load.h"
 #include "ckpt/output_set.h"
-#include "finite_check.h"
-#include "meta_kernels.h"
-#include "method_args.h"
-#include "torch_message.h"
+#include "torch/finite_check.h"
+#include "torch/meta_kernels.h"
+#include "torch/method_args.h"
+#include "torch/torch_message.h"
 
 namespace ckpt {
 namespace {

@@ -1,4 +1,4 @@
-#include "meta_kernels.h"
+#include "torch/meta_kernels.h"
 
 #include <algorithm>
 #include <mutex>

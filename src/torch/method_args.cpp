@@ -1,4 +1,4 @@
-#include "method_args.h"
+#include "torch/method_args.h"
 
 #include <cctype>
 #include <cerrno>

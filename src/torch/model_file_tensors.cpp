@@ -1,4 +1,4 @@
-#include "model_file_tensors.h"
+#include "torch/model_file_tensors.h"
 
 #include <functional>
 #include <map>
@@ -10,7 +10,7 @@
 
 #include "ckpt/error.h"
 #include "ckpt/torchscript_code.h"
-#include "storage_loader.h"
+#include "torch/loader/storage_loader.h"
 
 namespace ckpt::detail {
 namespace {

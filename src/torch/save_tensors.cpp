@@ -7,7 +7,7 @@
 #include <map>
 #include <unordered_map>
 
-#include "aten_types.h"
+#include "torch/aten_types.h"
 #include "ckpt/error.h"
 #include "ckpt/load.h"
 #include "ckpt/output_set.h"

@@ -1,4 +1,4 @@
-#include "torch_message.h"
+#include "torch/torch_message.h"
 
 namespace ckpt::detail {
 

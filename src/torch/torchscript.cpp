@@ -21,10 +21,10 @@
 #include "ckpt/checkpoint.h"
 #include "ckpt/error.h"
 #include "ckpt/torchscript_code.h"
-#include "ckpt/torchscript_module.h"
-#include "meta_kernels.h"
-#include "method_args.h"
-#include "torch_message.h"
+#include "torch/torchscript_module.h"
+#include "torch/meta_kernels.h"
+#include "torch/method_args.h"
+#include "torch/torch_message.h"
 
 namespace ckpt {
 namespace {

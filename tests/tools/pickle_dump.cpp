@@ -31,7 +31,7 @@
 
 #include "ckpt/error.h"
 #include "ckpt/pickle.h"
-#include "pickle_text.h"
+#include "pickle/pickle_text.h"
 
 namespace {
 

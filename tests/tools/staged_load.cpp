@@ -1,5 +1,5 @@
 // Test helper: loads every storage of a checkpoint through the CUDA loader's staging
-// pipeline (src/staging_pipeline.h), with CPU memory standing in for device memory and
+// pipeline (src/io/staging_pipeline.h), with CPU memory standing in for device memory and
 // the hostile copy engine (tests/unit/hostile_copy_engine.h) standing in for CUDA, then
 // writes the storages' bytes to OUT (concatenated in storage order) and prints JSON
 // (strings as hex) saying where each storage is in OUT and which storage each tensor views, so that
@@ -20,8 +20,8 @@
 #include "../unit/hostile_copy_engine.h"
 #include "ckpt/checkpoint.h"
 #include "ckpt/error.h"
-#include "read_plan.h"
-#include "staging_pipeline.h"
+#include "model/read_plan.h"
+#include "io/staging_pipeline.h"
 
 using namespace ckpt::detail;
 

@@ -24,7 +24,7 @@
 #include "ckpt/dtype.h"
 #include "ckpt/error.h"
 #include "ckpt/torchscript.h"
-#include "ckpt/torchscript_module.h"
+#include "torch/torchscript_module.h"
 #include "ckpt/zip_reader.h"
 
 using nlohmann::json;

@@ -8,7 +8,7 @@
 
 #include "torch_doctest.h"
 
-#include "../../src/torch/finite_check.h"
+#include "torch/finite_check.h"
 
 using ckpt::detail::non_finite;
 using named = std::vector<std::pair<std::string, at::Tensor>>;

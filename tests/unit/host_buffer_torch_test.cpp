@@ -1,4 +1,4 @@
-// The loader's own CPU storages (src/torch/host_buffer.cpp): laid out like the file, each
+// The loader's own CPU storages (src/torch/loader/host_buffer.cpp): laid out like the file, each
 // an ordinary resizable CPU storage, the shared mapping freed with the last of them (the
 // ASan build checks the freeing).
 #include <cstdint>
@@ -8,7 +8,7 @@
 
 #include "torch_doctest.h"
 
-#include "../../src/torch/host_buffer.h"
+#include "torch/loader/host_buffer.h"
 
 using namespace ckpt::detail;
 

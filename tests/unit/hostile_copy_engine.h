@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "ckpt/error.h"
-#include "copy_engine.h"
+#include "io/copy_engine.h"
 
 namespace ckpt::testing {
 

@@ -1,4 +1,4 @@
-// load_options::mmap and ::populate (src/torch/storage_loader.cpp): a mapped load is lazy
+// load_options::mmap and ::populate (src/torch/loader/storage_loader.cpp): a mapped load is lazy
 // unless asked to populate, and populating maps every page of the tensors without copying
 // them. The page table is read from /proc/self/pagemap (bit 63: page present), which an
 // unprivileged process may read for its own pages.
@@ -17,7 +17,7 @@
 #include "torch_doctest.h"
 
 #include "ckpt/load.h"
-#include "../../src/torch/storage_loader.h"
+#include "torch/loader/storage_loader.h"
 
 namespace {
 

@@ -10,7 +10,7 @@
 #include "ckpt/error.h"
 #include "ckpt/pickle.h"
 #include "ckpt/pickle_writer.h"
-#include "pickle_opcodes.h"
+#include "pickle/pickle_opcodes.h"
 
 using ckpt::errc;
 using namespace ckpt::pickle;

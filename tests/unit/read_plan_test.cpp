@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "ckpt/checkpoint.h"
-#include "read_plan.h"
+#include "model/read_plan.h"
 
 using ckpt::checkpoint;
 using ckpt::detail::plan_reads;

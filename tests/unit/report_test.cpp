@@ -6,7 +6,7 @@
 
 #include "ckpt/checkpoint.h"
 #include "ckpt/report.h"
-#include "json_writer.h"
+#include "report/json_writer.h"
 
 using ckpt::detail::json_writer;
 using nlohmann::json;

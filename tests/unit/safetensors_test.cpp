@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "ckpt/byte_source.h"
-#include "ckpt/byteio.h"
+#include "base/byteio.h"
 #include "ckpt/error.h"
 #include "ckpt/safetensors.h"
 

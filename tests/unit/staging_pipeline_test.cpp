@@ -15,8 +15,8 @@
 #include "ckpt/checkpoint.h"
 #include "ckpt/error.h"
 #include "hostile_copy_engine.h"
-#include "read_plan.h"
-#include "staging_pipeline.h"
+#include "model/read_plan.h"
+#include "io/staging_pipeline.h"
 
 using namespace ckpt::detail;
 using ckpt::testing::hostile_copy_engine;

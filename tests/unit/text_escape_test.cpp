@@ -5,7 +5,7 @@
 
 #include "ckpt/error.h"
 #include "ckpt/rekey.h"
-#include "ckpt/text_escape.h"
+#include "base/text_escape.h"
 
 using ckpt::display_name;
 using ckpt::escape_controls;

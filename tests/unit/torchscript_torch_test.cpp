@@ -13,7 +13,7 @@
 #include "ckpt/byte_source.h"
 #include "ckpt/error.h"
 #include "ckpt/torchscript.h"
-#include "ckpt/torchscript_module.h"
+#include "torch/torchscript_module.h"
 #include "ckpt/zip_reader.h"
 
 namespace {

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "ckpt/byteio.h"
+#include "base/byteio.h"
 #include "ckpt/zip_reader.h"
 
 namespace zip_test {

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "ckpt/byte_source.h"
-#include "ckpt/byteio.h"
+#include "base/byteio.h"
 #include "ckpt/error.h"
 #include "ckpt/zip_reader.h"
 #include "ckpt/zip_writer.h"

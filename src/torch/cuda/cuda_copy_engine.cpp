@@ -14,7 +14,7 @@
 //    return its error (sticky errors included), which wait turns into ckpt::error(device).
 // Nothing here tracks the staging memory for LibTorch's host allocator (copy_ would record
 // an event on it): the pipeline waits for every ticket before the ring can be freed.
-#include "cuda_copy_engine.h"
+#include "torch/cuda/cuda_copy_engine.h"
 
 #include <c10/cuda/CUDAGuard.h>
 

@@ -11,7 +11,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "copy_engine.h"
+#include "io/copy_engine.h"
 
 namespace ckpt::detail {
 

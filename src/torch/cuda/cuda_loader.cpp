@@ -10,10 +10,10 @@
 
 #include <algorithm>
 
-#include "../storage_loader.h"
-#include "cuda_copy_engine.h"
-#include "read_plan.h"
-#include "staging_pipeline.h"
+#include "torch/loader/storage_loader.h"
+#include "torch/cuda/cuda_copy_engine.h"
+#include "model/read_plan.h"
+#include "io/staging_pipeline.h"
 
 namespace ckpt::detail {
 

@@ -1,0 +1,587 @@
+#include "ckpt/checkpoint.h"
+
+#include <algorithm>
+#include <set>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "ckpt/error.h"
+#include "formats/format_detect.h"
+#include "formats/legacy_reader.h"
+#include "formats/pickled_module.h"
+#include "base/pointer_map.h"
+#include "formats/tensor_collector.h"
+#include "base/text.h"
+
+namespace ckpt {
+namespace {
+
+using pickle::kind;
+using pickle::value;
+
+const char* const kStateDictHolders[] = {"state_dict", "model_state_dict", "model", "module",
+                                         "net", "network", "model_ema", "ema", "weights", "params"};
+
+// Small text records (version, byteorder): parsed strictly, as security.md Z12 asks.
+std::string read_small_record(const zip::archive& ar, const zip::entry& e) {
+  if (e.uncompressed_size > 64) throw_corrupt("record " + e.name + " is longer than 64 bytes", e.local_header_offset);
+  auto bytes = ar.read_record(e);
+  return std::string(bytes.begin(), bytes.end());
+}
+
+void check_version_record(const zip::archive& ar) {
+  const zip::entry* e = ar.find(".data/version");
+  if (!e) e = ar.find("version");
+  if (!e) return;  // torch tolerates its absence in torch.save files written by old writers
+  std::string text = read_small_record(ar, *e);
+  if (!text.empty() && text.back() == '\n') text.pop_back();
+  if (text.empty() || text.size() > 4 || !std::all_of(text.begin(), text.end(), ::isdigit))
+    throw_corrupt("record " + e->name + " is not a decimal version number", e->data_offset);
+  int v = std::stoi(text);
+  // caffe2/serialize/versions.h: kMinSupportedFileFormatVersion 1 .. kMaxSupported 0xA.
+  if (v < 1 || v > 10)
+    throw_unsupported("archive format version " + text + " (this build reads 1 to 10)", e->data_offset);
+}
+
+std::string read_byteorder(const zip::archive& ar) {
+  const zip::entry* e = ar.find("byteorder");
+  if (!e) return "little";  // PyTorch's default since PR #101973
+  std::string text = read_small_record(ar, *e);
+  if (text != "little" && text != "big")
+    throw_corrupt("record " + e->name + " must say 'little' or 'big'", e->data_offset);
+  return text;
+}
+
+// torch.load reads `.storage_alignment` with Python's int(): surrounding whitespace, a
+// sign and single underscores between digits are accepted, anything else is a ValueError.
+// Accepting exactly that keeps ckptool from reading a file torch.load refuses. Returns the
+// value, 0 for a valid literal that is not a positive number below 2^63, nullopt for text
+// int() refuses.
+std::optional<uint64_t> python_int_value(std::string_view t) {
+  auto space = [](char ch) { return ch == ' ' || ch == '\t' || ch == '\n' || ch == '\r' || ch == '\f' || ch == '\v'; };
+  while (!t.empty() && space(t.front())) t.remove_prefix(1);
+  while (!t.empty() && space(t.back())) t.remove_suffix(1);
+  bool negative = false;
+  if (!t.empty() && (t.front() == '+' || t.front() == '-')) {
+    negative = t.front() == '-';
+    t.remove_prefix(1);
+  }
+  if (t.empty() || t.front() == '_' || t.back() == '_') return std::nullopt;
+  uint64_t v = 0;
+  bool overflow = false;
+  for (size_t i = 0; i < t.size(); ++i) {
+    if (t[i] == '_') {
+      if (t[i + 1] == '_') return std::nullopt;
+    } else if (t[i] < '0' || t[i] > '9') {
+      return std::nullopt;
+    } else if (!overflow) {
+      overflow = v > (uint64_t(INT64_MAX) - uint64_t(t[i] - '0')) / 10;
+      v = v * 10 + uint64_t(t[i] - '0');
+    }
+  }
+  return negative || overflow ? 0 : v;
+}
+
+uint64_t read_storage_alignment(const zip::archive& ar) {
+  const zip::entry* e = ar.find(".storage_alignment");
+  if (!e) return 64;  // torch.load's default
+  std::optional<uint64_t> v = python_int_value(read_small_record(ar, *e));
+  if (!v) throw_corrupt("record " + e->name + " is not an integer (torch.load refuses it)", e->data_offset);
+  return *v;
+}
+
+bool is_torchscript_vocabulary(std::string_view module) {
+  return module.substr(0, 9) == "__torch__" || module == "torch.jit._pickle" || module == "builtins";
+}
+
+// A global torch.load would import: off the weights_only allowlist and, in a TorchScript
+// archive, not one of its scripted classes or typed-container helpers.
+bool is_unsafe_global(std::string_view module, std::string_view attr, bool torchscript) {
+  return !is_weights_only_safe_global(module, attr) && !(torchscript && is_torchscript_vocabulary(module));
+}
+
+// The same for a "module.attr" name as the pickle machine reports globals it met.
+bool is_unsafe_global_name(std::string_view full, bool torchscript) {
+  size_t dot = full.rfind('.');
+  return dot == std::string_view::npos || is_unsafe_global(full.substr(0, dot), full.substr(dot + 1), torchscript);
+}
+
+std::unique_ptr<pickle::document> parse_record_pickle(const zip::archive& ar, const zip::entry& e,
+                                                      const pickle::limits& lim, bool torchscript) {
+  if (e.uncompressed_size > lim.max_pickle_bytes)
+    throw_limit("record " + e.name + " is " + std::to_string(e.uncompressed_size) +
+                    " bytes, over the pickle size limit (raise with --max-pickle-bytes)",
+                e.local_header_offset);
+  auto bytes = ar.read_record(e);
+  pickle::parse_options po;
+  po.lim = lim;
+  // Offsets in errors are file offsets when the record is stored (it always is in torch files).
+  po.base_offset = e.method == 0 ? e.data_offset : 0;
+  std::vector<std::string> seen;
+  po.globals_seen = &seen;
+  try {
+    return std::make_unique<pickle::document>(pickle::parse(bytes.data(), bytes.size(), po));
+  } catch (const error& broken) {
+    // What a malformed pickle imported before it broke is what a scanner needs to know
+    // (security.md P5): the error names those globals torch.load would have run.
+    std::set<std::string> unsafe;
+    for (const auto& g : seen)
+      if (is_unsafe_global_name(g, torchscript)) unsafe.insert(g);
+    if (unsafe.empty()) throw;
+    std::string names;
+    for (const auto& g : unsafe) names += (names.empty() ? "" : ", ") + g;
+    throw error(broken.kind(), broken.message() + " (before it, the pickle named unsafe globals: " + names + ")",
+                broken.offset());
+  }
+}
+
+// Wider than torch.load's own test (constants.pkl alone): an archive carrying code is
+// never read as plain weights (security.md P11).
+const zip::entry* first_code_record(const zip::archive& ar) {
+  for (const auto& e : ar.entries())
+    if (e.record.compare(0, 5, "code/") == 0) return &e;
+  return nullptr;
+}
+
+bool is_torchscript_archive(const zip::archive& ar) {
+  return ar.find("constants.pkl") || ar.find("bytecode.pkl") || ar.find(".data/version") || ar.find("model.json") ||
+         first_code_record(ar);
+}
+
+std::vector<std::string> records_torch_save_never_writes(const zip::archive& ar) {
+  static const char* const kKnown[] = {"data.pkl", "byteorder", "version", ".format_version", ".storage_alignment",
+                                       ".data/serialization_id"};
+  std::vector<std::string> out;
+  for (const auto& e : ar.entries()) {
+    if (e.record.compare(0, 5, "data/") == 0) continue;
+    if (std::none_of(std::begin(kKnown), std::end(kKnown), [&](const char* k) { return e.record == k; }))
+      out.push_back(e.record);
+  }
+  return out;
+}
+
+void collect_globals(checkpoint& c, bool torchscript) {
+  std::set<std::string> all, unsafe;
+  for (const value& v : c.pickle->nodes()) {
+    if (v.type != kind::global) continue;
+    std::string full = v.global_name();
+    all.insert(full);
+    if (is_unsafe_global(v.global_module(), v.global_attr(), torchscript)) unsafe.insert(full);
+  }
+  c.globals.assign(all.begin(), all.end());
+  c.unsafe_globals.assign(unsafe.begin(), unsafe.end());
+}
+
+// The Python type of an entry, as inspect reports it: an OrderedDict is named as such, and
+// an object by the class that made it.
+std::string type_name(const value* v) {
+  if (v->type == kind::dict && v->flag) return "OrderedDict";
+  if (v->type == kind::object) {
+    const value* g = v->callable_global();
+    return g ? g->global_name() : "object";
+  }
+  return text::python_type_name(v->type);
+}
+
+detail::pointer_map<bool> tensor_node_set(const checkpoint& c) {
+  detail::pointer_map<bool> nodes(c.tensors.size());
+  for (const auto& t : c.tensors) nodes.insert(t.node, true);
+  return nodes;
+}
+
+void find_state_dict(checkpoint& c) {
+  const value* root = c.pickle ? c.pickle->root : nullptr;
+  if (!root) return;
+  const detail::pointer_map<bool> tensor_nodes = tensor_node_set(c);
+  auto is_state_dict = [&](const value* d) {
+    if (!d || d->type != kind::dict || d->dict_size() == 0) return false;
+    size_t tensors = 0;
+    for (size_t i = 0; i < d->dict_size(); ++i) {
+      if (d->dict_key(i)->type != kind::str) return false;
+      tensors += tensor_nodes.contains(d->dict_value(i));
+    }
+    return tensors > 0 && tensors * 2 >= d->dict_size();
+  };
+  if (is_state_dict(root)) {
+    c.state_dict = value_path{};
+    c.state_dict_node = root;
+    return;
+  }
+  if (root->type != kind::dict) return;
+  auto lookup = [&](std::string_view key) -> const value* {
+    for (size_t i = 0; i < root->dict_size(); ++i)
+      if (root->dict_key(i)->type == kind::str && root->dict_key(i)->text == key) return root->dict_value(i);
+    return nullptr;
+  };
+  c.lightning = lookup("pytorch-lightning_version") != nullptr;
+  for (const char* holder : kStateDictHolders) {
+    if (is_state_dict(lookup(holder))) {
+      c.state_dict = value_path{std::string(holder)};
+      c.state_dict_node = lookup(holder);
+      return;
+    }
+  }
+  for (size_t i = 0; i < root->dict_size(); ++i) {
+    if (root->dict_key(i)->type == kind::str && is_state_dict(root->dict_value(i))) {
+      c.state_dict = value_path{root->dict_key(i)->text};
+      c.state_dict_node = root->dict_value(i);
+      return;
+    }
+  }
+}
+
+size_t count_tensors(const value* v, const detail::pointer_map<bool>& tensor_nodes,
+                     std::unordered_set<const value*>& seen, int depth) {
+  if (!v || depth > 1000 || !seen.insert(v).second) return 0;
+  if (tensor_nodes.contains(v)) return 1;
+  size_t n = 0;
+  for (const value* c : v->items) n += count_tensors(c, tensor_nodes, seen, depth + 1);
+  return n + count_tensors(v->state, tensor_nodes, seen, depth + 1);
+}
+
+// Python's repr, except for containers holding tensors: their rebuild calls mean nothing
+// to a reader, so those are summarized ("list, 1 item, 21 tensors inside").
+std::string entry_value(const value* v, const detail::pointer_map<bool>& tensor_nodes) {
+  std::unordered_set<const value*> seen;
+  size_t tensors = count_tensors(v, tensor_nodes, seen, 0);
+  if (tensors == 0) return pickle::repr(v, 120);
+  size_t n = v->type == kind::dict ? v->dict_size() : v->items.size();
+  const char* noun = v->type == kind::dict ? (n == 1 ? "entry" : "entries") : (n == 1 ? "item" : "items");
+  std::string out = type_name(v);
+  if (v->type != kind::object) out += ", " + std::to_string(n) + " " + noun;
+  return out + ", " + std::to_string(tensors) + (tensors == 1 ? " tensor" : " tensors") + " inside";
+}
+
+void summarize_entries(checkpoint& c) {
+  const value* root = c.pickle ? c.pickle->root : nullptr;
+  if (!root || root->type != kind::dict) return;
+  const detail::pointer_map<bool> tensor_nodes = tensor_node_set(c);
+  auto add_entries = [&](const value* d, value_path prefix) {
+    for (size_t i = 0; i < d->dict_size(); ++i) {
+      const value* k = d->dict_key(i);
+      const value* v = d->dict_value(i);
+      if (v == c.state_dict_node || tensor_nodes.contains(v)) continue;
+      value_path p = prefix;
+      if (k->type == kind::integer)
+        p.push_back(k->integer);
+      else
+        p.push_back(k->type == kind::str ? k->text : pickle::repr(k, 80));
+      c.entries.push_back({p, type_name(v), entry_value(v, tensor_nodes)});
+    }
+  };
+  add_entries(root, {});
+  if (c.lightning) {
+    for (size_t i = 0; i < root->dict_size(); ++i) {
+      const value* k = root->dict_key(i);
+      if (k->type == kind::str && k->text == "hyper_parameters" && root->dict_value(i)->type == kind::dict)
+        add_entries(root->dict_value(i), {std::string("hyper_parameters")});
+    }
+  }
+}
+
+// torch.export.save and AOTInductor packages say so in their archive_format record
+// (formats.md §1); the file name proves nothing.
+bool is_torch_export_archive(const zip::archive& ar) {
+  const zip::entry* f = ar.find("archive_format");
+  if (!f || f->uncompressed_size != 3) return false;
+  auto bytes = ar.read_record(*f);
+  return std::string(bytes.begin(), bytes.end()) == "pt2";
+}
+
+void read_torch_zip(checkpoint& c, const open_options& opt) {
+  c.zip = zip::archive::open(*c.source, opt.zip_limits);
+  const zip::archive& ar = *c.zip;
+  bool torchscript = is_torchscript_archive(ar);
+  if (ar.find("model.json"))
+    throw_unsupported("legacy TorchScript archive (model.json, PyTorch 1.0-1.2): re-save it with a current PyTorch");
+  c.format = torchscript ? file_format::torchscript : file_format::torch_zip;
+  const zip::entry* data = ar.find("data.pkl");
+  if (!data) {
+    if (ar.find("bytecode.pkl"))
+      throw_unsupported("mobile (lite interpreter) TorchScript archive without data.pkl");
+    if (is_torch_export_archive(ar)) throw_unsupported("a torch.export archive; not yet supported");
+    throw_unsupported("zip archive without data.pkl: not a PyTorch checkpoint");
+  }
+  // Without constants.pkl LibTorch cannot load it either; saying so here gives every verb
+  // the same answer, with an offset, instead of a loader error from inspect alone.
+  if (torchscript && !ar.find("constants.pkl") && !ar.find("bytecode.pkl"))
+    if (const zip::entry* code = first_code_record(ar))
+      throw_corrupt("record " + code->name + " makes this a TorchScript archive, but it has no constants.pkl",
+                    code->local_header_offset);
+  check_version_record(ar);
+  c.byteorder = read_byteorder(ar);
+  c.storage_alignment = read_storage_alignment(ar);
+  if (opt.verify_crc)
+    for (const auto& e : ar.entries()) ar.verify_crc(e);
+
+  c.pickle = parse_record_pickle(ar, *data, opt.pickle_limits, torchscript);
+  // Each storage is a record; most tensors have a storage of their own.
+  c.storages.reserve(ar.entries().size());
+  c.tensors.reserve(ar.entries().size());
+  detail::tensor_collector collector(c, detail::zip_storage_binder(c, "data/"),
+                                     opt.pickle_limits, opt.max_tensors, false);
+  collector.collect(c.pickle->root);
+  collect_globals(c, torchscript);
+  if (!torchscript) c.unknown_records = records_torch_save_never_writes(ar);
+  if (torchscript) {
+    // constants.pkl holds tensors referenced from code (CONSTANTS.c0, ...); they are part
+    // of the file's data, so list them, under a path no module attribute can have.
+    if (const zip::entry* consts = ar.find("constants.pkl")) {
+      auto doc = parse_record_pickle(ar, *consts, opt.pickle_limits, true);
+      size_t first = c.tensors.size();
+      detail::tensor_collector cc(c, detail::zip_storage_binder(c, "constants/"),
+                                  opt.pickle_limits, opt.max_tensors, false);
+      cc.collect(doc->root);
+      for (size_t i = first; i < c.tensors.size(); ++i)
+        c.tensors[i].path.insert(c.tensors[i].path.begin(), std::string("<constants>"));
+      for (const value& v : doc->nodes())
+        if (v.type == kind::global) {
+          std::string full = v.global_name();
+          if (std::find(c.globals.begin(), c.globals.end(), full) == c.globals.end()) c.globals.push_back(full);
+        }
+      std::sort(c.globals.begin(), c.globals.end());
+      // Keep the constants' nodes alive with the checkpoint: tensor records point into them.
+      c.extra_pickles.push_back(std::move(doc));
+    }
+  }
+}
+
+void read_safetensors(checkpoint& c, const open_options& opt) {
+  c.format = file_format::safetensors;
+  safetensors::limits lim = opt.safetensors_limits;
+  lim.max_tensors = opt.max_tensors;
+  c.st_header = safetensors::read_header(*c.source, lim);
+  for (const auto& t : c.st_header->tensors) {
+    storage_record s;
+    s.key = t.name;
+    s.type = t.type;
+    s.nbytes = t.end - t.begin;
+    s.file_offset = t.file_offset;
+    s.location = "cpu";
+    s.tensor_count = 1;
+    c.storages.push_back(std::move(s));
+    tensor_record r;
+    r.path = {t.name};
+    r.type = t.type;
+    r.shape = t.shape;
+    r.stride.assign(t.shape.size(), 1);
+    for (size_t i = t.shape.size(); i-- > 1;) r.stride[i - 1] = r.stride[i] * std::max<int64_t>(t.shape[i], 1);
+    r.storage = c.storages.size() - 1;
+    r.location = "cpu";
+    c.tensors.push_back(std::move(r));
+  }
+  c.state_dict = value_path{};
+}
+
+[[noreturn]] void refuse_bare_pickle(checkpoint& c, const open_options& opt, bool certain) {
+  std::vector<std::string> seen;
+  std::string parse_problem;
+  try {
+    uint64_t n = std::min<uint64_t>(c.source->size(), opt.pickle_limits.max_pickle_bytes);
+    auto bytes = c.source->read_vector(0, size_t(n));
+    pickle::parse_options po;
+    po.lim = opt.pickle_limits;
+    po.require_eof = false;
+    po.globals_seen = &seen;
+    pickle::parse(bytes.data(), bytes.size(), po);
+  } catch (const error& e) {
+    // A broken pickle is refused all the same; what it imported before the break is the
+    // useful part (security.md P5).
+    parse_problem = e.message();
+  }
+  if (!certain && seen.empty() && !parse_problem.empty()) detail::throw_unrecognized(*c.source);
+  std::set<std::string> unsafe;
+  for (const auto& g : seen)
+    if (is_unsafe_global_name(g, false)) unsafe.insert(g);
+  std::string msg = "bare pickle stream, not a PyTorch checkpoint (torch.load refuses it; unpickling it can run code)";
+  if (!unsafe.empty()) {
+    msg += "; unsafe globals: ";
+    size_t i = 0;
+    for (const auto& g : unsafe) msg += (i++ ? ", " : "") + g;
+  }
+  if (!parse_problem.empty()) msg += "; the pickle is also malformed: " + parse_problem;
+  throw error(errc::unsupported, msg, 0);
+}
+
+}  // namespace
+
+const char* format_name(file_format f) {
+  switch (f) {
+    case file_format::torch_zip: return "torch-zip";
+    case file_format::torchscript: return "torchscript";
+    case file_format::safetensors: return "safetensors";
+    case file_format::torch_legacy: return "torch-legacy";
+  }
+  return "unknown";
+}
+
+std::string path_to_string(const value_path& path, char separator) {
+  std::string out;
+  for (const auto& step : path) {
+    if (!out.empty()) out += separator;
+    if (const auto* s = std::get_if<std::string>(&step))
+      out += *s;
+    else
+      out += std::to_string(std::get<int64_t>(step));
+  }
+  return out;
+}
+
+bool tensor_record::composite() const { return kind && kind->layout != "strided"; }
+
+uint64_t tensor_record::numel() const {
+  if (composite()) {
+    uint64_t sum = 0;
+    for (const auto& part : kind->components)
+      if (__builtin_add_overflow(sum, part.second->numel(), &sum)) throw_corrupt("tensor element count overflows");
+    return sum;
+  }
+  uint64_t n = 1;
+  for (int64_t d : shape)
+    if (__builtin_mul_overflow(n, uint64_t(d < 0 ? 0 : d), &n))
+      throw_corrupt("tensor element count overflows");
+  return n;
+}
+
+uint64_t tensor_record::nbytes() const {
+  if (composite()) {
+    uint64_t sum = 0;
+    for (const auto& part : kind->components) sum += part.second->nbytes();
+    return sum;
+  }
+  const uint64_t n = numel(), per_byte = elements_per_byte(type);
+  return per_byte > 1 ? (n + per_byte - 1) / per_byte : n * element_size(type);
+}
+
+std::string tensor_kind::description() const {
+  if (sparse()) {
+    std::string upper = layout.substr(7);
+    for (char& ch : upper) ch = char(ch - 'a' + 'A');
+    return "sparse " + upper;
+  }
+  if (layout == "jagged") return "jagged nested";
+  if (layout == "strided") return subclass;
+  return layout;
+}
+
+std::vector<std::pair<std::string, size_t>> checkpoint::state_dict_tensors() const {
+  std::vector<std::pair<std::string, size_t>> out;
+  if (!state_dict) return out;
+  if (!module_class.empty() && module_unread.empty()) return module_keys;
+  if (!state_dict_node) {  // safetensors: every tensor, by name
+    for (size_t i = 0; i < tensors.size(); ++i) out.emplace_back(path_to_string(tensors[i].path), i);
+    return out;
+  }
+  // In the dict's own order, and including keys that share one tensor object (a tied
+  // Parameter saved under two names): the pickle gives both keys the same node.
+  detail::pointer_map<size_t> index_of(tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) index_of.insert(tensors[i].node, i);
+  out.reserve(state_dict_node->dict_size());
+  for (size_t i = 0; i < state_dict_node->dict_size(); ++i) {
+    const value* k = state_dict_node->dict_key(i);
+    const size_t* index = index_of.find(state_dict_node->dict_value(i));
+    if (!index) continue;
+    out.emplace_back(k->type == kind::str ? k->text : pickle::repr(k, 80), *index);
+  }
+  return out;
+}
+
+checkpoint open_checkpoint(std::unique_ptr<byte_source> src, const open_options& options) {
+  checkpoint c;
+  c.path = src->name();
+  c.file_size = src->size();
+  c.source = std::move(src);
+  try {
+    switch (detail::sniff_format(*c.source)) {
+      case detail::sniffed::zip:
+        read_torch_zip(c, options);
+        break;
+      case detail::sniffed::legacy_pickle:
+        detail::read_legacy(c, options);
+        collect_globals(c, false);
+        break;
+      case detail::sniffed::safetensors:
+        read_safetensors(c, options);
+        break;
+      case detail::sniffed::bare_pickle:
+        refuse_bare_pickle(c, options, true);
+      case detail::sniffed::maybe_pickle:
+        refuse_bare_pickle(c, options, false);
+    }
+    if (c.format != file_format::safetensors && c.format != file_format::torchscript) {
+      find_state_dict(c);
+      if (!c.state_dict) detail::find_pickled_module(c, options);
+      summarize_entries(c);
+    }
+  } catch (error& e) {
+    e.with_file(c.path);
+    throw;
+  }
+  return c;
+}
+
+checkpoint open_checkpoint(const std::string& path, const open_options& options) {
+  std::unique_ptr<byte_source> src;
+  try {
+    src = std::make_unique<file_source>(path);
+  } catch (error& e) {
+    e.with_file(path);
+    throw;
+  }
+  return open_checkpoint(std::move(src), options);
+}
+
+void release_pickle(checkpoint& c) {
+  auto detached = [](const std::shared_ptr<const tensor_record>& t) -> std::shared_ptr<const tensor_record> {
+    if (!t) return t;
+    auto copy = std::make_shared<tensor_record>(*t);
+    copy->node = nullptr;
+    return copy;
+  };
+  for (tensor_record& t : c.tensors) {
+    t.node = nullptr;
+    if (t.kind && !t.kind->components.empty()) {
+      auto k = std::make_shared<tensor_kind>(*t.kind);
+      for (auto& part : k->components) part.second = detached(part.second);
+      t.kind = std::move(k);
+    }
+    if (t.quant && (t.quant->scales || t.quant->zero_points)) {
+      auto q = std::make_shared<quantization>(*t.quant);
+      q->scales = detached(q->scales);
+      q->zero_points = detached(q->zero_points);
+      t.quant = std::move(q);
+    }
+  }
+  c.state_dict_node = nullptr;
+  c.extra_pickles.clear();
+  c.pickle.reset();
+}
+
+void refuse_unsafe_torchscript(const zip::archive& ar, const pickle::limits& lim) {
+  const zip::entry* data = ar.find("data.pkl");
+  if (!data) return;
+  std::vector<std::string> unsafe;
+  try {
+    auto doc = parse_record_pickle(ar, *data, lim, true);
+    std::set<std::string> names;
+    for (const value& v : doc->nodes())
+      if (v.type == kind::global && is_unsafe_global(v.global_module(), v.global_attr(), true))
+        names.insert(v.global_name());
+    unsafe.assign(names.begin(), names.end());
+  } catch (error& e) {
+    // Limits were set by the caller's open_checkpoint; past them, LibTorch judges alone.
+    if (e.kind() == errc::limit) return;
+    e.with_file(ar.source().name());
+    throw;
+  }
+  if (unsafe.empty()) return;
+  std::string names;
+  for (size_t i = 0; i < unsafe.size() && i < 8; ++i) names += (i ? ", " : "") + unsafe[i];
+  if (unsafe.size() > 8) names += ", ...";
+  throw error(errc::unsafe, "TorchScript archive whose " + data->name + " names globals outside TorchScript's own: " +
+                                names + " (not handed to LibTorch; nothing was imported)",
+              data->data_offset)
+      .with_file(ar.source().name());
+}
+
+}  // namespace ckpt

@@ -1,0 +1,565 @@
+#include "ckpt/rekey_file.h"
+
+#include <algorithm>
+#include <cstring>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "base/byteio.h"
+#include "ckpt/error.h"
+#include "ckpt/pickle_writer.h"
+#include "ckpt/zip_writer.h"
+#include "base/pointer_map.h"
+#include "base/string_index.h"
+
+namespace ckpt {
+namespace {
+
+using pickle::kind;
+using pickle::value;
+using renamer = std::function<std::string(const std::string&)>;
+
+renamer from_ops(const std::vector<key_op>& ops) {
+  return [&ops](const std::string& k) {
+    std::string out = k;
+    for (const auto& op : ops) out = apply_op(op, out);
+    return out;
+  };
+}
+
+std::vector<std::string> str_keys(const value* d) {
+  std::vector<std::string> keys;
+  for (size_t i = 0; i < d->dict_size(); ++i)
+    if (d->dict_key(i)->type == kind::str) keys.push_back(d->dict_key(i)->text);
+  return keys;
+}
+
+// How many places in the document refer to each of its nodes (0, 1, or 2 for "more"), by
+// node id: a key node only this dict refers to can take its new name in place, where one
+// the memo shares with other places must be replaced. For a million tensors a fresh node per
+// key was a tenth of rekey's memory.
+class reference_counts {
+ public:
+  explicit reference_counts(const pickle::document& doc) : doc_(doc), counts_(doc.node_count() + 1, 0) {
+    bump(doc.root);
+    for (const value& v : doc.nodes()) {
+      for (const value* child : v.items) bump(child);
+      bump(v.state);
+    }
+  }
+  /// True unless `v` is one of the document's nodes and exactly one place refers to it.
+  bool shared(const value* v) const { return !doc_.owns(v) || v->id >= counts_.size() || counts_[v->id] != 1; }
+
+ private:
+  void bump(const value* v) {
+    if (doc_.owns(v) && v->id < counts_.size() && counts_[v->id] < 2) ++counts_[v->id];
+  }
+  const pickle::document& doc_;
+  std::vector<uint8_t> counts_;
+};
+
+// Renames the str keys of dict `d` in place: `f(i, key)` gives the new name of its i-th str
+// key (as anything a std::string_view can look at). A key node that is shared (the memo may
+// share it with other places in the pickle) is replaced by a new one; an unshared one is
+// renamed where it is, which writes the same bytes. New text goes into the document's arena.
+// When two keys meet (only possible for `_metadata`: the planner refuses collisions among
+// state-dict keys, whose renaming the mirrors share), the later value wins in the earlier
+// position, as consume_prefix_in_state_dict_if_present does; `may_collide` asks for that check.
+template <class F>
+size_t rename_keys_indexed(pickle::document& doc, const reference_counts& refs, value* d, F&& f, bool may_collide) {
+  std::vector<value*> items;
+  items.reserve(d->items.size());
+  // Views of node texts, which stay put for the document's lifetime.
+  std::unordered_map<std::string_view, size_t> position;
+  size_t changed = 0, str_index = 0;
+  for (size_t i = 0; i < d->dict_size(); ++i) {
+    value* k = d->dict_key(i);
+    value* v = d->dict_value(i);
+    if (k->type == kind::str) {
+      const auto& renamed = f(str_index++, k->text.view());
+      const std::string_view name = renamed;
+      if (name != k->text) {
+        ++changed;
+        if (refs.shared(k)) k = doc.make(kind::str, k->offset);
+        k->text.borrow(doc.keep(name));
+      }
+      if (may_collide) {
+        auto [it, inserted] = position.emplace(k->text, items.size());
+        if (!inserted) {
+          items[it->second + 1] = v;
+          continue;
+        }
+      }
+    }
+    items.push_back(k);
+    items.push_back(v);
+  }
+  d->items = items;
+  return changed;
+}
+
+size_t rename_keys(pickle::document& doc, const reference_counts& refs, value* d, const renamer& f, bool may_collide) {
+  return rename_keys_indexed(
+      doc, refs, d, [&f](size_t, std::string_view k) { return f(std::string(k)); }, may_collide);
+}
+
+// `_metadata` follows the keys (module_rules); wrappers that an edit adds get the entry
+// nn.Module.state_dict() would give them, {'version': 1}, just before the module they wrap.
+size_t rename_metadata(pickle::document& doc, const reference_counts& refs, value* meta, const module_rules& rules) {
+  const renamer module_path = [&](const std::string& p) { return map_module_path(rules, p); };
+  size_t changed = rename_keys(doc, refs, meta, module_path, true);
+  for (const auto& [wrapper, before] : added_wrapper_paths(rules)) {
+    bool present = false;
+    size_t position = meta->dict_size();
+    for (size_t i = 0; i < meta->dict_size(); ++i) {
+      const value* k = meta->dict_key(i);
+      if (k->type != kind::str) continue;
+      if (k->text == wrapper) present = true;
+      if (k->text == before && position == meta->dict_size()) position = i;
+    }
+    if (present) continue;
+    value* key = doc.make(kind::str, 0);
+    key->text = wrapper;
+    value* entry = doc.make(kind::dict, 0);
+    value* version_key = doc.make(kind::str, 0);
+    version_key->text = "version";
+    value* version = doc.make(kind::integer, 0);
+    version->integer = 1;
+    entry->items = {version_key, version};
+    meta->items.insert(meta->items.begin() + long(2 * position), {key, entry});
+    ++changed;
+  }
+  return changed;
+}
+
+value* metadata_of(value* state_dict) {
+  value* st = state_dict->state;
+  if (!st || st->type != kind::dict) return nullptr;
+  for (size_t i = 0; i < st->dict_size(); ++i)
+    if (st->dict_key(i)->type == kind::str && st->dict_key(i)->text == "_metadata" &&
+        st->dict_value(i)->type == kind::dict)
+      return st->dict_value(i);
+  return nullptr;
+}
+
+// Other dicts keyed by the same names as the state dict (FQN-keyed optimizer state). A
+// tensor's rebuild call is not entered: its arguments (storage, sizes, hooks) are no
+// state-dict-keyed dicts, and a million of them are most of a big checkpoint's nodes.
+class mirror_finder {
+ public:
+  mirror_finder(const std::function<bool(std::string_view)>& is_sd_key, const value* skip_a, const value* skip_b,
+                const detail::pointer_map<bool>& tensors, size_t nodes)
+      : is_sd_key_(is_sd_key), skip_a_(skip_a), skip_b_(skip_b), tensors_(tensors), seen_(nodes / 8) {}
+
+  std::vector<std::pair<value*, std::string>> run(value* root) {
+    find(root, 0);
+    return std::move(out_);
+  }
+
+ private:
+  void find(value* v, int depth) {
+    if (!v || depth > 200) return;
+    if (v->type != kind::dict && v->type != kind::list && v->type != kind::tuple && v->type != kind::object) return;
+    if (tensors_.contains(v) || !seen_.insert(v, true)) return;
+    switch (v->type) {
+      case kind::dict: {
+        if (v != skip_a_ && v != skip_b_ && v->dict_size() > 0) {
+          bool mirror = true;
+          for (size_t i = 0; i < v->dict_size() && mirror; ++i)
+            mirror = v->dict_key(i)->type == kind::str && is_sd_key_(v->dict_key(i)->text);
+          if (mirror) out_.emplace_back(v, path_);
+        }
+        for (size_t i = 0; i < v->dict_size(); ++i) {
+          const value* k = v->dict_key(i);
+          descend(k->type == kind::str ? std::string_view(k->text) : std::string_view(), i, v->dict_value(i), depth);
+        }
+        if (v->state) find(v->state, depth + 1);
+        break;
+      }
+      case kind::list:
+      case kind::tuple:
+        for (size_t i = 0; i < v->items.size(); ++i) descend({}, i, v->items[i], depth);
+        break;
+      case kind::object:
+        if (v->state) find(v->state, depth + 1);
+        for (value* slot : v->items)
+          if (slot) find(slot, depth + 1);
+        break;
+      default:
+        break;
+    }
+  }
+
+  // The path is built in one buffer and copied only for the dicts found.
+  void descend(std::string_view key, size_t index, value* child, int depth) {
+    if (!child || (child->type != kind::dict && child->type != kind::list && child->type != kind::tuple &&
+                   child->type != kind::object))
+      return;
+    const size_t mark = path_.size();
+    if (!path_.empty()) path_ += '/';
+    if (key.data())
+      path_ += key;
+    else
+      path_ += std::to_string(index);
+    find(child, depth + 1);
+    path_.resize(mark);
+  }
+
+  const std::function<bool(std::string_view)>& is_sd_key_;
+  const value* skip_a_;
+  const value* skip_b_;
+  const detail::pointer_map<bool>& tensors_;
+  detail::pointer_map<bool> seen_;
+  std::string path_;
+  std::vector<std::pair<value*, std::string>> out_;
+};
+
+// Iterative: a subtree may nest as deep as --max-depth allows.
+bool subtree_has_unsafe(const value* root, std::unordered_set<const value*>& seen) {
+  std::vector<const value*> todo{root};
+  while (!todo.empty()) {
+    const value* v = todo.back();
+    todo.pop_back();
+    if (!v || !seen.insert(v).second) continue;
+    if (v->type == kind::global) {
+      if (!is_weights_only_safe_global(v->global_module(), v->global_attr())) return true;
+      continue;
+    }
+    todo.push_back(v->state);
+    for (size_t i = v->items.size(); i-- > 0;) todo.push_back(v->items[i]);
+  }
+  return false;
+}
+
+std::vector<std::string> drop_unsafe_entries(checkpoint& c) {
+  std::vector<std::string> dropped;
+  auto drop_from = [&](value* d, const std::string& prefix) {
+    if (!d || d->type != kind::dict) return;
+    std::vector<value*> kept;
+    for (size_t i = 0; i < d->dict_size(); ++i) {
+      std::unordered_set<const value*> seen;
+      if (subtree_has_unsafe(d->dict_value(i), seen)) {
+        dropped.push_back(prefix + pickle::repr(d->dict_key(i), 120));
+      } else {
+        kept.push_back(d->dict_key(i));
+        kept.push_back(d->dict_value(i));
+      }
+    }
+    d->items = std::move(kept);
+  };
+  drop_from(c.pickle->root, "");
+  if (c.state_dict_node && c.state_dict_node != c.pickle->root)
+    drop_from(const_cast<value*>(c.state_dict_node), path_to_string(*c.state_dict) + "/");
+  std::unordered_set<const value*> seen;
+  if (subtree_has_unsafe(c.pickle->root, seen))
+    throw error(errc::unsafe, "--drop-unsafe: unsafe globals remain outside droppable top-level entries");
+  return dropped;
+}
+
+std::string join_names(const std::vector<std::string>& names, size_t max) {
+  std::string out;
+  for (size_t i = 0; i < names.size() && i < max; ++i) out += (i ? ", " : "") + names[i];
+  if (names.size() > max) out += ", ... (" + std::to_string(names.size() - max) + " more)";
+  return out;
+}
+
+const file_source& file_of(const checkpoint& c) {
+  auto* fs = dynamic_cast<const file_source*>(c.source.get());
+  if (!fs) throw error(errc::usage, "rekey needs a checkpoint opened from a file");
+  return *fs;
+}
+
+// The alignment the input was written with: its `.storage_alignment` record is copied, so
+// the data must be padded to what it says, or torch.load's calculate_storage_offsets mode
+// would compute wrong offsets.
+uint64_t output_alignment(const checkpoint& c) {
+  const uint64_t a = c.storage_alignment;
+  if (a == 0 || a > zip::writer::kMaxAlignment)
+    throw_unsupported("the input's .storage_alignment is not an alignment a zip writer can pad to (1 to " +
+                      std::to_string(zip::writer::kMaxAlignment) + ")");
+  return a;
+}
+
+// The written file must read back as what we meant to write before it replaces anything.
+// A stream cannot be read back; it gets the same bytes.
+void verify_output(const output_file& written, const checkpoint& in, const std::vector<std::string>& expected_keys,
+                   const open_options& reader) {
+  if (written.is_stream()) return;
+  checkpoint out = open_checkpoint(written.temp_path(), reader);
+  if (out.tensors.size() != in.tensors.size() || out.storages.size() != in.storages.size())
+    throw error(errc::io, "the written file does not read back with the same tensors (internal error; nothing replaced)");
+  std::vector<std::string> got;
+  if (out.format == file_format::safetensors) {
+    for (const auto& t : out.st_header->tensors) got.push_back(t.name);
+  } else if (out.state_dict_node) {
+    got = str_keys(out.state_dict_node);
+  }
+  if (got != expected_keys)
+    throw error(errc::io, "the written file does not read back with the new keys (internal error; nothing replaced)");
+}
+
+[[noreturn]] void not_read_back(const std::string& what) {
+  throw error(errc::io, "the written file does not read back " + what + " (internal error; nothing replaced)");
+}
+
+// The pickle made must decode to a state dict, where the input had it, that holds the new
+// keys in order. Checked on the bytes in memory, before the archive is written and while
+// no other tree is alive (the input's was released): for a million tensors a decoded tree
+// is most of rekey's memory, and two at once were its peak.
+void check_pickle_reads_back(const std::vector<uint8_t>& pkl, const checkpoint& in, const rekey_plan& plan,
+                             const open_options& reader) {
+  pickle::parse_options po;
+  po.lim = reader.pickle_limits;
+  pickle::document doc = pickle::parse(pkl.data(), pkl.size(), po);
+  const value* sd = doc.root;
+  for (const path_element& step : in.state_dict ? *in.state_dict : value_path{}) {
+    const std::string* key = std::get_if<std::string>(&step);
+    const value* next = nullptr;
+    if (key && sd && sd->type == kind::dict)
+      for (size_t i = 0; i < sd->dict_size() && !next; ++i)
+        if (sd->dict_key(i)->type == kind::str && sd->dict_key(i)->text == *key) next = sd->dict_value(i);
+    sd = next;
+  }
+  if (!sd || sd->type != kind::dict) not_read_back("with its state dict");
+  size_t n = 0;
+  for (size_t i = 0; i < sd->dict_size(); ++i) {
+    const value* k = sd->dict_key(i);
+    if (k->type != kind::str) continue;
+    if (n >= plan.mapping.size() || k->text != plan.mapping[n].second) not_read_back("with the new keys");
+    ++n;
+  }
+  if (n != plan.mapping.size()) not_read_back("with the new keys");
+}
+
+// The torch archive written must read back as what we meant to write: the same records in
+// the same order with the same sizes and CRC-32s, and data.pkl exactly the bytes made (which
+// check_pickle_reads_back decoded). Every record but data.pkl is a verbatim copy, so this is
+// checked without building the tensor records a second time (for a million tensors, a
+// second open_checkpoint doubled rekey's time and memory).
+void verify_torch_output(const std::string& temp, const checkpoint& in, const std::vector<uint8_t>& pkl,
+                         const open_options& reader) {
+  file_source src(temp);
+  auto ar = zip::archive::open(src, reader.zip_limits);
+  const auto& before = in.zip->entries();
+  const auto& after = ar->entries();
+  if (before.size() != after.size()) not_read_back("with the same records");
+  for (size_t i = 0; i < before.size(); ++i) {
+    if (before[i].record != after[i].record) not_read_back("with the same records");
+    if (before[i].record == "data.pkl") continue;
+    if (before[i].uncompressed_size != after[i].uncompressed_size || before[i].crc32 != after[i].crc32)
+      not_read_back("with record " + before[i].record + " unchanged");
+  }
+  const zip::entry* data = ar->find("data.pkl");
+  if (!data || data->uncompressed_size != pkl.size()) not_read_back("with the pickle written");
+  if (data->method != 0) {
+    if (ar->read_record(*data) != pkl) not_read_back("with the pickle written");
+    return;
+  }
+  // Compared piece by piece: no second copy of a pickle that may be hundreds of MB.
+  std::vector<uint8_t> piece(size_t(std::min<uint64_t>(pkl.size(), 1 << 20)));
+  for (size_t done = 0; done < pkl.size();) {
+    const size_t n = std::min(piece.size(), pkl.size() - done);
+    src.read_exact(data->data_offset + done, piece.data(), n);
+    if (std::memcmp(piece.data(), pkl.data() + done, n) != 0) not_read_back("with the pickle written");
+    done += n;
+  }
+}
+
+// What the new data.pkl will about weigh: the old one, with each renamed key's length change
+// (in the state dict and in each dict mirroring it) and some room for new memo entries and
+// `_metadata` wrappers. Reserved up front, a pickle of 80 MB is not grown by doubling, which
+// held the old and the new buffer (up to three times its size) at rekey's peak.
+size_t expected_pickle_size(const checkpoint& c, const rekey_result& result) {
+  const zip::entry* data = c.zip->find("data.pkl");
+  if (!data) return 0;
+  uint64_t grow = 0;
+  for (const auto& [from, to] : result.plan.mapping)
+    if (to.size() > from.size()) grow += to.size() - from.size();
+  const uint64_t expected = data->uncompressed_size + grow * (1 + result.mirrored_dicts.size());
+  return size_t(std::min<uint64_t>(expected + expected / 64 + (64 << 10), uint64_t(1) << 40));
+}
+
+// With release_input: the tensor, alias, storage and entry lists are not needed to write the
+// new archive (the records are copied from c.zip's entries), and for a million tensors they
+// are a third of what is alive while the pickle is written.
+void release_records(checkpoint& c) {
+  std::vector<tensor_record>().swap(c.tensors);
+  std::vector<tensor_alias>().swap(c.aliases);
+  std::vector<storage_record>().swap(c.storages);
+  std::vector<entry_summary>().swap(c.entries);
+}
+
+// Small records (a million one-element tensors) are copied from a window of the source read
+// in large pieces: one copy_file_range per record cost two system calls each.
+constexpr uint64_t kSmallRecord = 64 << 10;
+
+void write_torch_zip(checkpoint& c, const rekey_request& req, rekey_result& result) {
+  std::vector<uint8_t> pkl = pickle::write(c.pickle->root, 2, c.pickle.get(), expected_pickle_size(c, result));
+  pkl.shrink_to_fit();  // it lives to the end; should the estimate fall short, growth left slack
+  if (req.release_input) release_pickle(c);  // the tree is written; nothing reads it again
+  check_pickle_reads_back(pkl, c, result.plan, req.reader);
+  const file_source& src = file_of(c);
+  output_file& out = *req.output;
+  zip::writer w(out.fd(), c.zip->prefix(), output_alignment(c));
+  w.reserve(c.zip->entries().size());
+  w.on_bytes_out([&](uint64_t bytes_out) {
+    out.start_writeback(bytes_out);
+    if (req.progress) req.progress(bytes_out, c.file_size);
+  });
+  zip::source_window window(src.fd());
+  // Records in their original order; only data.pkl changes.
+  for (const zip::entry& e : c.zip->entries()) {
+    if (e.record == "data.pkl") {
+      w.add_record("data.pkl", pkl);
+    } else if (e.method == 0 && e.compressed_size <= kSmallRecord) {
+      w.add_record_known_crc(e.record, window.bytes(e.data_offset, size_t(e.compressed_size)),
+                             size_t(e.compressed_size), e.crc32);
+    } else if (e.method == 0) {
+      w.add_record_copy(e.record, src.fd(), e.data_offset, e.compressed_size, e.crc32);
+    } else {
+      w.add_record(e.record, c.zip->read_record(e));
+    }
+  }
+  w.finish();
+  result.bytes_written = w.offset();
+  if (!out.is_stream()) verify_torch_output(out.temp_path(), c, pkl, req.reader);
+}
+
+void write_safetensors(checkpoint& c, const rekey_request& req, rekey_result& result, const renamer& rename,
+                       std::vector<std::string>& new_names) {
+  const safetensors::header& h = *c.st_header;
+  auto raw = c.source->read_vector(8, size_t(h.header_size));
+  nlohmann::ordered_json in = nlohmann::ordered_json::parse(raw.begin(), raw.end());
+  nlohmann::ordered_json out_json = nlohmann::ordered_json::object();
+  // __metadata__ first, then the tensors in their original order with their original
+  // dtype, shape and offsets: the data buffer is copied unchanged.
+  if (in.contains("__metadata__")) out_json["__metadata__"] = in["__metadata__"];
+  for (auto& [name, entry] : in.items()) {
+    if (name == "__metadata__") continue;
+    std::string renamed = rename(name);
+    new_names.push_back(renamed);
+    out_json[renamed] = entry;
+  }
+  std::string text = out_json.dump();
+  // The reference writer pads the header with spaces so the data starts 8-aligned.
+  while ((8 + text.size()) % 8 != 0) text += ' ';
+  output_file& out = *req.output;
+  uint8_t len[8];
+  store_u64(len, text.size());
+  out.write(len, 8);
+  out.write(text.data(), text.size());
+  const uint64_t head = 8 + text.size();
+  copy_range(file_of(c).fd(), c.path, h.data_start, c.file_size - h.data_start, out.fd(), out.path(),
+             [&](uint64_t copied) {
+               out.start_writeback(head + copied);
+               if (req.progress) req.progress(head + copied, head + c.file_size - h.data_start);
+             });
+  result.bytes_written = head + (c.file_size - h.data_start);
+  verify_output(out, c, new_names, req.reader);
+}
+
+}  // namespace
+
+rekey_result rekey_file(checkpoint& c, const rekey_request& req) {
+  rekey_result result;
+  if (c.format == file_format::torchscript)
+    throw error(errc::unsupported,
+                "TorchScript archive: its parameter names live in its code, so they cannot be renamed; "
+                "load the weights into it with `ckptool materialize --model` instead")
+        .with_file(c.path);
+  if (!c.module_class.empty())
+    throw error(errc::unsupported,
+                "a pickled nn.Module (" + c.module_class +
+                    "): its keys are attribute names that its class's code, which the file does not hold, "
+                    "refers to, so renaming them cannot be exact; `ckptool materialize FILE --device cpu -o OUT` "
+                    "writes its state dict, which rekey can rename")
+        .with_file(c.path);
+  if (c.format == file_format::torch_legacy)
+    throw error(errc::unsupported, "legacy (pre-1.6) torch file: re-save it with torch.save to rekey it").with_file(c.path);
+
+  if (c.format != file_format::safetensors && !c.unsafe_globals.empty()) {
+    if (req.unsafe == unsafe_policy::refuse)
+      throw error(errc::unsafe, "the pickle names globals that torch.load would run: " +
+                                    join_names(c.unsafe_globals, 8) +
+                                    " (rekey --keep-unsafe keeps them as they are, --drop-unsafe removes the entries holding them)")
+          .with_file(c.path);
+    if (req.unsafe == unsafe_policy::drop) result.dropped = drop_unsafe_entries(c);
+  }
+
+  renamer rename = from_ops(req.ops);
+  std::vector<std::string> old_keys;
+  if (c.format == file_format::safetensors) {
+    for (const auto& t : c.st_header->tensors) old_keys.push_back(t.name);
+  } else {
+    if (!c.state_dict_node)
+      throw error(errc::unsupported, "no state dict found to rekey (inspect shows where the tensors are)").with_file(c.path);
+    old_keys = str_keys(c.state_dict_node);
+  }
+  // Which nodes are tensors, for the mirror search below; then, when the caller lets go of
+  // c, its tensor records are freed before the plan, the rename and the write add theirs.
+  detail::pointer_map<bool> tensor_nodes(c.tensors.size());
+  for (const auto& t : c.tensors) tensor_nodes.insert(t.node, true);
+  if (req.release_input && !req.dry_run && c.format != file_format::safetensors) release_records(c);
+  result.plan = plan_rekey(std::move(old_keys), req.ops);  // it keeps them (as mapping[i].first)
+  if (!result.plan.emptied.empty())
+    throw error(errc::check_failed, std::to_string(result.plan.emptied.size()) +
+                                        " key(s) would be renamed to the empty string; nothing written: " +
+                                        join_names(result.plan.emptied, 5))
+        .with_file(c.path);
+  if (!result.plan.collisions.empty()) {
+    std::vector<std::string> lines;
+    for (auto& [to, from] : result.plan.collisions) lines.push_back("'" + to + "' <- " + join_names(from, 4));
+    throw error(errc::check_failed, std::to_string(result.plan.collisions.size()) +
+                                        " new key(s) would be claimed by several keys; nothing written: " +
+                                        join_names(lines, 5))
+        .with_file(c.path);
+  }
+
+  if (c.format != file_format::safetensors) {
+    value* sd = const_cast<value*>(c.state_dict_node);
+    value* meta = metadata_of(sd);
+    // The state dict's keys, found where the plan keeps them: 16 bytes a key, not a hash node.
+    const auto& mapping = result.plan.mapping;
+    auto old_key = [&](size_t i) -> std::string_view { return mapping[i].first; };
+    detail::string_index sd_index(mapping.size());
+    for (size_t i = 0; i < mapping.size(); ++i) sd_index.insert(i, old_key);
+    const std::function<bool(std::string_view)> is_sd_key = [&](std::string_view k) {
+      return sd_index.find(k, old_key) != detail::string_index::npos;
+    };
+    std::vector<std::pair<value*, std::string>> mirrors =
+        mirror_finder(is_sd_key, sd, meta, tensor_nodes, c.pickle->node_count()).run(c.pickle->root);
+    if (!req.dry_run) {
+      // The plan already holds every state-dict key's new name, in the dict's order.
+      const reference_counts refs(*c.pickle);
+      rename_keys_indexed(
+          *c.pickle, refs, sd, [&](size_t i, std::string_view) -> const std::string& { return mapping[i].second; },
+          false);
+      if (meta)
+        result.metadata_renamed = rename_metadata(*c.pickle, refs, meta, derive_module_rules(result.plan.mapping));
+      // A mirror's keys are state-dict keys, which the plan renames without collisions.
+      for (auto& [d, path] : mirrors)
+        if (rename_keys(*c.pickle, refs, d, rename, false)) result.mirrored_dicts.push_back(path);
+    } else {
+      for (auto& [d, path] : mirrors) result.mirrored_dicts.push_back(path);
+    }
+  }
+  if (req.dry_run) return result;
+  if (!req.output || req.output->fd() < 0) throw error(errc::usage, "rekey: no open output given");
+
+  try {
+    if (c.format == file_format::safetensors) {
+      std::vector<std::string> written;
+      write_safetensors(c, req, result, rename, written);
+    } else {
+      write_torch_zip(c, req, result);
+    }
+  } catch (error& e) {
+    e.with_file(req.output->path());
+    throw;
+  }
+  return result;
+}
+
+}  // namespace ckpt

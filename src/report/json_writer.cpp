@@ -1,0 +1,143 @@
+#include "report/json_writer.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cstring>
+
+#include "ckpt/report.h"
+
+namespace ckpt::detail {
+namespace {
+
+constexpr size_t kBufferSize = 1 << 16;
+
+// A newline and the deepest indentation the inspect document needs; deeper levels are
+// written in pieces.
+constexpr char kIndent[] =
+    "\n                                                                ";
+constexpr size_t kMaxIndent = sizeof kIndent - 2;
+
+// Printable ASCII other than '"' and '\\' is written as is by every JSON serializer; any
+// other byte (escapes, UTF-8, invalid UTF-8, WTF-8 surrogates) is left to json_text, so
+// those strings come out exactly as the nlohmann serializer writes them.
+bool plain(std::string_view s) {
+  for (char ch : s) {
+    auto b = static_cast<unsigned char>(ch);
+    if (b < 0x20 || b >= 0x7f || b == '"' || b == '\\') return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+json_writer::json_writer(sink out) : out_(std::move(out)), buf_(new char[kBufferSize]), cap_(kBufferSize) {}
+
+void json_writer::make_room(size_t n) {
+  flush();
+  if (n > cap_) {
+    buf_.reset(new char[n]);
+    cap_ = n;
+  }
+}
+
+void json_writer::newline_indent(size_t depth) {
+  size_t spaces = 2 * depth;
+  put(kIndent, 1 + std::min(spaces, kMaxIndent));
+  for (spaces -= std::min(spaces, kMaxIndent); spaces > 0; spaces -= std::min(spaces, kMaxIndent))
+    put(kIndent + 1, std::min(spaces, kMaxIndent));
+}
+
+void json_writer::before_value() {
+  if (after_key_) {
+    after_key_ = false;
+    return;
+  }
+  if (counts_.empty()) return;  // the document itself
+  if (counts_.back()++ > 0) put(',');
+  newline_indent(counts_.size());
+}
+
+void json_writer::key(std::string_view k) {
+  if (counts_.back()++ > 0) put(',');
+  newline_indent(counts_.size());
+  quoted(k);
+  put(": ", 2);
+  after_key_ = true;
+}
+
+void json_writer::open(char bracket) {
+  before_value();
+  put(bracket);
+  counts_.push_back(0);
+}
+
+void json_writer::close(char bracket) {
+  const bool empty = counts_.back() == 0;
+  counts_.pop_back();
+  if (!empty) newline_indent(counts_.size());
+  put(bracket);
+}
+
+void json_writer::quoted(std::string_view s) {
+  if (plain(s)) {
+    put('"');
+    put(s.data(), s.size());
+    put('"');
+  } else {
+    const std::string text = json_text(nlohmann::json(std::string(s)), 0);
+    put(text.data(), text.size());
+  }
+}
+
+void json_writer::string(std::string_view s) {
+  before_value();
+  quoted(s);
+}
+
+void json_writer::number(int64_t v) {
+  before_value();
+  char tmp[24];
+  auto r = std::to_chars(tmp, tmp + sizeof tmp, v);
+  put(tmp, size_t(r.ptr - tmp));
+}
+
+void json_writer::number(uint64_t v) {
+  before_value();
+  char tmp[24];
+  auto r = std::to_chars(tmp, tmp + sizeof tmp, v);
+  put(tmp, size_t(r.ptr - tmp));
+}
+
+void json_writer::boolean(bool v) {
+  before_value();
+  if (v)
+    put("true", 4);
+  else
+    put("false", 5);
+}
+
+void json_writer::null() {
+  before_value();
+  put("null", 4);
+}
+
+void json_writer::value(const nlohmann::json& v) {
+  before_value();
+  // JSON text has no raw newlines inside strings, so every newline starts a line to indent.
+  const std::string text = json_text(v, 2);
+  const size_t depth = counts_.size();
+  size_t start = 0;
+  for (size_t nl; (nl = text.find('\n', start)) != std::string::npos; start = nl + 1) {
+    put(text.data() + start, nl - start);
+    newline_indent(depth);
+  }
+  put(text.data() + start, text.size() - start);
+}
+
+void json_writer::flush() {
+  if (len_ == 0) return;
+  out_(std::string_view(buf_.get(), len_));
+  len_ = 0;
+}
+
+}  // namespace ckpt::detail

