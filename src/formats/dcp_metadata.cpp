@@ -339,7 +339,7 @@ metadata decode_metadata(const uint8_t* data, size_t size, const decode_options&
   // Checked before the shape of anything: every node counts, reachable or not, since a
   // global that was called and popped still ran under pickle.load (security.md P5).
   if (std::vector<std::string> unsafe = unsafe_among(md.globals); !unsafe.empty())
-    throw error(errc::unsafe, "unsafe: the .metadata pickle names globals outside the DCP vocabulary, which "
+    throw error(errc::unsafe, "the .metadata pickle names globals outside the DCP vocabulary, which "
                               "pickle.load (what torch.distributed.checkpoint uses) would import and run: " +
                                   join(unsafe));
 
