@@ -1,7 +1,7 @@
 // Test helper: decodes a DCP `.metadata` file with ckpt::dcp::decode_metadata and prints it
 // as JSON, which tests/py/test_dcp_metadata.py compares with what PyTorch's own
 // FileSystemReader(dir).read_metadata() gives.
-//   dcp_metadata_dump [--check] FILE|DIR
+//   dcp_metadata_dump [--check] [--quiet] FILE|DIR
 // A directory means DIR/.metadata. --check also runs check_metadata (chunk coverage and
 // the storage index). Exit status: 0, or the ckptool exit code of the error, whose one
 // line ("FILE: byte N: message") goes to stderr.
@@ -84,10 +84,12 @@ json to_json(const ckpt::dcp::metadata& md) {
 
 int main(int argc, char** argv) {
   bool check = false;
+  bool quiet = false;  // decode (and check) only: for timing the decoder without the JSON
   std::string path;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--check") check = true;
+    else if (a == "--quiet") quiet = true;
     else path = a;
   }
   if (path.empty()) {
@@ -101,7 +103,7 @@ int main(int argc, char** argv) {
     std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
     ckpt::dcp::metadata md = ckpt::dcp::decode_metadata(bytes.data(), bytes.size());
     if (check) ckpt::dcp::check_metadata(md);
-    std::cout << to_json(md).dump(1) << "\n";
+    if (!quiet) std::cout << to_json(md).dump(1) << "\n";
     return 0;
   } catch (ckpt::error& e) {
     e.with_file(path);
