@@ -94,37 +94,26 @@ std::optional<std::string> as_optional_string(const value* v, const std::string&
 
 bool as_flag(const value* v, const std::string& what) { return detail::as_bool(v, what.c_str()); }
 
-// TensorProperties.__getstate__ returns a 5-tuple (dtype, layout, requires_grad,
-// memory_format, pin_memory); a dict of the same fields is read too (a dataclass without
-// the custom __getstate__).
+// TensorProperties pickles through __getstate__/__setstate__ as the 5-tuple (dtype, layout,
+// requires_grad, memory_format, pin_memory), which __setstate__ unpacks exactly
+// (metadata.py:57-100): any other state fails under PyTorch, so it is corrupt here too.
 void decode_properties(const value* v, tensor_meta& t, const std::string& what) {
   expect_instance(v, kMetadataModule, "TensorProperties", what);
   const value* s = v->state;
-  const value *dt = nullptr, *layout = nullptr, *grad = nullptr, *mem = nullptr, *pin = nullptr;
-  if (s && s->type == kind::tuple) {
-    if (s->items.empty() || s->items.size() > 5) bad(s, what + ": TensorProperties state must be a 1-5 tuple");
-    const auto& it = s->items;
-    dt = it[0];
-    layout = it.size() > 1 ? it[1] : nullptr;
-    grad = it.size() > 2 ? it[2] : nullptr;
-    mem = it.size() > 3 ? it[3] : nullptr;
-    pin = it.size() > 4 ? it[4] : nullptr;
-  } else if (s && s->type == kind::dict) {
-    dt = required(s, "dtype", what);
-    layout = field(s, "layout");
-    grad = field(s, "requires_grad");
-    mem = field(s, "memory_format");
-    pin = field(s, "pin_memory");
-  } else {
-    bad(v, what + ": TensorProperties has no state");
-  }
+  if (!s || s->type != kind::tuple || s->items.size() != 5)
+    bad(s ? s : v, what + ": TensorProperties state must be a 5-tuple");
+  const value* dt = s->items[0];
+  const value* layout = s->items[1];
+  const value* grad = s->items[2];
+  const value* mem = s->items[3];
+  const value* pin = s->items[4];
   if (dt->type != kind::global || dt->global_module() != "torch")
     bad(dt, what + ": dtype must be a torch dtype (got " + pickle::repr(dt, 60) + ")");
   std::optional<dtype> d = dtype_from_name(dt->global_attr());
   if (!d || dt->global_attr().find('.') != std::string_view::npos)
     throw_unsupported(what + ": dtype torch." + std::string(dt->global_attr()) + " is not supported", dt->offset);
   t.type = *d;
-  if (layout && layout->type != kind::none) {
+  if (layout->type != kind::none) {
     // copyreg's reduction of torch.layout: torch.serialization._get_layout('torch.strided').
     if (!is_instance(layout, "torch.serialization", "_get_layout")) bad(layout, what + ": layout must be a torch.layout");
     const value* a = layout->items[pickle::kArgs];
@@ -134,17 +123,16 @@ void decode_properties(const value* v, tensor_meta& t, const std::string& what) 
     if (t.layout != "torch.strided")
       throw_unsupported(what + ": layout " + t.layout + " is not supported (only torch.strided)", layout->offset);
   }
-  if (grad && grad->type != kind::none) t.requires_grad = as_flag(grad, what + " requires_grad");
-  if (pin && pin->type != kind::none) t.pin_memory = as_flag(pin, what + " pin_memory");
-  if (mem && mem->type != kind::none) {
-    if (!is_instance(mem, kMetadataModule, "_MEM_FORMAT_ENCODING"))
-      bad(mem, what + ": memory_format must be a _MEM_FORMAT_ENCODING");
-    const value* a = mem->items[pickle::kArgs];
-    if (!a || a->type != kind::tuple || a->items.size() != 1) bad(mem, what + ": _MEM_FORMAT_ENCODING takes one int");
-    t.memory_format = detail::as_int(a->items[0], "memory format");
-    if (t.memory_format < 0 || t.memory_format > 2)
-      bad(mem, what + ": memory format " + std::to_string(t.memory_format) + " is not one of 0, 1, 2");
-  }
+  if (grad->type != kind::none) t.requires_grad = as_flag(grad, what + " requires_grad");
+  if (pin->type != kind::none) t.pin_memory = as_flag(pin, what + " pin_memory");
+  // __setstate__ raises on anything but the three encodings.
+  if (!is_instance(mem, kMetadataModule, "_MEM_FORMAT_ENCODING"))
+    bad(mem, what + ": memory_format must be a _MEM_FORMAT_ENCODING");
+  const value* a = mem->items[pickle::kArgs];
+  if (!a || a->type != kind::tuple || a->items.size() != 1) bad(mem, what + ": _MEM_FORMAT_ENCODING takes one int");
+  t.memory_format = detail::as_int(a->items[0], "memory format");
+  if (t.memory_format < 0 || t.memory_format > 2)
+    bad(mem, what + ": memory format " + std::to_string(t.memory_format) + " is not one of 0, 1, 2");
 }
 
 item decode_item(const value* key, const value* v) {

@@ -432,3 +432,35 @@ def test_storage_index_checked(tmp_path):
     md.storage_data[MetadataIndex("ghost")] = _StorageInfo("__0_0.distcp", 0, 1)
     rc, _, err = dump(write(tmp_path, md), "--check")
     assert rc == 3 and "'ghost' matches no chunk or item" in err, err
+
+
+class PropsPickler(pickle.Pickler):
+    """Pickles TensorProperties with a chosen state instead of its 5-tuple."""
+
+    def __init__(self, f, protocol, state):
+        super().__init__(f, protocol=protocol)
+        self.state = state
+
+    def reducer_override(self, obj):
+        if isinstance(obj, TensorProperties):
+            return (copyreg.__newobj__, (TensorProperties,), self.state)
+        return NotImplemented
+
+
+@pytest.mark.parametrize("state,want", [
+    ({"dtype": torch.float32}, r"TensorProperties state must be a 5-tuple"),
+    ((torch.float32, torch.strided, False), r"TensorProperties state must be a 5-tuple"),
+    ((torch.float32, torch.sparse_coo, False, None, False), r"layout torch.sparse_coo is not supported"),
+    ((torch.float32, torch.strided, False, None, False), r"memory_format must be a _MEM_FORMAT_ENCODING"),
+], ids=["dict", "3-tuple", "sparse", "no-memory-format"])
+def test_tensor_properties_refused(tmp_path, state, want):
+    """PyTorch's __setstate__ unpacks exactly 5 and rejects unknown memory formats, so these
+    fail there too (or, for a sparse layout, describe no dense boxes): refused, not guessed."""
+    p = tmp_path / ".metadata"
+    with open(p, "wb") as f:
+        PropsPickler(f, 4, state).dump(make_md(base_tensors()))
+    rc, _, err = dump(p)
+    assert rc == 3 and re.search(want, err), err
+    if "sparse" not in want:
+        with pytest.raises(Exception):
+            pickle.loads(p.read_bytes())
