@@ -854,8 +854,9 @@ int dcp_metadata_target(const uint8_t* data, size_t size) {
   }
   stats().parsed++;
   for (const auto& g : md.globals) {
-    size_t dot = g.rfind('.');
-    if (dot == std::string::npos || !dcp::is_dcp_global(std::string_view(g).substr(0, dot), std::string_view(g).substr(dot + 1)))
+    std::string_view n = g;
+    size_t dot = n.rfind('.');
+    if (dot == std::string_view::npos || !dcp::is_dcp_global(n.substr(0, dot), n.substr(dot + 1)))
       fail(T, "decoded a .metadata naming a global outside the vocabulary: " + g);
   }
   for (const auto& s : md.storage_data) {

@@ -285,9 +285,9 @@ std::optional<storage_meta> decode_storage_meta(const value* v) {
 std::vector<std::string> unsafe_among(const std::vector<std::string>& names) {
   std::vector<std::string> out;
   for (const auto& full : names) {
-    size_t dot = full.rfind('.');
-    if (dot == std::string::npos || !is_dcp_global(std::string_view(full).substr(0, dot), std::string_view(full).substr(dot + 1)))
-      out.push_back(full);
+    std::string_view f = full;
+    size_t dot = f.rfind('.');
+    if (dot == std::string_view::npos || !is_dcp_global(f.substr(0, dot), f.substr(dot + 1))) out.push_back(full);
   }
   return out;
 }
