@@ -369,8 +369,9 @@ def dcp_metadata_files():
     files = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name, d in dcp_fixtures.build(tmp).items():
-            with open(os.path.join(d, ".metadata"), "rb") as f:
-                files[name + ".metadata"] = f.read()
+            for f in dcp_fixtures.metadata_files(d):
+                rank = "" if f.name == ".metadata" else "_rank" + f.name[2:].split(".")[0]  # __{r}.metadata
+                files[name + rank + ".metadata"] = f.read_bytes()
 
     def md(boxes, transforms=None, size=(5, 4)):
         t = TensorStorageMetadata(TensorProperties(dtype=torch.float32), torch.Size(size),

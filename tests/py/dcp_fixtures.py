@@ -42,6 +42,8 @@ SCENARIOS = {
     "fsdp2": (2, "FSDP2 fully_shard on CPU with an Adam step, a torch.compile'd submodule "
                  "(_orig_mod. keys) and optimizer state"),
     "zstd2": (2, "the zstd stream-transform extension (_extensions=[ZStandard()])"),
+    "nocoll2": (2, "2.9+ use_collectives=False: a rank-local __{rank}.metadata per rank, "
+                   "no global .metadata"),
 }
 
 
@@ -146,6 +148,20 @@ def scenario_zstd2(out: Path, rank: int, world: int):
     dcp.save(sd, storage_writer=dcp.FileSystemWriter(str(out), _extensions=[ZStandard()]))
 
 
+def scenario_nocoll2(out: Path, rank: int, world: int):
+    import torch
+    import torch.distributed.checkpoint as dcp
+    # Each rank saves its own plain tensors, uncoordinated (experimental in 2.9-2.11).
+    sd = {f"r{rank}.w": torch.arange(6.0).reshape(2, 3) + rank, "shared_name": torch.tensor([rank])}
+    dcp.save(sd, checkpoint_id=str(out), use_collectives=False)
+
+
+def metadata_files(d: Path) -> list[Path]:
+    """The metadata files of a scenario's directory: .metadata, or the rank-local ones."""
+    d = Path(d)
+    return [d / ".metadata"] if (d / ".metadata").exists() else sorted(d.glob("__*.metadata"))
+
+
 def skip_reason(name: str) -> str | None:
     """Why this torch cannot run a scenario, checked before spawning anything."""
     if name == "zstd2":
@@ -155,6 +171,12 @@ def skip_reason(name: str) -> str | None:
             return "this torch has no torch.distributed.checkpoint._extension (before 2.7)"
         if getattr(_extension, "zstandard", None) is None and getattr(_extension, "pyzstd", None) is None:
             return "the zstd extension needs the Python module zstandard or pyzstd, not installed"
+    if name == "nocoll2":
+        import inspect
+
+        import torch.distributed.checkpoint as dcp
+        if "use_collectives" not in inspect.signature(dcp.save).parameters:
+            return "dcp.save has no use_collectives (before 2.9)"
     if name == "fsdp2":
         try:
             from torch.distributed.fsdp import fully_shard  # noqa: F401
@@ -197,7 +219,7 @@ def build(out_dir, names=None, timeout: float = 240.0) -> dict[str, Path]:
         if name not in SCENARIOS:
             raise ValueError(f"unknown DCP scenario {name!r}")
         target = out_dir / name
-        if (target / ".metadata").exists():
+        if metadata_files(target):
             built[name] = target
             continue
         reason = skip_reason(name)
@@ -216,7 +238,7 @@ def build(out_dir, names=None, timeout: float = 240.0) -> dict[str, Path]:
             p.communicate()
             shutil.rmtree(target, ignore_errors=True)
             raise RuntimeError(f"DCP scenario {name} did not finish within {timeout} s")
-        if p.returncode != 0 or not (target / ".metadata").exists():
+        if p.returncode != 0 or not metadata_files(target):
             shutil.rmtree(target, ignore_errors=True)
             raise RuntimeError(f"DCP scenario {name} failed ({p.returncode}):\n"
                                + log.decode("utf-8", "replace")[-4000:])

@@ -105,18 +105,27 @@ def dcp_dirs(tmp_path_factory) -> dict:
 @pytest.mark.parametrize("name", list(dcp_fixtures.SCENARIOS))
 def test_matches_read_metadata(dcp_dirs, name):
     if name not in dcp_dirs:
-        pytest.skip(f"{name}: this torch cannot write it")
+        pytest.skip(f"{name}: {dcp_fixtures.skipped(dcp_dirs_root(dcp_dirs)).get(name, 'not written')}")
     d = dcp_dirs[name]
-    rc, ours, err = dump(d, "--check")
-    assert rc == 0, err
-    ref = reference(FileSystemReader(str(d)).read_metadata())
-    # read_metadata stamps its own load_id on storage_meta; the file holds the writer's.
-    with open(d / ".metadata", "rb") as f:
-        written = pickle.load(f)  # our own fixture, written just now by dcp.save
-    ref["storage_meta"]["load_id"] = written.storage_meta.load_id
-    assert_same(ours, ref, name)
-    assert ours["unknown_fields"] == []
-    assert ours["protocol"] >= 2
+    files = dcp_fixtures.metadata_files(d)
+    assert files
+    for f in files:
+        # The global .metadata, or (use_collectives=False) each rank's __{r}.metadata.
+        rank = None if f.name == ".metadata" else int(f.name[2:].split(".")[0])
+        rc, ours, err = dump(f, "--check")
+        assert rc == 0, err
+        ref = reference(FileSystemReader(str(d)).read_metadata(rank=rank))
+        # read_metadata stamps its own load_id on storage_meta; the file holds the writer's.
+        with open(f, "rb") as fh:
+            written = pickle.load(fh)  # our own fixture, written just now by dcp.save
+        ref["storage_meta"]["load_id"] = written.storage_meta.load_id
+        assert_same(ours, ref, f"{name}/{f.name}")
+        assert ours["unknown_fields"] == []
+        assert ours["protocol"] >= 2
+
+
+def dcp_dirs_root(dcp_dirs) -> Path:
+    return next(iter(dcp_dirs.values())).parent
 
 
 def test_fixtures_cover_the_cases(dcp_dirs):
