@@ -61,9 +61,11 @@ nice -n "$nice_level" cmake --build "$build" --target fuzz_all -- -j"${FUZZ_BUIL
 # --- dictionaries ------------------------------------------------------------------------
 mkdir -p fuzz/artifacts
 cat fuzz/zip.dict fuzz/pickle.dict > "$build/torch.dict"
+cat fuzz/pickle.dict fuzz/dcp.dict > "$build/dcp.dict"
 dict_for() {
   case "$1" in
-    pickle|dcp_metadata) echo fuzz/pickle.dict ;;
+    pickle) echo fuzz/pickle.dict ;;
+    dcp_metadata) echo "$build/dcp.dict" ;;
     zip_index) echo fuzz/zip.dict ;;
     safetensors) echo fuzz/safetensors.dict ;;
     rekey_ops) echo fuzz/rekey.dict ;;
