@@ -1,8 +1,9 @@
 """torch.distributed.checkpoint (DCP) directories written by the real writer.
 
 Every scenario runs ``torch.distributed.checkpoint.save`` in 2 or 4 local processes (gloo
-over 127.0.0.1 on a free port), each scenario in its own child process with a time bound,
-so a hung collective cannot hang the test suite. Nothing here looks at ckptool's output:
+over 127.0.0.1 on a free port). The scenarios of one world size share one child process
+(and one set of ranks), bounded in time and killed as a process group, so a hung collective
+cannot hang the test suite. Nothing here looks at ckptool's output:
 the tests compare ckptool with ``FileSystemReader(dir).read_metadata()`` and ``dcp.load``.
 
 Library use:
@@ -187,34 +188,36 @@ def skip_reason(name: str) -> str | None:
 
 # --- running ----------------------------------------------------------------------------
 
-def _rank_main(rank: int, world: int, name: str, out: str, port: int):
+def _rank_main(rank: int, world: int, jobs: list, port: int):
     import torch.distributed as dist
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        globals()["scenario_" + name](Path(out), rank, world)
-        dist.barrier()
+        for name, out in jobs:
+            globals()["scenario_" + name](Path(out), rank, world)
+            dist.barrier()
     finally:
         dist.destroy_process_group()
 
 
-def _child(name: str, out: str):
-    """Entry point of the bounded child process: spawns the ranks of one scenario."""
+def _child(world: int, jobs: list):
+    """Entry point of the bounded child process: spawns the ranks once for every scenario
+    of this world size (importing torch once per rank, not once per scenario)."""
     import warnings
 
     import torch.multiprocessing as mp
     warnings.filterwarnings("ignore")
-    world = SCENARIOS[name][0]
-    mp.spawn(_rank_main, args=(world, name, out, free_port()), nprocs=world, join=True)
+    mp.spawn(_rank_main, args=(world, jobs, free_port()), nprocs=world, join=True)
 
 
 def build(out_dir, names=None, timeout: float = 240.0) -> dict[str, Path]:
     """Writes the scenarios into out_dir/<name>/; returns those that ran. A scenario that
-    fails or times out raises; one this torch cannot run is recorded in skipped.json."""
+    fails, or a group that outlives `timeout` seconds per scenario, raises; one this torch
+    cannot run is recorded in skipped.json."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    built, skipped = {}, {}
+    built, skipped, groups = {}, {}, {}
     for name in names or SCENARIOS:
         if name not in SCENARIOS:
             raise ValueError(f"unknown DCP scenario {name!r}")
@@ -227,22 +230,29 @@ def build(out_dir, names=None, timeout: float = 240.0) -> dict[str, Path]:
             skipped[name] = reason
             continue
         shutil.rmtree(target, ignore_errors=True)
+        groups.setdefault(SCENARIOS[name][0], []).append((name, str(target)))
+    for world, jobs in groups.items():
         env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
         # A new session, so a timeout kills every rank the child spawned, not just the child.
-        p = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--child", name, str(target)],
+        p = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--child", json.dumps([world, jobs])],
                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+        names_here = ", ".join(n for n, _ in jobs)
         try:
-            log, _ = p.communicate(timeout=timeout)
+            log, _ = p.communicate(timeout=timeout * len(jobs))
         except subprocess.TimeoutExpired:
             os.killpg(p.pid, 9)
             p.communicate()
-            shutil.rmtree(target, ignore_errors=True)
-            raise RuntimeError(f"DCP scenario {name} did not finish within {timeout} s")
-        if p.returncode != 0 or not metadata_files(target):
-            shutil.rmtree(target, ignore_errors=True)
-            raise RuntimeError(f"DCP scenario {name} failed ({p.returncode}):\n"
+            log = None
+        failed = [n for n, t in jobs if log is None or p.returncode != 0 or not metadata_files(Path(t))]
+        if failed:
+            for _, t in jobs:
+                shutil.rmtree(t, ignore_errors=True)
+            if log is None:
+                raise RuntimeError(f"DCP scenarios {names_here} did not finish within {timeout * len(jobs)} s")
+            raise RuntimeError(f"DCP scenarios {names_here} failed ({p.returncode}; missing: {', '.join(failed)}):\n"
                                + log.decode("utf-8", "replace")[-4000:])
-        built[name] = target
+        for n, t in jobs:
+            built[n] = Path(t)
     if skipped:
         (out_dir / "skipped.json").write_text(json.dumps(skipped, indent=1))
     return built
@@ -259,10 +269,10 @@ def main(argv=None) -> int:
     ap.add_argument("--only", nargs="+", choices=sorted(SCENARIOS))
     ap.add_argument("--timeout", type=float, default=240.0, help="seconds per scenario")
     ap.add_argument("--list", action="store_true", help="list the scenarios and exit")
-    ap.add_argument("--child", nargs=2, metavar=("NAME", "DIR"), help=argparse.SUPPRESS)
+    ap.add_argument("--child", help=argparse.SUPPRESS)  # JSON [world, [[name, dir], ...]]
     a = ap.parse_args(argv)
     if a.child:
-        _child(*a.child)
+        _child(*json.loads(a.child))
         return 0
     if a.list:
         for n, (w, d) in SCENARIOS.items():
