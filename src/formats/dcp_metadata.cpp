@@ -1,7 +1,8 @@
 // The DCP `.metadata` decoder (docs/formats.md §9.2): pickle::parse, then a walk that
 // accepts only the shapes PyTorch 2.4-2.11's dataclasses pickle to. Dataclass instances
 // arrive as NEWOBJ(cls, ()) + BUILD(state); torch.Size as REDUCE(torch.Size, (tuple,));
-// dtypes as bare globals. Any other shape is corrupt, never guessed at.
+// dtypes as bare globals. Any other shape is corrupt, never guessed at. PyTorch itself reads
+// this file with plain pickle.load (security.md P13).
 #include <algorithm>
 #include <set>
 #include <string>
