@@ -14,6 +14,7 @@
 #include <string_view>
 #include <vector>
 
+#include "ckpt/byte_source.h"
 #include "ckpt/dtype.h"
 #include "ckpt/pickle.h"
 
@@ -104,6 +105,10 @@ struct decode_options {
 /// offset), unsupported (a dtype or form this reader cannot represent exactly), unsafe (a
 /// global outside the DCP vocabulary), limit. The caller names the file (with_file).
 metadata decode_metadata(const uint8_t* data, size_t size, const decode_options& options = {});
+
+/// Reads and decodes a whole `.metadata` file from `src` (larger than lim.max_pickle_bytes is
+/// a limit error, read nothing); errors name src.name().
+metadata decode_metadata(const byte_source& src, const decode_options& options = {});
 
 /// True for a global the DCP vocabulary allows: the checkpoint dataclasses, torch.Size,
 /// dtypes, layouts, pathlib paths, and the builtins the pickle machine folds into data.

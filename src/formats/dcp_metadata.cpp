@@ -360,4 +360,17 @@ metadata decode_metadata(const uint8_t* data, size_t size, const decode_options&
   return md;
 }
 
+metadata decode_metadata(const byte_source& src, const decode_options& options) {
+  try {
+    if (src.size() > options.lim.max_pickle_bytes)
+      throw_limit("the .metadata pickle is " + std::to_string(src.size()) +
+                  " bytes, over the pickle size limit (raise with --max-pickle-bytes)");
+    std::vector<uint8_t> bytes = src.read_vector(0, size_t(src.size()));
+    return decode_metadata(bytes.data(), bytes.size(), options);
+  } catch (error& e) {
+    e.with_file(src.name());
+    throw;
+  }
+}
+
 }  // namespace ckpt::dcp

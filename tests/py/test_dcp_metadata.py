@@ -382,6 +382,17 @@ def test_corrupt(tmp_path, name, make, want):
         assert ONE_LINE.match(line), line
 
 
+def test_size_limit(tmp_path):
+    """A .metadata over the pickle size limit is refused before it is read (exit 3)."""
+    p = tmp_path / ".metadata"
+    p.write_bytes(_mutated(lambda m: None))
+    n = p.stat().st_size
+    rc, _, err = dump(p, "--max-pickle-bytes", str(n - 1))
+    assert rc == 3 and "over the pickle size limit" in err and str(p) in err, err
+    rc, _, err = dump(p, "--max-pickle-bytes", str(n))
+    assert rc == 0, err
+
+
 def test_corrupt_twin_decodes(tmp_path):
     """The unmutated file the corrupt cases start from decodes and checks cleanly."""
     p = tmp_path / ".metadata"

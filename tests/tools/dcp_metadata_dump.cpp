@@ -1,20 +1,19 @@
 // Test helper: decodes a DCP `.metadata` file with ckpt::dcp::decode_metadata and prints it
 // as JSON, which tests/py/test_dcp_metadata.py compares with what PyTorch's own
 // FileSystemReader(dir).read_metadata() gives.
-//   dcp_metadata_dump [--check] [--quiet] FILE|DIR
+//   dcp_metadata_dump [--check] [--quiet] [--max-pickle-bytes N] FILE|DIR
 // A directory means DIR/.metadata. --check also runs check_metadata (chunk coverage and
 // the storage index). Exit status: 0, or the ckptool exit code of the error, whose one
 // line ("FILE: byte N: message") goes to stderr.
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
-#include <iterator>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "ckpt/byte_source.h"
 #include "ckpt/dcp.h"
 #include "ckpt/error.h"
 
@@ -84,12 +83,14 @@ json to_json(const ckpt::dcp::metadata& md) {
 
 int main(int argc, char** argv) {
   bool check = false;
+  ckpt::dcp::decode_options options;
   bool quiet = false;  // decode (and check) only: for timing the decoder without the JSON
   std::string path;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--check") check = true;
     else if (a == "--quiet") quiet = true;
+    else if (a == "--max-pickle-bytes" && i + 1 < argc) options.lim.max_pickle_bytes = std::stoull(argv[++i]);
     else path = a;
   }
   if (path.empty()) {
@@ -98,10 +99,8 @@ int main(int argc, char** argv) {
   }
   if (std::filesystem::is_directory(path)) path = (std::filesystem::path(path) / ".metadata").string();
   try {
-    std::ifstream f(path, std::ios::binary);
-    if (!f) throw ckpt::error(ckpt::errc::io, "cannot open");
-    std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-    ckpt::dcp::metadata md = ckpt::dcp::decode_metadata(bytes.data(), bytes.size());
+    ckpt::file_source src(path);
+    ckpt::dcp::metadata md = ckpt::dcp::decode_metadata(src, options);
     if (check) ckpt::dcp::check_metadata(md);
     if (!quiet) std::cout << to_json(md).dump(1) << "\n";
     return 0;
