@@ -50,7 +50,9 @@ class index_reader : public nlohmann::json_sax<nlohmann::json> {
   bool end_array() override { return close(); }
   bool key(string_t& k) override {
     frame& f = frames_.back();
-    if (!f.keys.insert(k).second) corrupt("the key '" + k + "' appears twice in one object" + where());
+    // weight_map's keys are checked once, in by_key (renumber): one hash table, not two.
+    if (f.r != role::weight_map && !f.keys.insert(k).second)
+      corrupt("the key '" + k + "' appears twice in one object" + where());
     f.last_key = std::move(k);
     return true;
   }
@@ -147,12 +149,20 @@ class index_reader : public nlohmann::json_sax<nlohmann::json> {
     if (shard.size() > lim_.max_name)
       throw_limit("index weight_map entry '" + key + "' has a shard name longer than " +
                   std::to_string(lim_.max_name) + " bytes");
-    if (std::string why = shard_name_problem(shard); !why.empty())
-      throw error(errc::unsafe, "index weight_map entry '" + key + "' names shard '" + shard + "': " + why);
-    auto [it, fresh] = shard_ids_.try_emplace(std::move(shard), uint32_t(shard_ids_.size()));
-    if (fresh && shard_ids_.size() > lim_.max_shards)
-      throw_limit("index names more than " + std::to_string(lim_.max_shards) + " shard files");
-    out_.keys.emplace_back(key, it->second);
+    // Writers put runs of consecutive keys in one shard: the last shard's id is the usual answer.
+    uint32_t id;
+    if (last_shard_ && *last_shard_ == shard) {
+      id = last_id_;
+    } else {
+      if (std::string why = shard_name_problem(shard); !why.empty())
+        throw error(errc::unsafe, "index weight_map entry '" + key + "' names shard '" + shard + "': " + why);
+      auto [it, fresh] = shard_ids_.try_emplace(std::move(shard), uint32_t(shard_ids_.size()));
+      if (fresh && shard_ids_.size() > lim_.max_shards)
+        throw_limit("index names more than " + std::to_string(lim_.max_shards) + " shard files");
+      last_shard_ = &it->first;
+      id = last_id_ = it->second;
+    }
+    out_.keys.emplace_back(key, id);
   }
 
  public:
@@ -165,10 +175,13 @@ class index_reader : public nlohmann::json_sax<nlohmann::json> {
       to_sorted[id] = uint32_t(out_.shards.size());
       out_.shards.push_back(name);
     }
+    // Built once `keys` has stopped growing: a short key lives inside its std::string,
+    // which moves when the vector reallocates.
     out_.by_key.reserve(out_.keys.size());
     for (auto& [key, id] : out_.keys) {
       id = to_sorted[id];
-      out_.by_key.emplace(key, id);
+      if (!out_.by_key.try_emplace(key, id).second)
+        corrupt("the key '" + key + "' appears twice in one object (weight_map)");
     }
   }
 
@@ -178,6 +191,8 @@ class index_reader : public nlohmann::json_sax<nlohmann::json> {
   const index_limits& lim_;
   std::vector<frame> frames_;
   std::map<std::string, uint32_t> shard_ids_;
+  const std::string* last_shard_ = nullptr;  // a key of shard_ids_ (std::map: stable)
+  uint32_t last_id_ = 0;
   bool saw_weight_map_ = false;
 };
 
@@ -191,7 +206,7 @@ std::string_view extension(std::string_view name) {
 }  // namespace
 
 const std::string* index::shard_of(std::string_view key) const {
-  auto it = by_key.find(std::string(key));
+  auto it = by_key.find(key);
   return it == by_key.end() ? nullptr : &shards[it->second];
 }
 
@@ -220,6 +235,8 @@ index parse_index(std::string_view text, const index_limits& limits) {
     throw_limit("index is " + std::to_string(text.size()) + " bytes, over the limit of " +
                 std::to_string(limits.max_bytes));
   index out;
+  // About 60 bytes of text per entry in real indexes; a guess, bounded, saves the regrowth.
+  out.keys.reserve(std::min<uint64_t>({text.size() / 64, limits.max_keys, uint64_t(1) << 20}));
   index_reader reader(out, limits);
   nlohmann::json::sax_parse(text.data(), text.data() + text.size(), &reader);
   reader.finish();

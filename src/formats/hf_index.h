@@ -24,6 +24,12 @@ struct index_limits {
 };
 
 struct index {
+  index() = default;
+  index(index&&) = default;
+  index& operator=(index&&) = default;
+  index(const index&) = delete;  // by_key views the strings of `keys`
+  index& operator=(const index&) = delete;
+
   /// Distinct shard names, sorted: the order transformers and accelerate open them in
   /// (sorted(set(weight_map.values()))), which is shard-number order for the writers' names.
   std::vector<std::string> shards;
@@ -39,7 +45,7 @@ struct index {
   /// The shard holding `key`, or nullptr.
   const std::string* shard_of(std::string_view key) const;
 
-  std::unordered_map<std::string, uint32_t> by_key;  // key -> position in `shards`
+  std::unordered_map<std::string_view, uint32_t> by_key;  // views into `keys` -> position in `shards`
 };
 
 /// Parses an index. Throws ckpt::error: corrupt (not JSON, a key twice in one object, no

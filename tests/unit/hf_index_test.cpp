@@ -196,3 +196,20 @@ TEST_CASE("hf orphan candidates: same extension as the index's shards, index fil
                                        "model.safetensors.index.json", "pytorch_model.bin", "x.safetensors"});
   CHECK(o == std::vector<std::string>{"m-3.safetensors", "x.safetensors"});
 }
+
+TEST_CASE("hf index: by_key stays valid through moves (short keys live inside their strings)") {
+  std::string text = R"({"weight_map": {)";
+  for (int i = 0; i < 300; ++i) text += (i ? ", " : "") + std::string("\"k") + std::to_string(i) + "\": \"s\"";
+  text += "}}";
+  hf::index a = hf::parse_index(text);
+  hf::index b = std::move(a);
+  std::vector<hf::index> many;
+  for (int i = 0; i < 4; ++i) many.push_back(hf::parse_index(text));  // reallocations move them
+  many.push_back(std::move(b));
+  for (const auto& idx : many) {
+    REQUIRE(idx.by_key.size() == 300);
+    CHECK(idx.shard_of("k0") != nullptr);
+    CHECK(idx.shard_of("k299") != nullptr);
+    CHECK(idx.shard_of("k300") == nullptr);
+  }
+}
