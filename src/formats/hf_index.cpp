@@ -23,7 +23,7 @@ class index_reader : public nlohmann::json_sax<nlohmann::json> {
 
   bool null() override { return scalar("null"); }
   bool boolean(bool) override { return scalar("a boolean"); }
-  bool number_integer(number_integer_t v) override {
+  bool number_integer(number_integer_t) override {  // only negative ones come here
     if (in_metadata_count()) count_note("is negative");
     return scalar("a number");
   }

@@ -48,7 +48,8 @@ struct index {
   std::unordered_map<std::string_view, uint32_t> by_key;  // views into `keys` -> position in `shards`
 };
 
-/// Parses an index. Throws ckpt::error: corrupt (not JSON, a key twice in one object, no
+/// Parses an index (a caller reading it from a file should stop at limits.max_bytes + 1
+/// bytes rather than read a hostile file whole). Throws ckpt::error: corrupt (not JSON, a key twice in one object, no
 /// `weight_map` object, a value that is not a string, an empty weight_map), unsafe (a shard
 /// name that leaves the directory: absolute, `..`, a drive, NUL) or limit. The error does
 /// not name the file: the caller adds it with error::with_file.
