@@ -67,12 +67,13 @@ dict_for() {
     zip_index) echo fuzz/zip.dict ;;
     safetensors) echo fuzz/safetensors.dict ;;
     rekey_ops) echo fuzz/rekey.dict ;;
+    hf_index) echo fuzz/hf_index.dict ;;
     *) echo "$build/torch.dict" ;;
   esac
 }
 max_len_for() {
   case "$1" in
-    pickle|safetensors) echo 32768 ;;
+    pickle|safetensors|hf_index) echo 32768 ;;
     rekey_ops) echo 4096 ;;
     *) echo 65536 ;;
   esac
