@@ -103,7 +103,7 @@ class archive {
   std::vector<entry> entries_;
   std::unique_ptr<char[]> names_;  // every entry's name, back to back; entries view into it
   std::string prefix_;
-  std::unique_ptr<detail::string_index> by_record_;  // entries_ by record name
+  std::unique_ptr<detail::string_index> by_record_;  // entries_ by full name (find adds the prefix)
   friend class archive_parser;
 };
 

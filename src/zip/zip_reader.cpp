@@ -547,7 +547,7 @@ class archive_parser {
     // others need a folded copy, kept where the views stay valid.
     std::vector<std::string_view> folded(entries.size());
     std::deque<std::string> copies;
-    detail::string_index index(entries.size());
+    auto index = std::make_unique<detail::string_index>(entries.size());
     for (size_t i = 0; i < entries.size(); ++i) {
       std::string_view key = entries[i].name;
       if (std::any_of(key.begin(), key.end(), [](char c) { return c >= 'A' && c <= 'Z'; })) {
@@ -557,7 +557,7 @@ class archive_parser {
         key = copy;
       }
       folded[i] = key;
-      const size_t earlier = index.insert(i, [&](size_t k) { return folded[k]; });
+      const size_t earlier = index->insert(i, [&](size_t k) { return folded[k]; });
       if (earlier == detail::string_index::npos) continue;
       const std::string_view other = entries[earlier].name;
       const uint64_t at = info_[i].central_offset;
@@ -566,6 +566,9 @@ class archive_parser {
                   " differ only in case",
               at);
     }
+    // With every name its own folded form, this index is the one archive::find needs (by
+    // full name): a million names are hashed and placed once, not twice.
+    if (copies.empty()) a_.by_record_ = std::move(index);
   }
 
   void assign_prefix() {
@@ -577,15 +580,16 @@ class archive_parser {
               info_[0].central_offset);
     a_.prefix_ = std::string(first.substr(0, slash));
     const std::string lead = a_.prefix_ + "/";
-    a_.by_record_ = std::make_unique<detail::string_index>(entries.size());
+    const bool index_here = !a_.by_record_;
+    if (index_here) a_.by_record_ = std::make_unique<detail::string_index>(entries.size());
     for (size_t i = 0; i < entries.size(); ++i) {
       entry& e = entries[i];
       if (e.name.substr(0, lead.size()) != lead)
         corrupt("entry " + quote(e.name) + " is outside the top-level folder " + quote(a_.prefix_),
                 info_[i].central_offset);
       e.record = e.name.substr(lead.size());
-      // Names are unique (check_duplicates), so are their records under one folder.
-      a_.by_record_->insert(i, [&](size_t k) -> std::string_view { return entries[k].record; });
+      // Names are unique (check_duplicates).
+      if (index_here) a_.by_record_->insert(i, [&](size_t k) { return entries[k].name; });
     }
   }
 
@@ -918,7 +922,20 @@ archive::~archive() = default;
 
 const entry* archive::find(std::string_view record) const {
   if (!by_record_) return nullptr;
-  const size_t i = by_record_->find(record, [this](size_t k) -> std::string_view { return entries_[k].record; });
+  // The index is by full name (see check_duplicates): "prefix/record", built on the stack
+  // for the usual short names.
+  char small[256];
+  std::string big;
+  const size_t n = prefix_.size() + 1 + record.size();
+  char* name = small;
+  if (n > sizeof small) {
+    big.resize(n);
+    name = big.data();
+  }
+  std::memcpy(name, prefix_.data(), prefix_.size());
+  name[prefix_.size()] = '/';
+  if (!record.empty()) std::memcpy(name + prefix_.size() + 1, record.data(), record.size());
+  const size_t i = by_record_->find(std::string_view(name, n), [this](size_t k) { return entries_[k].name; });
   return i == detail::string_index::npos ? nullptr : &entries_[i];
 }
 
