@@ -173,7 +173,7 @@ void print_inspect_text(std::ostream& out, const ckpt::checkpoint& c, const ckpt
   std::vector<std::pair<std::string, const ckpt::tensor_record*>> sd, other;
   std::vector<bool> in_sd(c.tensors.size(), false);
   for (auto& [key, i] : c.state_dict_tensors()) {
-    sd.emplace_back(key, &c.tensors[i]);
+    sd.emplace_back(std::move(key), &c.tensors[i]);  // one copy of a million keys, not two
     in_sd[i] = true;
   }
   for (size_t i = 0; i < c.tensors.size(); ++i)
