@@ -100,6 +100,7 @@ set(CKPTOOL_CLI_SOURCES
 set(CKPT_SHARED_HEADERS
   ${CKPT_ROOT}/include/ckpt/byte_source.h
   ${CKPT_ROOT}/include/ckpt/checkpoint.h
+  ${CKPT_ROOT}/include/ckpt/dim_list.h
   ${CKPT_ROOT}/include/ckpt/dtype.h
   ${CKPT_ROOT}/include/ckpt/error.h
   ${CKPT_ROOT}/include/ckpt/input_file.h

@@ -383,12 +383,12 @@ int zip_index_target(const uint8_t* data, size_t size) {
   }
   stats().parsed++;
   for (const zip::entry& e : ar->entries()) {
-    if (ar->find(e.record) != &e) fail(T, "find(\"" + e.record + "\") does not return its own entry");
+    if (ar->find(e.record) != &e) fail(T, "find(\"" + std::string(e.record) + "\") does not return its own entry");
     if (e.name.size() < e.record.size() || e.name.compare(e.name.size() - e.record.size(), e.record.size(), e.record) != 0)
       fail(T, "record name is not a suffix of the entry name");
     if (e.data_offset < e.local_header_offset) fail(T, "data before its local header");
     unsigned __int128 data_end = (unsigned __int128)e.data_offset + e.compressed_size;
-    if (data_end > e.end_offset || e.end_offset > size) fail(T, "entry " + e.name + " reaches past its region or the file");
+    if (data_end > e.end_offset || e.end_offset > size) fail(T, "entry " + std::string(e.name) + " reaches past its region or the file");
     if (e.method == 0 && e.compressed_size != e.uncompressed_size) fail(T, "stored entry with differing sizes accepted");
     try {
       std::vector<uint8_t> bytes = ar->read_record(e);
