@@ -27,14 +27,20 @@ struct row {
   std::string key, dtype, shape, bytes, notes;
 };
 
-void print_table(std::ostream& out, const std::vector<row>& rows) {
+size_t key_width(const std::string& key) { return std::min<size_t>(key.size(), 72); }
+
+// Rows are made twice, once to size the columns and once to print, and never all kept: for a
+// million tensors the kept rows were 370 bytes each, more than the checkpoint's records.
+// The notes (the last column, the costly one) are made only for printing.
+template <class List, class Rows>
+void print_table(std::ostream& out, const List& list, const Rows& make_row) {
   size_t w[4] = {3, 5, 5, 5};
-  for (const auto& r : rows) {
-    w[0] = std::max(w[0], std::min<size_t>(r.key.size(), 72));
+  make_row(list, false, [&](const row& r) {
+    w[0] = std::max(w[0], key_width(r.key));
     w[1] = std::max(w[1], r.dtype.size());
     w[2] = std::max(w[2], r.shape.size());
     w[3] = std::max(w[3], r.bytes.size());
-  }
+  });
   auto line = [&](const row& r) {
     out << "  " << std::left << std::setw(int(w[0])) << r.key << "  " << std::setw(int(w[1])) << r.dtype << "  "
         << std::setw(int(w[2])) << r.shape << "  " << std::right << std::setw(int(w[3])) << r.bytes;
@@ -42,7 +48,7 @@ void print_table(std::ostream& out, const std::vector<row>& rows) {
     out << "\n";
   };
   line({"KEY", "DTYPE", "SHAPE", "BYTES", "NOTES"});
-  for (const auto& r : rows) line(r);
+  make_row(list, true, line);
 }
 
 // Shortest form that reads back as the same double, as Python's repr does ("0.01").
@@ -93,7 +99,8 @@ std::string kind_note(const ckpt::tensor_kind& k) {
   return out;
 }
 
-row tensor_row(const ckpt::checkpoint& c, const ckpt::tensor_record& t, std::string key) {
+row tensor_row(const ckpt::checkpoint& c, const ckpt::tensor_record& t, const std::string& key, bool with_notes) {
+  if (!with_notes) return {display_name(key), ckpt::name(t.type), ckpt::text::shape(t.shape), human_bytes(t.nbytes()), {}};
   std::vector<std::string> notes;
   if (t.parameter) notes.push_back("param");
   if (t.kind) notes.push_back(kind_note(*t.kind));
@@ -147,6 +154,9 @@ void print_tree(std::ostream& out, const tree_node& node, const std::string& nam
   for (const auto& child : node.order) print_tree(out, *node.children.at(child), child, depth + 1);
 }
 
+// The tensors listed are c.tensors' own records.
+size_t index_of(const ckpt::checkpoint& c, const ckpt::tensor_record* t) { return size_t(t - c.tensors.data()); }
+
 }  // namespace
 
 bool key_matches(const std::string& glob, const std::string& key) {
@@ -163,7 +173,7 @@ void print_inspect_text(std::ostream& out, const ckpt::checkpoint& c, const ckpt
   std::vector<std::pair<std::string, const ckpt::tensor_record*>> sd, other;
   std::vector<bool> in_sd(c.tensors.size(), false);
   for (auto& [key, i] : c.state_dict_tensors()) {
-    sd.emplace_back(key, &c.tensors[i]);
+    sd.emplace_back(std::move(key), &c.tensors[i]);  // one copy of a million keys, not two
     in_sd[i] = true;
   }
   for (size_t i = 0; i < c.tensors.size(); ++i)
@@ -172,13 +182,18 @@ void print_inspect_text(std::ostream& out, const ckpt::checkpoint& c, const ckpt
   if (c.state_dict) {
     // Tied keys (two keys, one tensor object) are one tensor, as in the totals below.
     uint64_t numel = 0;
-    std::set<const ckpt::tensor_record*> distinct;
+    std::vector<bool> counted(c.tensors.size(), false);
+    size_t distinct = 0;
     for (auto& [k, t] : sd)
-      if (distinct.insert(t).second) numel += t->numel();
+      if (!counted[index_of(c, t)]) {
+        counted[index_of(c, t)] = true;
+        ++distinct;
+        numel += t->numel();
+      }
     std::string where = c.state_dict->empty() ? "the root" : "'" + display_name(ckpt::path_to_string(*c.state_dict)) + "'";
     out << "state dict: " << where << ", ";
-    if (distinct.size() != sd.size()) out << sd.size() << " keys, ";
-    out << distinct.size() << " tensors, " << with_commas(numel) << " elements\n";
+    if (distinct != sd.size()) out << sd.size() << " keys, ";
+    out << distinct << " tensors, " << with_commas(numel) << " elements\n";
     if (!c.module_class.empty())
       out << "pickled nn.Module: " << display_name(c.module_class)
           << " (state dict keys found through _modules/_parameters/_buffers, as state_dict() gives them)\n"
@@ -262,45 +277,50 @@ void print_inspect_text(std::ostream& out, const ckpt::checkpoint& c, const ckpt
     out << "tree:\n";
     print_tree(out, root, "(root)", 0);
   } else if (!ts) {
-    std::vector<row> rows;
-    for (auto& [key, t] : sd)
-      if (key_matches(options.filter, key)) rows.push_back(tensor_row(c, *t, key));
-    if (!rows.empty()) {
+    auto rows = [&](const auto& list, bool with_notes, const auto& each) {
+      for (auto& [key, t] : list)
+        if (key_matches(options.filter, key)) each(tensor_row(c, *t, key, with_notes));
+    };
+    auto any_row = [&](const auto& list) {
+      return std::any_of(list.begin(), list.end(), [&](const auto& kt) { return key_matches(options.filter, kt.first); });
+    };
+    if (any_row(sd)) {
       out << "\n";
-      print_table(out, rows);
+      print_table(out, sd, rows);
     }
-    rows.clear();
-    for (auto& [key, t] : other)
-      if (key_matches(options.filter, key)) rows.push_back(tensor_row(c, *t, key));
-    if (!rows.empty()) {
+    if (any_row(other)) {
       out << (c.state_dict ? "\nother tensors:\n" : "\n");
-      print_table(out, rows);
+      print_table(out, other, rows);
     }
   }
 
   // The totals count what was listed: with --filter, only the matching tensors.
-  std::set<const ckpt::tensor_record*> shown;
-  size_t shown_paths = 0;
+  // By index into c.tensors, where every listed record lives: a std::set of a million
+  // pointers was 48 MB and a tree walk per insert.
+  std::vector<bool> shown(c.tensors.size(), false);
+  size_t shown_count = 0, shown_paths = 0;
+  auto show = [&](const ckpt::tensor_record* t) {
+    ++shown_paths;
+    const size_t i = index_of(c, t);
+    if (!shown[i]) {
+      shown[i] = true;
+      ++shown_count;
+    }
+  };
   if (options.filter.empty()) {
-    for (const auto& t : c.tensors) shown.insert(&t);
+    shown.assign(c.tensors.size(), true);
+    shown_count = c.tensors.size();
     shown_paths = c.tensors.size() + c.aliases.size();
   } else {
     auto add = [&](const auto& list) {
       for (auto& [key, t] : list)
-        if (key_matches(options.filter, key)) {
-          shown.insert(t);
-          ++shown_paths;
-        }
+        if (key_matches(options.filter, key)) show(t);
     };
     add(sd);
     if (ts) {
       // The module listing above names tensors "head.weight", not by pickle path.
-      for (auto& [path, t] : other) {
-        if (key_matches(options.filter, ckpt::path_to_string(t->path, '.'))) {
-          shown.insert(t);
-          ++shown_paths;
-        }
-      }
+      for (auto& [path, t] : other)
+        if (key_matches(options.filter, ckpt::path_to_string(t->path, '.'))) show(t);
     } else if (!(options.tree && c.state_dict)) {
       add(other);
     }
@@ -308,7 +328,9 @@ void print_inspect_text(std::ostream& out, const ckpt::checkpoint& c, const ckpt
   uint64_t numel = 0, bytes = 0;
   std::set<size_t> storages;
   std::map<std::string, std::array<uint64_t, 2>> by_dtype;
-  for (const ckpt::tensor_record* t : shown) {
+  for (size_t i = 0; i < c.tensors.size(); ++i) {
+    if (!shown[i]) continue;
+    const ckpt::tensor_record* t = &c.tensors[i];
     numel += t->numel();
     bytes += t->nbytes();
     if (t->storage) storages.insert(*t->storage);
@@ -319,13 +341,13 @@ void print_inspect_text(std::ostream& out, const ckpt::checkpoint& c, const ckpt
   }
   out << "\ntotals";
   if (!options.filter.empty()) out << " of the tensors matching --filter";
-  out << ": " << shown.size() << " tensors, " << with_commas(numel) << " elements, " << human_bytes(bytes) << " in "
+  out << ": " << shown_count << " tensors, " << with_commas(numel) << " elements, " << human_bytes(bytes) << " in "
       << (options.filter.empty() ? c.storages.size() : storages.size()) << " storages\n";
   for (auto& [dt, v] : by_dtype)
     out << "  " << std::left << std::setw(16) << dt << std::right << std::setw(8) << v[0] << " tensors  "
         << human_bytes(v[1]) << "\n";
-  if (shown_paths > shown.size())
-    out << "  " << shown_paths - shown.size() << " more paths refer to tensors listed above (the same tensor object; counted once)\n";
+  if (shown_paths > shown_count)
+    out << "  " << shown_paths - shown_count << " more paths refer to tensors listed above (the same tensor object; counted once)\n";
   if (!options.filter.empty())
     out << "  (the file holds " << c.tensors.size() << " tensors in " << c.storages.size() << " storages)\n";
 

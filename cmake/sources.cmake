@@ -30,6 +30,7 @@ set(CKPT_CORE_SOURCES
   ${CKPT_ROOT}/src/formats/dcp_metadata.cpp
   ${CKPT_ROOT}/src/formats/dcp_vocabulary.cpp
   ${CKPT_ROOT}/src/formats/format_detect.cpp
+  ${CKPT_ROOT}/src/formats/hf_index.cpp
   ${CKPT_ROOT}/src/formats/legacy_reader.cpp
   ${CKPT_ROOT}/src/formats/pickled_module.cpp
   ${CKPT_ROOT}/src/formats/safetensors.cpp
@@ -103,6 +104,7 @@ set(CKPT_SHARED_HEADERS
   ${CKPT_ROOT}/include/ckpt/byte_source.h
   ${CKPT_ROOT}/include/ckpt/checkpoint.h
   ${CKPT_ROOT}/include/ckpt/dcp.h
+  ${CKPT_ROOT}/include/ckpt/dim_list.h
   ${CKPT_ROOT}/include/ckpt/dtype.h
   ${CKPT_ROOT}/include/ckpt/error.h
   ${CKPT_ROOT}/include/ckpt/input_file.h

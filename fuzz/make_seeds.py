@@ -392,6 +392,27 @@ def dcp_metadata_files():
     files["mcore_extra_field.metadata"] = pickle.dumps(m, protocol=4)
     good = pickle.dumps(md(rows), protocol=2)
     files["payload_popped.metadata"] = good[:2] + b"cos\nsystem\n(Vtrue\ntR0" + good[2:]
+def hf_index_files():
+    """Real *.index.json files from transformers' save_pretrained and huggingface_hub's
+    save_torch_state_dict (tests/py/hf_fixtures.py), and a few edits of one of them."""
+    import json
+    import tempfile
+    sys.path.insert(0, os.path.join(HERE, "..", "tests", "py"))
+    import hf_fixtures
+    files = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, s in hf_fixtures.write_all(tmp).items():
+            files[name + "." + s.index.name] = s.index.read_bytes()
+        base = json.loads((hf_fixtures.Path(tmp) / "llama_pretrained" / "model.safetensors.index.json").read_text())
+    wm = base["weight_map"]
+    first = next(iter(wm))
+    files["edit_no_metadata.json"] = json.dumps({"weight_map": wm}).encode()
+    files["edit_unknown_fields.json"] = json.dumps({"format": "pt", "metadata": {"total_size": 1.5, "x": [None]},
+                                                    "weight_map": wm, "extra": {"weight_map": 1}}).encode()
+    files["edit_subdir_shard.json"] = json.dumps({"weight_map": {**wm, first: "sub/" + wm[first]}}).encode()
+    files["bad_escaping_shard.json"] = json.dumps({"weight_map": {**wm, first: "../" + wm[first]}}).encode()
+    files["bad_duplicate_key.json"] = (b'{"weight_map": {"a": "s-1.safetensors", "a": "s-2.safetensors"}}')
+    files["bad_value_type.json"] = json.dumps({"weight_map": {**wm, first: 3}}).encode()
     return files
 
 
@@ -448,6 +469,8 @@ def main():
 
     for name, data in dcp_metadata_files().items():
         out("dcp_metadata", name, data)
+    for name, data in hf_index_files().items():
+        out("hf_index", name, data)
 
     total = sum(os.path.getsize(os.path.join(dp, f)) for dp, _, fs in os.walk(SEEDS) for f in fs)
     count = sum(len(fs) for _, _, fs in os.walk(SEEDS))

@@ -37,6 +37,7 @@
 #include "ckpt/zip_writer.h"
 #include "pickle/pickle_names.h"      // detail::python3_to_2 / python2_to_3, see spelled_in_protocol2
 #include "formats/tensor_collector.h"  // detail::parse_storage_pid, for torchscript_meta's records
+#include "formats/hf_index.h"        // hf_index
 
 namespace ckpt::fuzz {
 
@@ -383,12 +384,12 @@ int zip_index_target(const uint8_t* data, size_t size) {
   }
   stats().parsed++;
   for (const zip::entry& e : ar->entries()) {
-    if (ar->find(e.record) != &e) fail(T, "find(\"" + e.record + "\") does not return its own entry");
+    if (ar->find(e.record) != &e) fail(T, "find(\"" + std::string(e.record) + "\") does not return its own entry");
     if (e.name.size() < e.record.size() || e.name.compare(e.name.size() - e.record.size(), e.record.size(), e.record) != 0)
       fail(T, "record name is not a suffix of the entry name");
     if (e.data_offset < e.local_header_offset) fail(T, "data before its local header");
     unsigned __int128 data_end = (unsigned __int128)e.data_offset + e.compressed_size;
-    if (data_end > e.end_offset || e.end_offset > size) fail(T, "entry " + e.name + " reaches past its region or the file");
+    if (data_end > e.end_offset || e.end_offset > size) fail(T, "entry " + std::string(e.name) + " reaches past its region or the file");
     if (e.method == 0 && e.compressed_size != e.uncompressed_size) fail(T, "stored entry with differing sizes accepted");
     try {
       std::vector<uint8_t> bytes = ar->read_record(e);
@@ -798,6 +799,75 @@ int rekey_ops_target(const uint8_t* data, size_t size) {
 
 // ======================================================================================
 
+// ======================================================================================
+// hf_index
+
+int hf_index_target(const uint8_t* data, size_t size) {
+  static const char* const T = "fuzz_hf_index";
+  std::string_view text(reinterpret_cast<const char*>(data), size);
+  hf::index idx;
+  try {
+    idx = hf::parse_index(text);
+  } catch (const error& swallowed) {
+    note(__func__, swallowed);
+    return 0;
+  }
+  stats().parsed++;
+  if (idx.keys.empty()) fail(T, "an index naming no tensors was accepted");
+  if (idx.by_key.size() != idx.keys.size()) fail(T, "by_key and keys differ in size (a duplicate key got through)");
+  for (size_t i = 0; i < idx.shards.size(); ++i) {
+    if (!hf::shard_name_problem(idx.shards[i]).empty()) fail(T, "shard name '" + idx.shards[i] + "' was accepted");
+    if (i > 0 && !(idx.shards[i - 1] < idx.shards[i])) fail(T, "shards are not sorted and unique");
+  }
+  std::vector<size_t> used(idx.shards.size(), 0);
+  for (const auto& [key, id] : idx.keys) {
+    if (id >= idx.shards.size()) fail(T, "key '" + key + "' points past the shard list");
+    const std::string* s = idx.shard_of(key);
+    if (!s || *s != idx.shards[id]) fail(T, "shard_of('" + key + "') disagrees with keys");
+    used[id]++;
+  }
+  for (size_t n : used)
+    if (n == 0) fail(T, "a shard no key points to is in the shard list");
+
+  // The shards exactly as the index describes them: nothing to report but total_size.
+  std::vector<hf::shard_contents> shards(idx.shards.size());
+  for (size_t i = 0; i < idx.shards.size(); ++i) shards[i].name = idx.shards[i];
+  for (const auto& [key, id] : idx.keys) shards[id].keys.push_back(key);
+  if (idx.total_size) shards[0].bytes = *idx.total_size;
+  hf::cross_check_result clean = hf::cross_check(idx, shards);
+  size_t expected = idx.total_size ? 0 : 1;  // no_total_size, a warning
+  if (clean.findings.size() != expected || clean.errors() != 0)
+    fail(T, "a set matching its index has findings: " + clean.findings[0].message);
+
+  // One key dropped from its shard and put in another: exactly the two errors.
+  const auto& [key, id] = idx.keys[size % idx.keys.size()];
+  auto& own = shards[id].keys;
+  own.erase(std::find(own.begin(), own.end(), key));
+  hf::cross_check_result moved = hf::cross_check(idx, shards);
+  if (moved.errors() != 1 || moved.findings[0].kind != hf::finding::what::key_missing_from_shard)
+    fail(T, "a key missing from its shard is not the one error");
+  if (idx.shards.size() > 1) {
+    shards[(id + 1) % shards.size()].keys.push_back(key);
+    own.push_back(key);
+    hf::cross_check_result twice = hf::cross_check(idx, shards);
+    if (twice.errors() != 1 || twice.findings[0].kind != hf::finding::what::key_in_two_shards)
+      fail(T, "a key in two shards is not the one error");
+  }
+
+  // Tight limits: a clean limit error or the same index.
+  hf::index_limits tight;
+  tight.max_keys = idx.keys.size() > 1 ? idx.keys.size() - size % 2 : 1;
+  tight.max_shards = 4;
+  tight.max_name = 64;
+  try {
+    hf::index again = hf::parse_index(text, tight);
+    if (again.keys != idx.keys || again.shards != idx.shards) fail(T, "tight limits changed the index");
+  } catch (const error& e) {
+    if (e.kind() != errc::limit) fail(T, std::string("tight limits gave a non-limit error: ") + e.what());
+  }
+  return 0;
+}
+
 namespace {
 
 // The elements of a small tensor each chunk box holds, counted one by one: the slow,
@@ -902,6 +972,7 @@ const target kTargets[] = {
     {"rewrite_roundtrip", rewrite_roundtrip_target},
     {"rekey_ops", rekey_ops_target},
     {"dcp_metadata", dcp_metadata_target},
+    {"hf_index", hf_index_target},
 };
 }  // namespace
 

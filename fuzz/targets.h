@@ -52,6 +52,11 @@ int rekey_ops_target(const uint8_t* data, size_t size);
 /// the DCP vocabulary, its ranges do not overflow, and check_coverage agrees with an
 /// element-by-element count of the chunk boxes on every tensor small enough to count.
 int dcp_metadata_target(const uint8_t* data, size_t size);
+/// hf::parse_index of a Hugging Face *.index.json, its invariants (sorted unique shards,
+/// every key's shard in range and named safely), and hf::cross_check against shards built
+/// from the index itself: none, then exactly one error for a key moved out of its shard and
+/// one for a key held twice; tight limits give a limit error or the same index.
+int hf_index_target(const uint8_t* data, size_t size);
 
 /// Separator of torchscript_meta's two-pickle input form.
 constexpr std::string_view kPickleSplit = "\n--ckpt-fuzz-constants.pkl--\n";

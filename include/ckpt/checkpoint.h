@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "ckpt/byte_source.h"
+#include "ckpt/dim_list.h"
 #include "ckpt/dtype.h"
 #include "ckpt/pickle.h"
 #include "ckpt/safetensors.h"
@@ -63,8 +64,8 @@ struct tensor_kind;
 struct tensor_record {
   value_path path;
   dtype type = dtype::float32;
-  std::vector<int64_t> shape;
-  std::vector<int64_t> stride;
+  dim_list shape;                      // vector-like, rank <= 3 without a heap block
+  dim_list stride;
   int64_t storage_offset = 0;          // in elements
   std::optional<size_t> storage;       // index into checkpoint::storages; nullopt: meta tensor
   bool parameter = false;

@@ -30,9 +30,12 @@ class string_index;
 
 namespace ckpt::zip {
 
+// Names are views into one buffer the archive owns (a million records cost 19 bytes of
+// name each, not two std::strings and a heap block): an entry is valid only as long as its
+// archive.
 struct entry {
-  std::string name;           // full name, "archive/data.pkl"
-  std::string record;         // name without the top-level folder, "data.pkl"
+  std::string_view name;      // full name, "archive/data.pkl"
+  std::string_view record;    // name without the top-level folder, "data.pkl"
   uint16_t method = 0;        // 0 stored, 8 deflated
   uint16_t flags = 0;
   uint32_t crc32 = 0;
@@ -98,8 +101,9 @@ class archive {
   const byte_source& src_;
   open_options options_;
   std::vector<entry> entries_;
+  std::unique_ptr<char[]> names_;  // every entry's name, back to back; entries view into it
   std::string prefix_;
-  std::unique_ptr<detail::string_index> by_record_;  // entries_ by record name
+  std::unique_ptr<detail::string_index> by_record_;  // entries_ by full name (find adds the prefix)
   friend class archive_parser;
 };
 

@@ -528,10 +528,10 @@ tensor_collector::binder zip_storage_binder(checkpoint& ckpt, std::string record
       return bound;
     }
     if (e->method != 0)
-      throw_unsupported("tensor record " + e->name + " is compressed; torch writes them stored",
+      throw_unsupported("tensor record " + std::string(e->name) + " is compressed; torch writes them stored",
                         e->local_header_offset);
     if (e->uncompressed_size != nbytes)
-      throw_corrupt("record " + e->name + " holds " + std::to_string(e->uncompressed_size) +
+      throw_corrupt("record " + std::string(e->name) + " holds " + std::to_string(e->uncompressed_size) +
                         " bytes but its storage declares " + std::to_string(nbytes),
                     e->local_header_offset);
     storage_record s;

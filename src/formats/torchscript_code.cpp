@@ -301,7 +301,7 @@ void scan_code(const zip::archive& ar, std::vector<load_time_code>& out, std::ve
   for (const zip::entry& e : ar.entries()) {
     if (e.record.compare(0, 5, "code/") != 0 || ends_with(e.record, ".debug_pkl")) continue;
     std::vector<uint8_t> bytes = ar.read_record(e);
-    std::string qualifier = e.record.substr(5);
+    std::string qualifier(e.record.substr(5));
     if (ends_with(qualifier, ".py")) qualifier.resize(qualifier.size() - 3);
     std::replace(qualifier.begin(), qualifier.end(), '/', '.');
     scanner s{e, qualifier, out, defaults};

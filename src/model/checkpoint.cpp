@@ -24,7 +24,7 @@ const char* const kStateDictHolders[] = {"state_dict", "model_state_dict", "mode
 
 // Small text records (version, byteorder): parsed strictly, as security.md Z12 asks.
 std::string read_small_record(const zip::archive& ar, const zip::entry& e) {
-  if (e.uncompressed_size > 64) throw_corrupt("record " + e.name + " is longer than 64 bytes", e.local_header_offset);
+  if (e.uncompressed_size > 64) throw_corrupt("record " + std::string(e.name) + " is longer than 64 bytes", e.local_header_offset);
   auto bytes = ar.read_record(e);
   return std::string(bytes.begin(), bytes.end());
 }
@@ -36,7 +36,7 @@ void check_version_record(const zip::archive& ar) {
   std::string text = read_small_record(ar, *e);
   if (!text.empty() && text.back() == '\n') text.pop_back();
   if (text.empty() || text.size() > 4 || !std::all_of(text.begin(), text.end(), ::isdigit))
-    throw_corrupt("record " + e->name + " is not a decimal version number", e->data_offset);
+    throw_corrupt("record " + std::string(e->name) + " is not a decimal version number", e->data_offset);
   int v = std::stoi(text);
   // caffe2/serialize/versions.h: kMinSupportedFileFormatVersion 1 .. kMaxSupported 0xA.
   if (v < 1 || v > 10)
@@ -48,7 +48,7 @@ std::string read_byteorder(const zip::archive& ar) {
   if (!e) return "little";  // PyTorch's default since PR #101973
   std::string text = read_small_record(ar, *e);
   if (text != "little" && text != "big")
-    throw_corrupt("record " + e->name + " must say 'little' or 'big'", e->data_offset);
+    throw_corrupt("record " + std::string(e->name) + " must say 'little' or 'big'", e->data_offset);
   return text;
 }
 
@@ -86,7 +86,7 @@ uint64_t read_storage_alignment(const zip::archive& ar) {
   const zip::entry* e = ar.find(".storage_alignment");
   if (!e) return 64;  // torch.load's default
   std::optional<uint64_t> v = python_int_value(read_small_record(ar, *e));
-  if (!v) throw_corrupt("record " + e->name + " is not an integer (torch.load refuses it)", e->data_offset);
+  if (!v) throw_corrupt("record " + std::string(e->name) + " is not an integer (torch.load refuses it)", e->data_offset);
   return *v;
 }
 
@@ -109,7 +109,7 @@ bool is_unsafe_global_name(std::string_view full, bool torchscript) {
 std::unique_ptr<pickle::document> parse_record_pickle(const zip::archive& ar, const zip::entry& e,
                                                       const pickle::limits& lim, bool torchscript) {
   if (e.uncompressed_size > lim.max_pickle_bytes)
-    throw_limit("record " + e.name + " is " + std::to_string(e.uncompressed_size) +
+    throw_limit("record " + std::string(e.name) + " is " + std::to_string(e.uncompressed_size) +
                     " bytes, over the pickle size limit (raise with --max-pickle-bytes)",
                 e.local_header_offset);
   auto bytes = ar.read_record(e);
@@ -155,7 +155,7 @@ std::vector<std::string> records_torch_save_never_writes(const zip::archive& ar)
   for (const auto& e : ar.entries()) {
     if (e.record.compare(0, 5, "data/") == 0) continue;
     if (std::none_of(std::begin(kKnown), std::end(kKnown), [&](const char* k) { return e.record == k; }))
-      out.push_back(e.record);
+      out.emplace_back(e.record);
   }
   return out;
 }
@@ -306,7 +306,7 @@ void read_torch_zip(checkpoint& c, const open_options& opt) {
   // the same answer, with an offset, instead of a loader error from inspect alone.
   if (torchscript && !ar.find("constants.pkl") && !ar.find("bytecode.pkl"))
     if (const zip::entry* code = first_code_record(ar))
-      throw_corrupt("record " + code->name + " makes this a TorchScript archive, but it has no constants.pkl",
+      throw_corrupt("record " + std::string(code->name) + " makes this a TorchScript archive, but it has no constants.pkl",
                     code->local_header_offset);
   check_version_record(ar);
   c.byteorder = read_byteorder(ar);
@@ -578,7 +578,7 @@ void refuse_unsafe_torchscript(const zip::archive& ar, const pickle::limits& lim
   std::string names;
   for (size_t i = 0; i < unsafe.size() && i < 8; ++i) names += (i ? ", " : "") + unsafe[i];
   if (unsafe.size() > 8) names += ", ...";
-  throw error(errc::unsafe, "TorchScript archive whose " + data->name + " names globals outside TorchScript's own: " +
+  throw error(errc::unsafe, "TorchScript archive whose " + std::string(data->name) + " names globals outside TorchScript's own: " +
                                 names + " (not handed to LibTorch; nothing was imported)",
               data->data_offset)
       .with_file(ar.source().name());

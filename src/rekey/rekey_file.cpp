@@ -349,7 +349,7 @@ void verify_torch_output(const std::string& temp, const checkpoint& in, const st
     if (before[i].record != after[i].record) not_read_back("with the same records");
     if (before[i].record == "data.pkl") continue;
     if (before[i].uncompressed_size != after[i].uncompressed_size || before[i].crc32 != after[i].crc32)
-      not_read_back("with record " + before[i].record + " unchanged");
+      not_read_back("with record " + std::string(before[i].record) + " unchanged");
   }
   const zip::entry* data = ar->find("data.pkl");
   if (!data || data->uncompressed_size != pkl.size()) not_read_back("with the pickle written");

@@ -59,7 +59,7 @@ verify_report verify_file(const std::string& path, const open_options& options,
       if (crc.outcome == zip::crc_outcome::mismatch) {
         char crcs[48];
         std::snprintf(crcs, sizeof crcs, "recorded %08x, data has %08x", e.crc32, crc.computed);
-        r.problems.push_back("CRC-32 mismatch in " + e.name + " at byte " + std::to_string(e.data_offset) + ": " + crcs);
+        r.problems.push_back("CRC-32 mismatch in " + std::string(e.name) + " at byte " + std::to_string(e.data_offset) + ": " + crcs);
       }
     }
     if (r.records_without_crc)
@@ -67,7 +67,7 @@ verify_report verify_file(const std::string& path, const open_options& options,
                         " records have no CRC recorded (saved with CRC computation off); their data was not checked");
     // Records under data/ that no tensor refers to: harmless to torch.load, but odd.
     if (c.format == file_format::torch_zip) {
-      std::set<std::string> used;
+      std::set<std::string, std::less<>> used;
       for (const auto& s : c.storages) used.insert("data/" + s.key);
       size_t unused = 0;
       for (const auto& e : c.zip->entries())

@@ -200,6 +200,7 @@ struct end_info {
 struct central_extra {
   uint64_t central_offset;
   size_t name_len;
+  size_t name_pos;  // in the central directory read (read_central_directory)
 };
 
 // zlib's z_stream, ended on every path.
@@ -460,6 +461,7 @@ class archive_parser {
     a_.entries_.reserve(size_t(end.entries));
     info_.reserve(size_t(end.entries));
     size_t pos = 0;
+    size_t names_total = 0;
     for (uint64_t i = 0; i < end.entries; ++i) {
       uint64_t at = end.cd_offset + pos;
       if (cd.size() - pos < kCentralHeaderSize)
@@ -484,7 +486,8 @@ class archive_parser {
         corrupt("central directory entry " + std::to_string(i) + " runs past the central directory", at);
 
       entry e;
-      e.name.assign(reinterpret_cast<const char*>(p + kCentralHeaderSize), name_len);
+      // A view into `cd` until the names move to their own buffer below.
+      e.name = std::string_view(reinterpret_cast<const char*>(p + kCentralHeaderSize), name_len);
       check_encryption(e.name, flags, at);
       if (method != kMethodStored && method != kMethodDeflate)
         unsupported("entry " + quote(e.name) + " uses compression method " + std::to_string(method) +
@@ -515,13 +518,22 @@ class archive_parser {
       e.compressed_size = f.csize;
       e.uncompressed_size = f.usize;
       e.local_header_offset = f.offset;
-      a_.entries_.push_back(std::move(e));
-      info_.push_back({at, name_len});
+      a_.entries_.push_back(e);
+      info_.push_back({at, name_len, pos + kCentralHeaderSize});
+      names_total += name_len;
       pos += total;
     }
     if (pos != cd.size())
       corrupt(std::to_string(cd.size() - pos) + " unused bytes at the end of the central directory",
               end.cd_offset + pos);
+    // The names, and nothing else of the central directory, stay: one block, no per-name heap.
+    a_.names_.reset(new char[std::max<size_t>(names_total, 1)]);
+    char* out = a_.names_.get();
+    for (size_t i = 0; i < a_.entries_.size(); ++i) {
+      std::memcpy(out, cd.data() + info_[i].name_pos, info_[i].name_len);
+      a_.entries_[i].name = std::string_view(out, info_[i].name_len);
+      out += info_[i].name_len;
+    }
   }
 
   // --- names ---------------------------------------------------------------------------------
@@ -535,7 +547,7 @@ class archive_parser {
     // others need a folded copy, kept where the views stay valid.
     std::vector<std::string_view> folded(entries.size());
     std::deque<std::string> copies;
-    detail::string_index index(entries.size());
+    auto index = std::make_unique<detail::string_index>(entries.size());
     for (size_t i = 0; i < entries.size(); ++i) {
       std::string_view key = entries[i].name;
       if (std::any_of(key.begin(), key.end(), [](char c) { return c >= 'A' && c <= 'Z'; })) {
@@ -545,35 +557,39 @@ class archive_parser {
         key = copy;
       }
       folded[i] = key;
-      const size_t earlier = index.insert(i, [&](size_t k) { return folded[k]; });
+      const size_t earlier = index->insert(i, [&](size_t k) { return folded[k]; });
       if (earlier == detail::string_index::npos) continue;
-      const std::string& other = entries[earlier].name;
+      const std::string_view other = entries[earlier].name;
       const uint64_t at = info_[i].central_offset;
       if (other == entries[i].name) corrupt("duplicate entry name " + quote(other), at);
       corrupt("entry names " + quote(other) + " and " + quote(entries[i].name) +
                   " differ only in case",
               at);
     }
+    // With every name its own folded form, this index is the one archive::find needs (by
+    // full name): a million names are hashed and placed once, not twice.
+    if (copies.empty()) a_.by_record_ = std::move(index);
   }
 
   void assign_prefix() {
     auto& entries = a_.entries_;
-    const std::string& first = entries[0].name;
+    const std::string_view first = entries[0].name;
     size_t slash = first.find('/');
-    if (slash == std::string::npos)
+    if (slash == std::string_view::npos)
       corrupt("first entry " + quote(first) + " is not inside a top-level folder",
               info_[0].central_offset);
-    a_.prefix_ = first.substr(0, slash);
+    a_.prefix_ = std::string(first.substr(0, slash));
     const std::string lead = a_.prefix_ + "/";
-    a_.by_record_ = std::make_unique<detail::string_index>(entries.size());
+    const bool index_here = !a_.by_record_;
+    if (index_here) a_.by_record_ = std::make_unique<detail::string_index>(entries.size());
     for (size_t i = 0; i < entries.size(); ++i) {
       entry& e = entries[i];
-      if (e.name.compare(0, lead.size(), lead) != 0)
+      if (e.name.substr(0, lead.size()) != lead)
         corrupt("entry " + quote(e.name) + " is outside the top-level folder " + quote(a_.prefix_),
                 info_[i].central_offset);
       e.record = e.name.substr(lead.size());
-      // Names are unique (check_duplicates), so are their records under one folder.
-      a_.by_record_->insert(i, [&](size_t k) -> std::string_view { return entries[k].record; });
+      // Names are unique (check_duplicates).
+      if (index_here) a_.by_record_->insert(i, [&](size_t k) { return entries[k].name; });
     }
   }
 
@@ -906,7 +922,20 @@ archive::~archive() = default;
 
 const entry* archive::find(std::string_view record) const {
   if (!by_record_) return nullptr;
-  const size_t i = by_record_->find(record, [this](size_t k) -> std::string_view { return entries_[k].record; });
+  // The index is by full name (see check_duplicates): "prefix/record", built on the stack
+  // for the usual short names.
+  char small[256];
+  std::string big;
+  const size_t n = prefix_.size() + 1 + record.size();
+  char* name = small;
+  if (n > sizeof small) {
+    big.resize(n);
+    name = big.data();
+  }
+  std::memcpy(name, prefix_.data(), prefix_.size());
+  name[prefix_.size()] = '/';
+  if (!record.empty()) std::memcpy(name + prefix_.size() + 1, record.data(), record.size());
+  const size_t i = by_record_->find(std::string_view(name, n), [this](size_t k) { return entries_[k].name; });
   return i == detail::string_index::npos ? nullptr : &entries_[i];
 }
 

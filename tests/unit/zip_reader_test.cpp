@@ -78,6 +78,31 @@ TEST_CASE("torch-like archive: entries, prefix, offsets, contents") {
   CHECK(a->entries().back().end_offset == b.at.cd_offset);
 }
 
+// find() looks records up by full name ("prefix/record"), in the index check_duplicates made
+// when every name is its own case-folded form, else in one of its own.
+TEST_CASE("find by record: lower- and upper-case prefixes, long names, views into the archive") {
+  for (std::string prefix : {"arch", "MyModel"}) {
+    CAPTURE(prefix);
+    const std::string long_record = "data/" + std::string(300, 'x');
+    std::vector<member> ms = {{prefix + "/data.pkl", {1, 2, 3}}, {prefix + "/data/0", std::vector<uint8_t>(8, 7)},
+                              {prefix + "/" + long_record, {5}}, {prefix + "/Data/1", {6}}};
+    built b = build(ms);
+    ckpt::memory_source src(b.bytes);
+    auto a = ckpt::zip::archive::open(src);
+    CHECK(a->prefix() == prefix);
+    for (const auto& e : a->entries()) {
+      REQUIRE(a->find(e.record) == &e);
+      CHECK(e.name == prefix + "/" + std::string(e.record));
+    }
+    CHECK(a->find(long_record)->uncompressed_size == 1);
+    CHECK(a->find("data/1") == nullptr);  // names are case-sensitive for find
+    CHECK(a->find("Data/1") != nullptr);
+    CHECK(a->find("") == nullptr);
+    CHECK(a->find(prefix + "/data/0") == nullptr);
+    CHECK(a->find(std::string(400, 'y')) == nullptr);
+  }
+}
+
 TEST_CASE("other writers' layouts open") {
   SUBCASE("no data descriptors, classic end record only (Python zipfile)") {
     auto m = torch_like();

@@ -126,7 +126,7 @@ TEST_CASE("round trip through the reader") {
   REQUIRE(a->entries().size() == 7);
   std::vector<std::string> order;
   for (const auto& e : a->entries()) {
-    order.push_back(e.record);
+    order.emplace_back(e.record);
     CHECK(e.method == 0);
     CHECK(e.data_offset % 64 == 0);
     CHECK(e.flags == (e.uncompressed_size ? 0x0808 : 0x0800));
