@@ -26,6 +26,9 @@ set(CKPT_CORE_SOURCES
   ${CKPT_ROOT}/src/pickle/pickle_value.cpp
   ${CKPT_ROOT}/src/pickle/pickle_writer.cpp
   ${CKPT_ROOT}/src/pickle/weights_only_globals.cpp
+  ${CKPT_ROOT}/src/formats/dcp_coverage.cpp
+  ${CKPT_ROOT}/src/formats/dcp_metadata.cpp
+  ${CKPT_ROOT}/src/formats/dcp_vocabulary.cpp
   ${CKPT_ROOT}/src/formats/format_detect.cpp
   ${CKPT_ROOT}/src/formats/hf_index.cpp
   ${CKPT_ROOT}/src/formats/legacy_reader.cpp
@@ -100,6 +103,7 @@ set(CKPTOOL_CLI_SOURCES
 set(CKPT_SHARED_HEADERS
   ${CKPT_ROOT}/include/ckpt/byte_source.h
   ${CKPT_ROOT}/include/ckpt/checkpoint.h
+  ${CKPT_ROOT}/include/ckpt/dcp.h
   ${CKPT_ROOT}/include/ckpt/dim_list.h
   ${CKPT_ROOT}/include/ckpt/dtype.h
   ${CKPT_ROOT}/include/ckpt/error.h

@@ -3,6 +3,7 @@
 libraries (torch, safetensors from the project venv):
 
     .venv/bin/python fuzz/make_seeds.py            # rewrites fuzz/seeds/
+    .venv/bin/python fuzz/make_seeds.py --dcp-only # rewrites fuzz/seeds/dcp_metadata/ only
 
 Every file is small (tensors of a few elements) so the whole tree stays well under 2 MB.
 torch.save records a random serialization id, so regenerated files differ byte-for-byte
@@ -355,6 +356,42 @@ def rekey_ops_files():
     }
 
 
+def dcp_metadata_files():
+    """`.metadata` files of real DCP directories (dcp.save in 2 and 4 gloo processes,
+    tests/py/dcp_fixtures.py), and hand-built Metadata for the forms no local writer makes:
+    zstd descriptors, pre-2.7 _StorageInfo, Megatron's extra field, bad boxes, a payload."""
+    import tempfile
+    sys.path.insert(0, os.path.join(HERE, "..", "tests", "py"))
+    import dcp_fixtures
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+    from torch.distributed.checkpoint.metadata import (BytesStorageMetadata, ChunkStorageMetadata, Metadata,
+                                                       MetadataIndex, TensorProperties, TensorStorageMetadata)
+    files = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, d in dcp_fixtures.build(tmp).items():
+            for f in dcp_fixtures.metadata_files(d):
+                rank = "" if f.name == ".metadata" else "_rank" + f.name[2:].split(".")[0]  # __{r}.metadata
+                files[name + rank + ".metadata"] = f.read_bytes()
+
+    def md(boxes, transforms=None, size=(5, 4)):
+        t = TensorStorageMetadata(TensorProperties(dtype=torch.float32), torch.Size(size),
+                                  [ChunkStorageMetadata(torch.Size(o), torch.Size(z)) for o, z in boxes])
+        storage = {MetadataIndex("w", c.offsets, i): _StorageInfo("__0_0.distcp", 64 * i, 64, transforms)
+                   for i, c in enumerate(t.chunks)}
+        storage[MetadataIndex("lr")] = _StorageInfo("__1_0.distcp", 0, 32, transforms)
+        return Metadata({"w": t, "lr": BytesStorageMetadata()}, {"w": ("w",), "lr": ("lr",)}, storage)
+
+    rows = [((0, 0), (3, 4)), ((3, 0), (2, 4))]
+    files["zstd.metadata"] = pickle.dumps(md(rows, ["stream.zstd/1"]), protocol=4)
+    files["proto2.metadata"] = pickle.dumps(md(rows), protocol=2)
+    files["overlap.metadata"] = pickle.dumps(md([((0, 0), (3, 4)), ((2, 0), (3, 4))]), protocol=4)
+    files["gap.metadata"] = pickle.dumps(md([((0, 0), (3, 4))]), protocol=4)
+    files["zero_size.metadata"] = pickle.dumps(md([((0, 0), (1, 3)), ((1, 0), (0, 3))], size=(1, 3)), protocol=4)
+    m = md(rows)
+    m.mcore_data = {"w": {"nd_reformulated_orig_global_shape": (5, 4)}}
+    files["mcore_extra_field.metadata"] = pickle.dumps(m, protocol=4)
+    good = pickle.dumps(md(rows), protocol=2)
+    files["payload_popped.metadata"] = good[:2] + b"cos\nsystem\n(Vtrue\ntR0" + good[2:]
 def hf_index_files():
     """Real *.index.json files from transformers' save_pretrained and huggingface_hub's
     save_torch_state_dict (tests/py/hf_fixtures.py), and a few edits of one of them."""
@@ -430,6 +467,8 @@ def main():
     for name, data in rekey_ops_files().items():
         out("rekey_ops", name, data)
 
+    for name, data in dcp_metadata_files().items():
+        out("dcp_metadata", name, data)
     for name, data in hf_index_files().items():
         out("hf_index", name, data)
 
@@ -439,4 +478,9 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:] == ["--dcp-only"]:  # just fuzz/seeds/dcp_metadata/ (runs dcp.save)
+        shutil.rmtree(os.path.join(SEEDS, "dcp_metadata"), ignore_errors=True)
+        for name, data in dcp_metadata_files().items():
+            out("dcp_metadata", name, data)
+    else:
+        main()

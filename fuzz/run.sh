@@ -37,7 +37,7 @@ if [ "$ci" = 1 ]; then seconds=25; jobs=1; fi
 case "$seconds$jobs" in *[!0-9]*) echo "run.sh: SECONDS and JOBS must be integers" >&2; exit 2 ;; esac
 
 build=${BUILD_DIR:-build-fuzz}
-all_targets="pickle zip_index torch_archive safetensors torchscript_meta rewrite_roundtrip rekey_ops"
+all_targets="pickle zip_index torch_archive safetensors torchscript_meta rewrite_roundtrip rekey_ops dcp_metadata"
 targets=${FUZZ_TARGETS:-$all_targets}
 nice_level=${FUZZ_NICE:-10}
 
@@ -61,9 +61,11 @@ nice -n "$nice_level" cmake --build "$build" --target fuzz_all -- -j"${FUZZ_BUIL
 # --- dictionaries ------------------------------------------------------------------------
 mkdir -p fuzz/artifacts
 cat fuzz/zip.dict fuzz/pickle.dict > "$build/torch.dict"
+cat fuzz/pickle.dict fuzz/dcp.dict > "$build/dcp.dict"
 dict_for() {
   case "$1" in
     pickle) echo fuzz/pickle.dict ;;
+    dcp_metadata) echo "$build/dcp.dict" ;;
     zip_index) echo fuzz/zip.dict ;;
     safetensors) echo fuzz/safetensors.dict ;;
     rekey_ops) echo fuzz/rekey.dict ;;
@@ -73,7 +75,7 @@ dict_for() {
 }
 max_len_for() {
   case "$1" in
-    pickle|safetensors|hf_index) echo 32768 ;;
+    pickle|safetensors|dcp_metadata|hf_index) echo 32768 ;;
     rekey_ops) echo 4096 ;;
     *) echo 65536 ;;
   esac
@@ -81,7 +83,7 @@ max_len_for() {
 extra_dirs_for() {
   local dirs=()
   case "$1" in
-    pickle) dirs=(../shared/corpora/picklescan) ;;
+    pickle|dcp_metadata) dirs=(../shared/corpora/picklescan) ;;
     zip_index) dirs=(samples ../shared/corpora/ziplinter ../shared/corpora/picklescan) ;;
     torch_archive) dirs=(samples ../shared/corpora/picklescan ../shared/corpora/ziplinter) ;;
     safetensors) dirs=(samples) ;;

@@ -21,6 +21,7 @@
 
 #include "ckpt/byte_source.h"
 #include "ckpt/checkpoint.h"
+#include "ckpt/dcp.h"
 #include "ckpt/error.h"
 #include "ckpt/pickle.h"
 #include "ckpt/pickle_writer.h"
@@ -868,6 +869,100 @@ int hf_index_target(const uint8_t* data, size_t size) {
 }
 
 namespace {
+
+// The elements of a small tensor each chunk box holds, counted one by one: the slow,
+// obviously right answer check_coverage must agree with.
+bool tiles_exactly(const dcp::tensor_meta& t, std::string* why) {
+  uint64_t numel = 1;
+  for (int64_t d : t.size) {
+    if (d > 4096) return true;  // too large to count; not judged
+    numel *= uint64_t(d);
+    if (numel > 4096) return true;
+  }
+  std::vector<uint8_t> hits(numel, 0);
+  std::set<std::pair<std::vector<int64_t>, std::vector<int64_t>>> seen;
+  for (const auto& c : t.chunks) {
+    for (size_t d = 0; d < t.size.size(); ++d)
+      if (c.offsets[d] < 0 || c.sizes[d] < 0 || c.offsets[d] > t.size[d] || c.sizes[d] > t.size[d] - c.offsets[d]) {
+        *why = "a box outside the bounds";
+        return false;
+      }
+    if (!seen.insert({c.offsets, c.sizes}).second) continue;  // a replica listed again
+    uint64_t n = 1;
+    for (int64_t s : c.sizes) n *= uint64_t(s);
+    std::vector<int64_t> at(t.size.size(), 0);
+    for (uint64_t k = 0; k < n; ++k) {
+      uint64_t flat = 0;
+      for (size_t d = 0; d < t.size.size(); ++d) flat = flat * uint64_t(t.size[d]) + uint64_t(c.offsets[d] + at[d]);
+      if (++hits[flat] > 1) {
+        *why = "two boxes share an element";
+        return false;
+      }
+      for (size_t d = t.size.size(); d-- > 0;) {
+        if (++at[d] < c.sizes[d]) break;
+        at[d] = 0;
+      }
+    }
+  }
+  if (std::find(hits.begin(), hits.end(), 0) != hits.end()) {
+    *why = "an element no box holds";
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+int dcp_metadata_target(const uint8_t* data, size_t size) {
+  static const char* const T = "fuzz_dcp_metadata";
+  dcp::metadata md;
+  try {
+    md = dcp::decode_metadata(data, size);
+  } catch (const error& swallowed) {
+    note(__func__, swallowed);
+    return 0;
+  }
+  stats().parsed++;
+  for (const auto& g : md.globals) {
+    std::string_view n = g;
+    size_t dot = n.rfind('.');
+    if (dot == std::string_view::npos || !dcp::is_dcp_global(n.substr(0, dot), n.substr(dot + 1)))
+      fail(T, "decoded a .metadata naming a global outside the vocabulary: " + g);
+  }
+  for (const auto& s : md.storage_data) {
+    if (s.offset + s.length < s.offset) fail(T, "storage range overflows: " + s.fqn);
+    const std::string p = "/" + s.relative_path + "/";
+    if (s.relative_path.empty() || s.relative_path[0] == '/' || p.find("/../") != std::string::npos)
+      fail(T, "relative_path escapes the directory: " + clip(s.relative_path, 200));
+  }
+  for (const auto& it : md.items) {
+    if (!it.is_tensor) continue;
+    for (const auto& c : it.tensor.chunks)
+      if (c.offsets.size() != it.tensor.size.size() || c.sizes.size() != it.tensor.size.size())
+        fail(T, "chunk rank differs from the tensor's: " + it.fqn);
+    std::string why;
+    bool exact = tiles_exactly(it.tensor, &why);
+    bool accepted = true;
+    try {
+      dcp::check_coverage(it.fqn, it.tensor);
+    } catch (const error& e) {
+      if (e.kind() != errc::corrupt) fail(T, "coverage failure of kind " + std::string(errc_name(e.kind())));
+      accepted = false;
+    }
+    if (accepted && !exact) fail(T, "check_coverage accepted " + clip(it.fqn, 200) + " with " + why);
+    if (!accepted && exact) fail(T, "check_coverage refused " + clip(it.fqn, 200) + ", which tiles exactly");
+  }
+  try {
+    dcp::check_metadata(md);
+  } catch (const error& swallowed) {
+    note(__func__, swallowed);
+  }
+  return 0;
+}
+
+// ======================================================================================
+
+namespace {
 const target kTargets[] = {
     {"pickle", pickle_target},
     {"zip_index", zip_index_target},
@@ -876,6 +971,7 @@ const target kTargets[] = {
     {"torchscript_meta", torchscript_meta_target},
     {"rewrite_roundtrip", rewrite_roundtrip_target},
     {"rekey_ops", rekey_ops_target},
+    {"dcp_metadata", dcp_metadata_target},
     {"hf_index", hf_index_target},
 };
 }  // namespace

@@ -48,6 +48,10 @@ int rewrite_roundtrip_target(const uint8_t* data, size_t size);
 /// key, new name and error message must come out of the escaper terminal-safe.
 int rekey_ops_target(const uint8_t* data, size_t size);
 
+/// dcp::decode_metadata on a DCP `.metadata` file: a decoded file names only globals of
+/// the DCP vocabulary, its ranges do not overflow, and check_coverage agrees with an
+/// element-by-element count of the chunk boxes on every tensor small enough to count.
+int dcp_metadata_target(const uint8_t* data, size_t size);
 /// hf::parse_index of a Hugging Face *.index.json, its invariants (sorted unique shards,
 /// every key's shard in range and named safely), and hf::cross_check against shards built
 /// from the index itself: none, then exactly one error for a key moved out of its shard and

@@ -1,5 +1,5 @@
 // Hugging Face shard sets: the `*.index.json` that names, for every tensor, the shard file
-// holding it (formats.md §9), and the cross-check of an index against what its shards
+// holding it (formats.md §10), and the cross-check of an index against what its shards
 // really hold. Pure functions over text and key lists: opening the shards and listing the
 // directory are the caller's (the file opener's) business, so the same rules run over real
 // directories, in-memory sets and fuzz inputs.
@@ -90,7 +90,7 @@ struct cross_check_result {
   size_t warnings() const { return findings.size() - errors(); }
 };
 
-/// The rules of formats.md §9.3. `shards` holds one entry per shard of the index (in any
+/// The rules of formats.md §10.3. `shards` holds one entry per shard of the index (in any
 /// order; a shard of the index with no entry counts as missing) plus any other file the
 /// caller found beside it (orphan_candidates).
 cross_check_result cross_check(const index& idx, const std::vector<shard_contents>& shards);

@@ -9,7 +9,7 @@ torch.load, transformers, huggingface_hub, accelerate).
   else, total_size = what huggingface_hub counts.
 * A table of broken sets, each beside a success twin that differs only in the point
   the refusal is about; and the loaders' own behaviour on each break, which is why a
-  break is an error or only a warning (docs/formats.md §9.3).
+  break is an error or only a warning (docs/formats.md §10.3).
 """
 from __future__ import annotations
 
@@ -100,7 +100,7 @@ def test_index_agrees_with_shards(sets, name):
 
 def test_transformers5_writes_safetensors_only(tmp_path):
     """Why the .bin sets come from huggingface_hub: transformers 5.x ignores
-    safe_serialization=False (docs/formats.md §9.1)."""
+    safe_serialization=False (docs/formats.md §10.1)."""
     m = F.gpt2_model()
     with contextlib.redirect_stderr(io.StringIO()):
         m.save_pretrained(tmp_path, max_shard_size=F.SHARD_SIZE, safe_serialization=False)
@@ -376,7 +376,7 @@ def test_malformed_json_offset(sets, tmp_path):
     assert rc == 3 and got["offset"] == at, got
 
 
-# --- what the real loaders do with each break (docs/formats.md §9.3) -------------------
+# --- what the real loaders do with each break (docs/formats.md §10.3) -------------------
 
 def _loaders(d, saved):
     """{loader: outcome} where outcome is "saved" (K as written), "dup" (the planted
@@ -434,7 +434,7 @@ LOADER_CASES = [
 
 @pytest.mark.parametrize("case", LOADER_CASES, ids=[c[0] for c in LOADER_CASES])
 def test_what_loaders_do(sets, tmp_path, case):
-    """Pins the behaviour docs/formats.md §9.3 reports, so a loader upgrade that changes
+    """Pins the behaviour docs/formats.md §10.3 reports, so a loader upgrade that changes
     it fails here instead of silently making an error rule too strict or too lax."""
     _, mutate, expected = case
     d = _copy(sets, "gpt2_pretrained", tmp_path)

@@ -1,0 +1,187 @@
+// The chunk checks of a DCP checkpoint (docs/formats.md §9.4). PyTorch validates the
+// boxes only when it saves (default_planner.py _validate_global_plan); a reader that
+// assembles tensors from them must check again, or a lost rank's file reads as zeros.
+#include <algorithm>
+#include <map>
+#include <numeric>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "ckpt/dcp.h"
+#include "ckpt/error.h"
+
+namespace ckpt::dcp {
+namespace {
+
+using u128 = unsigned __int128;
+
+std::string box(const chunk& c) {
+  return "offsets " + format_shape(c.offsets) + ", sizes " + format_shape(c.sizes);
+}
+
+[[noreturn]] void corrupt(const std::string& fqn, const std::string& what, std::optional<uint64_t> at) {
+  throw_corrupt("tensor '" + fqn + "': " + what, at);
+}
+
+u128 volume(const std::vector<int64_t>& sizes) {
+  u128 v = 1;
+  for (int64_t s : sizes) {
+    if (s == 0) return 0;
+    v *= u128(s);
+    // Past 2^64 no real tensor; stop before 128 bits can overflow.
+    if (v > u128(UINT64_MAX)) return u128(UINT64_MAX) + 1;
+  }
+  return v;
+}
+
+bool empty_box(const chunk& c) {
+  return std::any_of(c.sizes.begin(), c.sizes.end(), [](int64_t s) { return s == 0; });
+}
+
+bool overlaps(const chunk& a, const chunk& b) {
+  for (size_t d = 0; d < a.offsets.size(); ++d)
+    if (a.offsets[d] >= b.offsets[d] + b.sizes[d] || b.offsets[d] >= a.offsets[d] + a.sizes[d]) return false;
+  return true;
+}
+
+// A box of elements no chunk holds, found on the grid the chunk boundaries draw; nullopt
+// when that grid is too large to walk (the error then gives counts only).
+std::optional<chunk> find_gap(const tensor_meta& t, const std::vector<const chunk*>& boxes) {
+  size_t rank = t.size.size();
+  std::vector<std::vector<int64_t>> cuts(rank);
+  u128 cells = 1;
+  for (size_t d = 0; d < rank; ++d) {
+    cuts[d] = {0, t.size[d]};
+    for (const chunk* c : boxes) {
+      cuts[d].push_back(c->offsets[d]);
+      cuts[d].push_back(c->offsets[d] + c->sizes[d]);
+    }
+    std::sort(cuts[d].begin(), cuts[d].end());
+    cuts[d].erase(std::unique(cuts[d].begin(), cuts[d].end()), cuts[d].end());
+    cells *= u128(cuts[d].size() - 1);
+    if (cells * u128(boxes.size() + 1) > (u128(1) << 24)) return std::nullopt;
+  }
+  std::vector<size_t> at(rank, 0);
+  while (true) {
+    chunk cell;
+    for (size_t d = 0; d < rank; ++d) {
+      cell.offsets.push_back(cuts[d][at[d]]);
+      cell.sizes.push_back(cuts[d][at[d] + 1] - cuts[d][at[d]]);
+    }
+    if (std::none_of(boxes.begin(), boxes.end(), [&](const chunk* c) { return overlaps(*c, cell); })) return cell;
+    size_t d = rank;
+    while (d > 0 && ++at[d - 1] + 1 == cuts[d - 1].size()) at[--d] = 0;
+    if (d == 0) return std::nullopt;
+  }
+}
+
+}  // namespace
+
+std::string format_shape(const std::vector<int64_t>& v) {
+  std::string s = "(";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s + (v.size() == 1 ? ",)" : ")");
+}
+
+void check_coverage(const std::string& fqn, const tensor_meta& t) {
+  const size_t rank = t.size.size();
+  u128 numel = volume(t.size);
+  if (numel > u128(INT64_MAX)) corrupt(fqn, "global shape " + format_shape(t.size) + " is too large", std::nullopt);
+
+  for (size_t i = 0; i < t.chunks.size(); ++i) {
+    const chunk& c = t.chunks[i];
+    if (c.offsets.size() != rank || c.sizes.size() != rank)
+      corrupt(fqn, "chunk " + std::to_string(i) + " (" + box(c) + ") has the wrong rank for global shape " +
+                       format_shape(t.size), c.at);
+    for (size_t d = 0; d < rank; ++d)
+      if (c.offsets[d] < 0 || c.sizes[d] < 0 || c.offsets[d] > t.size[d] || c.sizes[d] > t.size[d] - c.offsets[d])
+        corrupt(fqn, "chunk " + std::to_string(i) + " (" + box(c) + ") lies outside the global shape " +
+                         format_shape(t.size), c.at);
+  }
+
+  // A replicated tensor listed once per replica is one box; distinct non-empty boxes must
+  // be disjoint. Sweep along the dimension with the most distinct starts, so row- and
+  // column-sharded tensors alike compare each box with its neighbours only.
+  std::vector<const chunk*> boxes;
+  for (const chunk& c : t.chunks)
+    if (!empty_box(c)) boxes.push_back(&c);
+  auto same = [](const chunk* a, const chunk* b) { return a->offsets == b->offsets && a->sizes == b->sizes; };
+  auto order = [](const chunk* a, const chunk* b) {
+    return std::tie(a->offsets, a->sizes) < std::tie(b->offsets, b->sizes);
+  };
+  std::stable_sort(boxes.begin(), boxes.end(), order);
+  boxes.erase(std::unique(boxes.begin(), boxes.end(), same), boxes.end());
+
+  size_t sweep = 0, best = 0;
+  for (size_t d = 0; d < rank; ++d) {
+    std::vector<int64_t> starts;
+    for (const chunk* c : boxes) starts.push_back(c->offsets[d]);
+    std::sort(starts.begin(), starts.end());
+    size_t distinct = size_t(std::unique(starts.begin(), starts.end()) - starts.begin());
+    if (distinct > best) best = distinct, sweep = d;
+  }
+  std::vector<const chunk*> by_start = boxes;
+  if (rank > 0)
+    std::stable_sort(by_start.begin(), by_start.end(),
+                     [&](const chunk* a, const chunk* b) { return a->offsets[sweep] < b->offsets[sweep]; });
+  for (size_t i = 0; i < by_start.size(); ++i) {
+    const chunk& a = *by_start[i];
+    for (size_t j = i + 1; j < by_start.size(); ++j) {
+      const chunk& b = *by_start[j];
+      if (rank > 0 && b.offsets[sweep] >= a.offsets[sweep] + a.sizes[sweep]) break;
+      if (overlaps(a, b)) {
+        const chunk& later = a.at > b.at ? a : b;
+        const chunk& earlier = a.at > b.at ? b : a;
+        corrupt(fqn, "chunk (" + box(later) + ") overlaps chunk (" + box(earlier) + ")", later.at);
+      }
+    }
+  }
+
+  u128 covered = 0;
+  for (const chunk* c : boxes) covered += volume(c->sizes);
+  if (covered != numel) {
+    std::string whole = "of global shape " + format_shape(t.size);
+    std::optional<uint64_t> at;
+    if (!t.chunks.empty()) at = t.chunks.front().at;
+    if (std::optional<chunk> gap = find_gap(t, boxes))
+      corrupt(fqn, "no chunk holds the elements at " + box(*gap) + " " + whole, at);
+    corrupt(fqn, "the chunks hold " + std::to_string(uint64_t(covered)) + " of the " + std::to_string(uint64_t(numel)) +
+                     " elements " + whole, at);
+  }
+}
+
+void check_metadata(const metadata& md) {
+  // MetadataIndex equality is (fqn, offset); index is only a hint (metadata.py:163).
+  using key = std::tuple<std::string, bool, std::vector<int64_t>>;
+  std::map<key, const storage_item*> where;
+  for (const storage_item& s : md.storage_data) {
+    key k{s.fqn, s.offsets.has_value(), s.offsets.value_or(std::vector<int64_t>{})};
+    if (!where.emplace(k, &s).second)
+      throw_corrupt("storage_data lists '" + s.fqn + "'" + (s.offsets ? " at offsets " + format_shape(*s.offsets) : "") +
+                        " twice", s.at);
+  }
+  std::map<key, bool> wanted;
+  for (const item& it : md.items) {
+    if (!it.is_tensor) {
+      wanted[{it.fqn, false, {}}] = true;
+      continue;
+    }
+    check_coverage(it.fqn, it.tensor);
+    for (const chunk& c : it.tensor.chunks) wanted[{it.fqn, true, c.offsets}] = true;
+  }
+  for (const auto& [k, unused] : wanted)
+    if (!where.count(k)) {
+      const auto& [fqn, has_offsets, offsets] = k;
+      throw_corrupt(std::string(has_offsets ? "tensor" : "item") + " '" + fqn + "': storage_data has no entry for " +
+                    (has_offsets ? "its chunk at offsets " + format_shape(offsets) : "its bytes"));
+    }
+  for (const auto& [k, s] : where)
+    if (!wanted.count(k))
+      throw_corrupt("storage_data entry for '" + s->fqn + "'" +
+                        (s->offsets ? " at offsets " + format_shape(*s->offsets) : "") +
+                        " matches no chunk or item of state_dict_metadata", s->at);
+}
+
+}  // namespace ckpt::dcp
