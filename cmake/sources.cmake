@@ -31,9 +31,11 @@ set(CKPT_CORE_SOURCES
   ${CKPT_ROOT}/src/formats/dcp_vocabulary.cpp
   ${CKPT_ROOT}/src/formats/format_detect.cpp
   ${CKPT_ROOT}/src/formats/hf_index.cpp
+  ${CKPT_ROOT}/src/formats/hf_shard_plan.cpp
   ${CKPT_ROOT}/src/formats/legacy_reader.cpp
   ${CKPT_ROOT}/src/formats/pickled_module.cpp
   ${CKPT_ROOT}/src/formats/safetensors.cpp
+  ${CKPT_ROOT}/src/formats/safetensors_writer.cpp
   ${CKPT_ROOT}/src/formats/tensor_collector.cpp
   ${CKPT_ROOT}/src/formats/tensor_kinds.cpp
   ${CKPT_ROOT}/src/formats/torchscript_code.cpp
