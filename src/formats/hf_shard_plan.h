@@ -1,6 +1,6 @@
 // How huggingface_hub (2.4.0) splits a state dict into safetensors shards:
 // `split_torch_state_dict_into_shards`, reproduced exactly so that `convert --to hf` names
-// the same files and puts each key in the same one (formats.md §9.5).
+// the same files and puts each key in the same one (formats.md §10.5).
 #pragma once
 
 #include <cstddef>

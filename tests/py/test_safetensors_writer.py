@@ -1,6 +1,6 @@
 """The streaming safetensors writer (src/formats/safetensors_writer.cpp) against the
 reference library, and the Hub's shard plan (src/formats/hf_shard_plan.cpp) against
-huggingface_hub (formats.md §6.1, §9.5; issue 15).
+huggingface_hub (formats.md §6.1, §10.5; issue 15).
 
 Our file must be byte-identical to `safetensors.torch.save_file`'s for the same tensors and
 load in safe_open and torch with identical tensors; refusals leave nothing behind. The
