@@ -5,7 +5,7 @@
 //
 // Names that come from inside a file are hostile: every method refuses one that could
 // leave the root (absolute, a ".." component, a NUL byte) before touching anything
-// (docs/security.md, "Paths from files").
+// (security.md §2.E).
 #pragma once
 
 #include <cstdint>

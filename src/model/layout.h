@@ -1,7 +1,7 @@
 // Which files make a checkpoint, decided from names alone before any byte is sniffed:
 // a single file, a Hugging Face shard set (an index JSON and the shards it names), or a
-// torch.distributed.checkpoint directory (`.metadata` and `*.distcp`). formats.md §7
-// defines file set; sharded layouts are described in formats.md §1.
+// torch.distributed.checkpoint directory (`.metadata` and `*.distcp`). formats.md §1.1
+// is the table this follows; §7 defines file set.
 #pragma once
 
 #include <string>
