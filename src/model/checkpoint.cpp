@@ -591,9 +591,10 @@ void refuse_unsafe_torchscript(const zip::archive& ar, const pickle::limits& lim
   std::string names;
   for (size_t i = 0; i < unsafe.size() && i < 8; ++i) names += (i ? ", " : "") + unsafe[i];
   if (unsafe.size() > 8) names += ", ...";
-  error e(errc::unsafe, "TorchScript archive whose " + data->name + " names globals outside TorchScript's own: " +
-                                names + " (not handed to LibTorch; nothing was imported)",
-              data->data_offset);
+  error e(errc::unsafe,
+          "TorchScript archive whose " + data->name + " names globals outside TorchScript's own: " + names +
+              " (not handed to LibTorch; nothing was imported)",
+          data->data_offset);
   throw ar.source().locate(e);
 }
 
