@@ -206,7 +206,7 @@ class file_opener;
 /// `path` itself, or, for a directory, the model.safetensors or pytorch_model.bin it holds
 /// alone. Throws errc::unsupported for a Hugging Face shard set (an `*.index.json`, or a
 /// directory holding one) and a torch.distributed.checkpoint directory, which no reader
-/// handles yet, and for a directory that holds no checkpoint or an ambiguous set.
+/// handles yet; errc::usage for a directory that holds no checkpoint or several.
 std::string resolve_checkpoint_path(const std::string& path);
 
 /// Opens `path` (resolve_checkpoint_path first), detects its format by content, and reads

@@ -28,8 +28,15 @@ std::string listed(const std::vector<std::string>& names) {
   return out;
 }
 
-[[noreturn]] void refuse(const file_opener& fs, const std::string& path, const std::string& why) {
-  throw error(errc::unsupported, why).with_file(fs.display(path));
+[[noreturn]] void refuse(const file_opener& fs, const std::string& path, const std::string& why,
+                         errc kind = errc::unsupported) {
+  throw error(kind, why).with_file(fs.display(path));
+}
+
+// A directory that is not one checkpoint is the wrong argument, as any directory was
+// before layouts existed (exit 2, "not a regular file"): the user has to name a file.
+[[noreturn]] void ask_for_a_file(const file_opener& fs, const std::string& path, const std::string& why) {
+  refuse(fs, path, "not a regular file: a directory " + why, errc::usage);
 }
 
 }  // namespace
@@ -56,18 +63,18 @@ layout detect_layout(const file_opener& fs, const std::string& path) {
     if ((n == "model.safetensors" || n == "pytorch_model.bin") && regular(n)) models.push_back(n);
   }
   if (dcp && !indexes.empty())
-    refuse(fs, path, "a directory holding both a torch.distributed.checkpoint (.metadata) and a Hugging Face shard index (" +
-                         listed(indexes) + "): name the file to read");
+    ask_for_a_file(fs, path, "holding both a torch.distributed.checkpoint (.metadata) and a Hugging Face shard index (" +
+                                 listed(indexes) + "): name the file to read");
   if (dcp) return {layout_kind::dcp, path, distcp};
   if (indexes.size() > 1)
-    refuse(fs, path, "a directory holding " + std::to_string(indexes.size()) + " Hugging Face shard indexes (" +
-                         listed(indexes) + "): name the one to read");
+    ask_for_a_file(fs, path, "holding " + std::to_string(indexes.size()) + " Hugging Face shard indexes (" +
+                                 listed(indexes) + "): name the one to read");
   if (indexes.size() == 1) return {layout_kind::hf_index, join(path, indexes.front()), {}};
   if (models.size() > 1)
-    refuse(fs, path, "a directory holding both model.safetensors and pytorch_model.bin: name the file to read");
+    ask_for_a_file(fs, path, "holding both model.safetensors and pytorch_model.bin: name the file to read");
   if (models.size() == 1) return {layout_kind::single_file, join(path, models.front()), {}};
-  refuse(fs, path, "a directory without a checkpoint ckptool recognizes (.metadata, *.index.json, model.safetensors "
-                   "or pytorch_model.bin): name the file to read");
+  ask_for_a_file(fs, path, "without a checkpoint ckptool recognizes (.metadata, *.index.json, model.safetensors or "
+                           "pytorch_model.bin)");
 }
 
 void refuse_unread_layout(const file_opener& fs, const std::string& path, const layout& l) {

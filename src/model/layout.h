@@ -32,8 +32,8 @@ bool is_shard_index_name(const std::string& name);
 /// is a regular file is left to the open that follows, which says so in today's words.
 /// A directory is a DCP checkpoint if it holds `.metadata`, a shard set if it holds one
 /// index, and that file if it holds exactly one of `model.safetensors` and
-/// `pytorch_model.bin`. Anything else is refused (errc::unsupported) naming what was
-/// found and what to pass instead.
+/// `pytorch_model.bin`. Any other directory is refused as before layouts existed
+/// (errc::usage, "not a regular file: a directory ..."), naming what it holds.
 layout detect_layout(const file_opener& fs, const std::string& path);
 
 /// Throws errc::unsupported, naming `path` (what the user gave), for layouts no reader

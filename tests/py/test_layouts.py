@@ -41,9 +41,9 @@ def dcp_save(d: Path, sd: dict) -> None:
         dcp.save(sd, checkpoint_id=str(d))
 
 
-def refused(args, message: str) -> None:
+def refused(args, message: str, kind: str = "unsupported", code: int = 3) -> None:
     rc, out, err = run_ckptool(*args)
-    assert (rc, err) == (3, f"ckptool: unsupported: {message}\n"), (rc, out, err)
+    assert (rc, err) == (code, f"ckptool: {kind}: {message}\n"), (rc, out, err)
 
 
 def test_dcp_directory_is_refused_as_not_read_yet(tmp_path):
@@ -102,23 +102,24 @@ def test_directory_with_one_model_file_opens_it(tmp_path, name):
 
 
 @pytest.mark.parametrize("files,why", [
-    (["model.safetensors", "pytorch_model.bin"], "a directory holding both model.safetensors and pytorch_model.bin: "
+    (["model.safetensors", "pytorch_model.bin"], "not a regular file: a directory holding both model.safetensors and pytorch_model.bin: "
                                                  "name the file to read"),
     (["model.safetensors.index.json", "pytorch_model.bin.index.json"],
-     "a directory holding 2 Hugging Face shard indexes (model.safetensors.index.json, pytorch_model.bin.index.json): "
+     "not a regular file: a directory holding 2 Hugging Face shard indexes (model.safetensors.index.json, pytorch_model.bin.index.json): "
      "name the one to read"),
     ([".metadata", "model.safetensors.index.json"],
-     "a directory holding both a torch.distributed.checkpoint (.metadata) and a Hugging Face shard index "
+     "not a regular file: a directory holding both a torch.distributed.checkpoint (.metadata) and a Hugging Face shard index "
      "(model.safetensors.index.json): name the file to read"),
-    (["notes.txt"], "a directory without a checkpoint ckptool recognizes (.metadata, *.index.json, model.safetensors "
-                    "or pytorch_model.bin): name the file to read"),
+    (["notes.txt"], "not a regular file: a directory without a checkpoint ckptool recognizes (.metadata, "
+                    "*.index.json, model.safetensors or pytorch_model.bin)"),
 ])
 def test_ambiguous_or_empty_directory_is_refused(tmp_path, files, why):
+    """The user must name a file: a usage error (exit 2), as any directory was before."""
     d = tmp_path / "d"
     d.mkdir()
     for f in files:
         (d / f).write_bytes(b"{}")
-    refused(["inspect", d], f"{d}: {why}")
+    refused(["inspect", d], f"{d}: {why}", "usage", 2)
 
 
 def chunks(d: Path):

@@ -332,7 +332,7 @@ TEST_CASE("detected from names alone, ambiguous sets refused") {
        "c", layout_kind::single_file, "c/model.safetensors"},
       // Ambiguous or empty: refused, naming what was found.
       {{"hf/model.safetensors.index.json", "hf/pytorch_model.bin.index.json"}, "hf", std::nullopt,
-       "2 Hugging Face shard indexes"},
+       "not a regular file: a directory holding 2 Hugging Face shard indexes"},
       {{"hf/model.safetensors", "hf/pytorch_model.bin"}, "hf", std::nullopt, "both model.safetensors and pytorch_model.bin"},
       {{"m/.metadata", "m/model.safetensors.index.json"}, "m", std::nullopt, "both a torch.distributed.checkpoint"},
       {{"e/readme.txt"}, "e", std::nullopt, "without a checkpoint"},
@@ -353,7 +353,8 @@ TEST_CASE("detected from names alone, ambiguous sets refused") {
     } else {
       auto f = failure_of([&] { (void)ckpt::detail::detect_layout(m, r.path); });
       REQUIRE(f);
-      CHECK(f->kind == errc::unsupported);
+      // As any directory was before layouts: the user must name a file (exit 2).
+      CHECK(f->kind == errc::usage);
       CHECK(f->file == m.display(r.path));
       CHECK_MESSAGE(f->line.find(r.file) != std::string::npos, f->line);
     }
