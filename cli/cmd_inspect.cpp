@@ -36,7 +36,10 @@ struct inspect_options {
 // reachable, to the end (LeakSanitizer builds see no leak).
 ckpt::checkpoint* g_kept_checkpoint = nullptr;
 
-int run_inspect(const inspect_options& o) {
+int run_inspect(const inspect_options& given) {
+  // A directory stands for the one model file it holds; shard sets and DCP are refused here.
+  inspect_options o = given;
+  o.file = ckpt::resolve_checkpoint_path(given.file);
   ckpt::output_set inputs;  // no outputs: it refuses a FIFO and sees the file change
   inputs.add_input(o.file);
   auto owned = std::make_unique<ckpt::checkpoint>(ckpt::open_checkpoint(o.file, o.reader));

@@ -46,6 +46,8 @@ void print_list(std::ostream& out, const char* title, const std::vector<std::str
 }
 
 int run_materialize(materialize_options& o) {
+  // A directory stands for the one model file it holds; shard sets and DCP are refused here.
+  o.checkpoint = ckpt::resolve_checkpoint_path(o.checkpoint);
   o.req.strict = !o.no_strict;
   for (const auto& s : o.inputs) o.req.run_inputs.push_back(parse_input_spec(s));
   for (const auto& s : o.args) o.req.run_args.push_back(parse_arg_spec(s));

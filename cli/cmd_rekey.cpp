@@ -94,7 +94,10 @@ std::vector<ckpt::key_op> ops_in_order(const rekey_options& o, const ckpt::check
   return ops;
 }
 
-int run_rekey(const rekey_options& o) {
+int run_rekey(const rekey_options& given) {
+  // A directory stands for the one model file it holds; shard sets and DCP are refused here.
+  rekey_options o = given;
+  o.input = ckpt::resolve_checkpoint_path(given.input);
   bool has_output = o.output_opt->count() > 0;
   if (!o.dry_run && !has_output) throw ckpt::error(ckpt::errc::usage, "rekey needs -o OUT (or --dry-run)");
   if (o.dry_run && !o.save_map.empty())

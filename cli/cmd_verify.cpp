@@ -20,7 +20,10 @@ struct verify_options {
   ckpt::open_options reader;
 };
 
-int run_verify(const verify_options& o) {
+int run_verify(const verify_options& given) {
+  // A directory stands for the one model file it holds; shard sets and DCP are refused here.
+  verify_options o = given;
+  o.file = ckpt::resolve_checkpoint_path(given.file);
   ckpt::output_set inputs;  // no outputs: it refuses a FIFO and sees the file change
   inputs.add_input(o.file);
   progress_bar bar("verify");

@@ -9,8 +9,11 @@ set(CKPT_CORE_SOURCES
   ${CKPT_ROOT}/src/base/text.cpp
   ${CKPT_ROOT}/src/base/text_escape.cpp
   ${CKPT_ROOT}/src/io/byte_source.cpp
+  ${CKPT_ROOT}/src/io/file_opener.cpp
   ${CKPT_ROOT}/src/io/input_file.cpp
+  ${CKPT_ROOT}/src/io/memory_opener.cpp
   ${CKPT_ROOT}/src/io/output_set.cpp
+  ${CKPT_ROOT}/src/io/slice_source.cpp
   ${CKPT_ROOT}/src/io/staging_pipeline.cpp
   ${CKPT_ROOT}/src/io/sys_io.cpp
   ${CKPT_ROOT}/src/io/temp_registry.cpp
@@ -40,6 +43,7 @@ set(CKPT_CORE_SOURCES
   ${CKPT_ROOT}/src/formats/tensor_kinds.cpp
   ${CKPT_ROOT}/src/formats/torchscript_code.cpp
   ${CKPT_ROOT}/src/model/checkpoint.cpp
+  ${CKPT_ROOT}/src/model/layout.cpp
   ${CKPT_ROOT}/src/model/read_plan.cpp
   ${CKPT_ROOT}/src/rekey/rekey_file.cpp
   ${CKPT_ROOT}/src/rekey/rekey_plan.cpp
@@ -109,6 +113,7 @@ set(CKPT_SHARED_HEADERS
   ${CKPT_ROOT}/include/ckpt/dim_list.h
   ${CKPT_ROOT}/include/ckpt/dtype.h
   ${CKPT_ROOT}/include/ckpt/error.h
+  ${CKPT_ROOT}/include/ckpt/file_opener.h
   ${CKPT_ROOT}/include/ckpt/input_file.h
   ${CKPT_ROOT}/include/ckpt/load.h
   ${CKPT_ROOT}/include/ckpt/materialize.h
@@ -138,8 +143,10 @@ set(CKPT_SHARED_HEADERS
   ${CKPT_ROOT}/src/formats/pickled_module.h
   ${CKPT_ROOT}/src/formats/tensor_collector.h
   ${CKPT_ROOT}/src/io/copy_engine.h
+  ${CKPT_ROOT}/src/io/slice_source.h
   ${CKPT_ROOT}/src/io/staging_pipeline.h
   ${CKPT_ROOT}/src/io/temp_registry.h
+  ${CKPT_ROOT}/src/model/layout.h
   ${CKPT_ROOT}/src/model/read_plan.h
   ${CKPT_ROOT}/src/pickle/pickle_accessors.h
   ${CKPT_ROOT}/src/pickle/pickle_keys.h

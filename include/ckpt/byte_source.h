@@ -11,6 +11,16 @@
 
 namespace ckpt {
 
+class error;
+class file_source;
+
+/// Where a source's bytes lie in an open file: its byte 0 is byte `offset` of `file`.
+/// Loaders that map or pread the file itself (mmap, page claiming) go through this.
+struct file_extent {
+  const file_source* file = nullptr;  // null: not backed by a file
+  uint64_t offset = 0;
+};
+
 class byte_source {
  public:
   virtual ~byte_source() = default;
@@ -27,8 +37,16 @@ class byte_source {
   /// For readers that bypass read_exact (the CPU loader copies from a mapping of the
   /// file), so the count stays true.
   void count_read(uint64_t n) const { bytes_read_.fetch_add(n, std::memory_order_relaxed); }
-  /// The name used in error messages.
+  /// The name used in error messages: for a slice, the file it lies in.
   virtual const std::string& name() const = 0;
+  /// Where byte 0 of this source is in the file `name()` names (non-zero for a slice).
+  virtual uint64_t origin_offset() const { return 0; }
+  /// Names this source's file in `e` and turns an offset in this source's coordinates into
+  /// one in that file, unless a deeper layer already did: every reader's catch calls this,
+  /// so an error inside a slice points at the byte in the file a user can open.
+  error& locate(error& e) const;
+  /// Where these bytes lie in an open file, if they do.
+  virtual file_extent in_file() const { return {}; }
   /// A hint that [offset, offset+n) will be read soon: a file starts fetching it from the
   /// disk in the background, so scattered reads wait for the disk once, not once each.
   virtual void prefetch(uint64_t offset, size_t n) const {
@@ -63,6 +81,7 @@ class file_source final : public byte_source {
   const std::string& name() const override { return path_; }
   void prefetch(uint64_t offset, size_t n) const override;
   bool resident(uint64_t offset) const override;
+  file_extent in_file() const override { return {this, 0}; }
   int fd() const { return fd_; }
 
  protected:

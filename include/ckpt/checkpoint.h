@@ -201,9 +201,21 @@ void release_pickle(checkpoint& c);
 /// to LibTorch, whose unpickler would otherwise be the one to judge them.
 void refuse_unsafe_torchscript(const zip::archive& ar, const pickle::limits& limits = {});
 
-/// Opens `path`, detects its format by content, and reads its metadata: never the tensor
-/// data (unless verify_crc). Throws ckpt::error naming the file and byte offset.
+class file_opener;
+
+/// The one file a checkpoint path names, decided from names before any byte is read:
+/// `path` itself, or, for a directory, the model.safetensors or pytorch_model.bin it holds
+/// alone. Throws errc::unsupported for a Hugging Face shard set (an `*.index.json`, or a
+/// directory holding one) and a torch.distributed.checkpoint directory, which no reader
+/// handles yet; errc::usage for a directory that holds no checkpoint or several.
+std::string resolve_checkpoint_path(const std::string& path);
+
+/// Opens `path` (resolve_checkpoint_path first), detects its format by content, and reads
+/// its metadata: never the tensor data (unless verify_crc). Throws ckpt::error naming the
+/// file and byte offset.
 checkpoint open_checkpoint(const std::string& path, const open_options& options = {});
+/// The same for `path` below `fs`'s root ("" is the root): multi-file layouts in tests.
+checkpoint open_checkpoint(const std::string& path, const open_options& options, const file_opener& fs);
 /// The same over any byte source (tests, fuzzers). `src` is owned by the result.
 checkpoint open_checkpoint(std::unique_ptr<byte_source> src, const open_options& options = {});
 

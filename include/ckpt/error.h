@@ -49,6 +49,10 @@ class error : public std::runtime_error {
 
   /// Names the file the error is about, unless a deeper layer already did.
   error& with_file(const std::string& path);
+  /// The same for an error raised in the coordinates of a part of `path` that starts at
+  /// byte `base` (a slice): the offset becomes the file's own, so the message points at
+  /// the byte to look at. Once a layer has named the file, deeper coordinates are final.
+  error& with_file(const std::string& path, uint64_t base);
 
   /// "FILE: byte N: message" — the one line the CLI prints.
   std::string one_line() const;

@@ -29,6 +29,16 @@ error& error::with_file(const std::string& path) {
   return *this;
 }
 
+error& error::with_file(const std::string& path, uint64_t base) {
+  if (file_.empty() && offset_) {
+    uint64_t absolute;
+    // A slice lies inside its file, so this cannot overflow unless the offset is already
+    // nonsense; then the relative one is the more useful of the two.
+    if (!__builtin_add_overflow(*offset_, base, &absolute)) offset_ = absolute;
+  }
+  return with_file(path);
+}
+
 std::string error::one_line() const { return what_; }
 
 void error::refresh() {

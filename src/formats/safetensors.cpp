@@ -396,7 +396,7 @@ header read_header(const byte_source& src, const limits& lim) {
     }
     return h;
   } catch (error& e) {
-    e.with_file(src.name());
+    src.locate(e);
     throw;
   }
 }

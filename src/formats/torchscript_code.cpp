@@ -332,11 +332,11 @@ void refuse_load_time_code(const zip::archive& ar, const std::string& flag) {
   std::vector<load_time_code> found = find_load_time_code(ar);
   if (found.empty()) return;
   std::string more = found.size() > 1 ? " and " + std::to_string(found.size() - 1) + " more" : "";
-  throw error(errc::unsafe,
-              "TorchScript code runs when LibTorch loads this file, even on meta: " + describe(found.front()) + more +
-                  "; not loaded (" + flag + " loads it and runs that code)",
-              found.front().offset)
-      .with_file(ar.source().name());
+  error e(errc::unsafe,
+          "TorchScript code runs when LibTorch loads this file, even on meta: " + describe(found.front()) + more +
+              "; not loaded (" + flag + " loads it and runs that code)",
+          found.front().offset);
+  throw ar.source().locate(e);
 }
 
 }  // namespace ckpt

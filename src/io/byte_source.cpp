@@ -15,16 +15,21 @@ namespace ckpt {
 
 void byte_source::read_exact(uint64_t offset, void* dst, size_t n) const {
   uint64_t end;
-  if (__builtin_add_overflow(offset, uint64_t(n), &end) || end > size())
-    throw error(errc::corrupt,
-                "truncated: needs " + std::to_string(n) + " bytes at this offset but the input has " +
-                    std::to_string(size()) + " bytes",
-                offset)
-        .with_file(name());
+  if (__builtin_add_overflow(offset, uint64_t(n), &end) || end > size()) {
+    // In a slice, "the input" is the embedded part: say where in the file it ends.
+    const std::string has = origin_offset() == 0
+                                ? "the input has " + std::to_string(size()) + " bytes"
+                                : "the embedded part it lies in ends at byte " +
+                                      std::to_string(origin_offset() + size());
+    error e(errc::corrupt, "truncated: needs " + std::to_string(n) + " bytes at this offset but " + has, offset);
+    throw locate(e);
+  }
   if (n == 0) return;
   read_impl(offset, dst, n);
   bytes_read_.fetch_add(n, std::memory_order_relaxed);
 }
+
+error& byte_source::locate(error& e) const { return e.with_file(name(), origin_offset()); }
 
 std::vector<uint8_t> byte_source::read_vector(uint64_t offset, size_t n) const {
   uint64_t end;

@@ -154,11 +154,14 @@ class pipeline {
     try {
       engine_.wait(owed.ticket);
     } catch (const error& e) {
-      throw error(e.kind(),
-                  "copying file bytes [" + std::to_string(op.offset) + ", " + std::to_string(op.offset + op.nbytes) +
-                      ") to their destination failed: " + e.message(),
-                  op.offset)
-          .with_file(files_[op.file]->name());
+      // In the file's coordinates, which differ from the source's for a slice.
+      const byte_source& file = *files_[op.file];
+      const uint64_t at = file.origin_offset() + op.offset;
+      error failed(e.kind(),
+                   "copying file bytes [" + std::to_string(at) + ", " + std::to_string(at + op.nbytes) +
+                       ") to their destination failed: " + e.message(),
+                   op.offset);
+      throw file.locate(failed);
     }
     uint64_t bytes = 0;
     for (size_t p = op.first_piece; p < op.first_piece + op.piece_count; ++p) bytes += plan_.pieces[p].nbytes;

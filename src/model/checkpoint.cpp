@@ -6,11 +6,13 @@
 #include <unordered_set>
 
 #include "ckpt/error.h"
+#include "ckpt/file_opener.h"
 #include "formats/format_detect.h"
 #include "formats/legacy_reader.h"
 #include "formats/pickled_module.h"
 #include "base/pointer_map.h"
 #include "formats/tensor_collector.h"
+#include "model/layout.h"
 #include "base/text.h"
 
 namespace ckpt {
@@ -514,7 +516,7 @@ checkpoint open_checkpoint(std::unique_ptr<byte_source> src, const open_options&
       summarize_entries(c);
     }
   } catch (error& e) {
-    e.with_file(c.path);
+    c.source->locate(e);
     throw;
   }
   return c;
@@ -523,9 +525,20 @@ checkpoint open_checkpoint(std::unique_ptr<byte_source> src, const open_options&
 checkpoint open_checkpoint(const std::string& path, const open_options& options) {
   std::unique_ptr<byte_source> src;
   try {
-    src = std::make_unique<file_source>(path);
+    src = std::make_unique<file_source>(resolve_checkpoint_path(path));
   } catch (error& e) {
     e.with_file(path);
+    throw;
+  }
+  return open_checkpoint(std::move(src), options);
+}
+
+checkpoint open_checkpoint(const std::string& path, const open_options& options, const file_opener& fs) {
+  std::unique_ptr<byte_source> src;
+  try {
+    src = fs.open(detail::resolve_layout(fs, path));
+  } catch (error& e) {
+    e.with_file(fs.display(path));
     throw;
   }
   return open_checkpoint(std::move(src), options);
@@ -571,17 +584,18 @@ void refuse_unsafe_torchscript(const zip::archive& ar, const pickle::limits& lim
   } catch (error& e) {
     // Limits were set by the caller's open_checkpoint; past them, LibTorch judges alone.
     if (e.kind() == errc::limit) return;
-    e.with_file(ar.source().name());
+    ar.source().locate(e);
     throw;
   }
   if (unsafe.empty()) return;
   std::string names;
   for (size_t i = 0; i < unsafe.size() && i < 8; ++i) names += (i ? ", " : "") + unsafe[i];
   if (unsafe.size() > 8) names += ", ...";
-  throw error(errc::unsafe, "TorchScript archive whose " + std::string(data->name) + " names globals outside TorchScript's own: " +
-                                names + " (not handed to LibTorch; nothing was imported)",
-              data->data_offset)
-      .with_file(ar.source().name());
+  error e(errc::unsafe,
+          "TorchScript archive whose " + std::string(data->name) + " names globals outside TorchScript's own: " + names +
+              " (not handed to LibTorch; nothing was imported)",
+          data->data_offset);
+  throw ar.source().locate(e);
 }
 
 }  // namespace ckpt

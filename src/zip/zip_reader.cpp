@@ -911,7 +911,7 @@ std::unique_ptr<archive> archive::open(const byte_source& src, const open_option
   try {
     archive_parser(*a, src).run();
   } catch (error& e) {
-    e.with_file(src.name());
+    src.locate(e);
     throw;
   }
   return a;
@@ -950,7 +950,7 @@ std::vector<uint8_t> archive::read_record(const entry& e) const {
     inflate_entry(src_, e, out.data(), out.size(), true, [](const uint8_t*, size_t) {});
     return out;
   } catch (error& err) {
-    err.with_file(src_.name());
+    src_.locate(err);
     throw;
   }
 }
@@ -975,7 +975,7 @@ crc_result archive::record_crc(const entry& e, const std::function<void(uint64_t
     }
     return {crc == e.crc32 ? crc_outcome::match : crc_outcome::mismatch, crc};
   } catch (error& err) {
-    err.with_file(src_.name());
+    src_.locate(err);
     throw;
   }
 }
@@ -988,7 +988,7 @@ void archive::verify_crc(const entry& e) const {
                 hex(e.crc32),
             e.data_offset);
   } catch (error& err) {
-    err.with_file(src_.name());
+    src_.locate(err);
     throw;
   }
 }

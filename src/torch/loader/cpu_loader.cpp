@@ -64,8 +64,14 @@ class cpu_loader {
       : c_(c), o_(o), plan_(plan_reads(c, needed, cpu_plan_options())) {
     bytes_.resize(c.storages.size());
     allocate();
-    fs_ = dynamic_cast<const file_source*>(c.source.get());
-    if (fs_) claim_pages();
+    // Blocks are laid out congruent with the source's offsets, so the page filler can
+    // serve a slice only when it starts on a page of its file; otherwise reads copy.
+    const file_extent where = c.source->in_file();
+    if (where.file && where.offset % kPageBytes == 0) {
+      fs_ = where.file;
+      base_ = where.offset;
+      claim_pages();
+    }
   }
 
   std::vector<at::Tensor> run() {
@@ -135,7 +141,7 @@ class cpu_loader {
     }
     file_map_ = std::shared_ptr<uint8_t>(static_cast<uint8_t*>(m), [length](uint8_t* p) { ::munmap(p, length); });
     for (block& b : blocks_) {
-      if (!b.own_pages || b.offset + b.span > fs_->size()) continue;
+      if (!b.own_pages || base_ + b.offset + b.span > fs_->size()) continue;
       uint64_t first = page_floor(reinterpret_cast<uintptr_t>(b.data));
       b.filled_by_pages = filler_->add(reinterpret_cast<void*>(first),
                                        size_t(page_ceil(reinterpret_cast<uintptr_t>(b.data) + b.span) - first));
@@ -147,7 +153,7 @@ class cpu_loader {
       // Whole pages around the piece: bytes before the block's first storage and after
       // its last lie in its own mapping, unseen by any tensor.
       uint64_t dst = reinterpret_cast<uintptr_t>(b.data) + begin;
-      uint64_t src = b.offset + begin;
+      uint64_t src = base_ + b.offset + begin;
       uint64_t lead = dst % kPageBytes;  // equals src % kPageBytes: the block is congruent
       uint64_t length = page_ceil(lead + size);
       uint8_t* from = file_map_.get() + (src - lead);
@@ -169,6 +175,7 @@ class cpu_loader {
   std::vector<block> blocks_;
   std::vector<destination> where_;  // per read of the plan
   const file_source* fs_ = nullptr;
+  uint64_t base_ = 0;  // where the source's byte 0 is in fs_
   std::shared_ptr<uint8_t> file_map_;
   // Declared after bytes_, so destroyed before: closing the userfaultfd drops every
   // registration, and nothing may be left waiting on a page nobody supplies.

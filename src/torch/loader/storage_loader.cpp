@@ -48,12 +48,13 @@ void populate_range(uint8_t* begin, uint8_t* end) {
 
 // Populates the pages of the plan's reads with a few threads, a read each: one thread's
 // page-table work is far below what the page cache can feed.
-void populate(uint8_t* base, const read_plan& plan, int threads, const std::function<void(uint64_t, uint64_t)>& progress) {
+void populate(uint8_t* base, uint64_t shift, const read_plan& plan, int threads, const std::function<void(uint64_t, uint64_t)>& progress) {
   const uint64_t page = uint64_t(::sysconf(_SC_PAGESIZE));
   std::vector<std::pair<uint64_t, uint64_t>> pieces;  // page-aligned [begin, end)
   uint64_t total = 0;
   for (const read_op& op : plan.reads) {
-    uint64_t from = op.offset / page * page, to = (op.offset + op.nbytes + page - 1) / page * page;
+    const uint64_t pos = shift + op.offset;  // in the file: `base` maps it from byte 0
+    uint64_t from = pos / page * page, to = (pos + op.nbytes + page - 1) / page * page;
     if (!pieces.empty() && from < pieces.back().second) from = pieces.back().second;  // a page two reads share
     if (from >= to) continue;
     pieces.emplace_back(from, to);
@@ -68,14 +69,17 @@ void populate(uint8_t* base, const read_plan& plan, int threads, const std::func
 }
 
 // torch.load(mmap=True) semantics: a private mapping, so writing to a tensor copies the
-// page instead of touching the file.
+// page instead of touching the file. A checkpoint embedded in a larger file (a slice)
+// maps the whole file and points into it: mmap offsets must be page-aligned, slices not.
 std::vector<at::Tensor> load_mmap(const checkpoint& c, const std::vector<bool>& needed, const load_options& o) {
-  auto* fs = dynamic_cast<const file_source*>(c.source.get());
-  if (!fs) throw error(errc::usage, "--mmap needs a checkpoint file");
-  void* base = ::mmap(nullptr, size_t(c.file_size), PROT_READ | PROT_WRITE, MAP_PRIVATE, fs->fd(), 0);
-  if (base == MAP_FAILED) throw error(errc::io, std::string("mmap failed: ") + std::strerror(errno)).with_file(c.path);
-  size_t length = size_t(c.file_size);
-  auto mapping = std::shared_ptr<void>(base, [length](void* p) { ::munmap(p, length); });
+  const file_extent where = c.source->in_file();
+  if (!where.file) throw error(errc::usage, "--mmap needs a checkpoint file");
+  const file_source* fs = where.file;
+  void* whole = ::mmap(nullptr, size_t(fs->size()), PROT_READ | PROT_WRITE, MAP_PRIVATE, fs->fd(), 0);
+  if (whole == MAP_FAILED) throw error(errc::io, std::string("mmap failed: ") + std::strerror(errno)).with_file(c.path);
+  size_t length = size_t(fs->size());
+  auto mapping = std::shared_ptr<void>(whole, [length](void* p) { ::munmap(p, length); });
+  uint8_t* base = static_cast<uint8_t*>(whole) + where.offset;
   // The reads of the plan are the ranges to populate: in file order, neighbours merged.
   read_plan_options po;
   po.max_read = 16ull << 20;
@@ -87,10 +91,10 @@ std::vector<at::Tensor> load_mmap(const checkpoint& c, const std::vector<bool>& 
       bytes[i] = at::empty({0}, at::kByte);
       continue;
     }
-    auto* p = static_cast<uint8_t*>(base) + *s.file_offset;
+    auto* p = base + *s.file_offset;
     bytes[i] = at::from_blob(p, {int64_t(s.nbytes)}, [mapping](void*) {}, at::TensorOptions().dtype(at::kByte));
   }
-  if (o.populate) populate(static_cast<uint8_t*>(base), plan, loader_threads(o), o.progress);
+  if (o.populate) populate(static_cast<uint8_t*>(whole), where.offset, plan, loader_threads(o), o.progress);
   // Test hook (tests/py/test_torch_hostile.py, SIGBUS case): with this variable set, the
   // process stops itself once the file is mapped and populated, so a test can truncate
   // the file at exactly this point and continue it (SIGCONT); unset, nothing happens.

@@ -1,0 +1,122 @@
+#include "model/layout.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+
+#include "ckpt/checkpoint.h"
+#include "ckpt/error.h"
+
+namespace ckpt::detail {
+namespace {
+
+bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+std::string base_name(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+std::string join(const std::string& dir, const std::string& name) { return dir.empty() ? name : dir + "/" + name; }
+
+std::string listed(const std::vector<std::string>& names) {
+  std::string out;
+  for (size_t i = 0; i < names.size() && i < 4; ++i) out += (i ? ", " : "") + names[i];
+  if (names.size() > 4) out += ", ... (" + std::to_string(names.size() - 4) + " more)";
+  return out;
+}
+
+[[noreturn]] void refuse(const file_opener& fs, const std::string& path, const std::string& why,
+                         errc kind = errc::unsupported) {
+  throw error(kind, why).with_file(fs.display(path));
+}
+
+// A directory that is not one checkpoint is the wrong argument, as any directory was
+// before layouts existed (exit 2, "not a regular file"): the user has to name a file.
+[[noreturn]] void ask_for_a_file(const file_opener& fs, const std::string& path, const std::string& why) {
+  refuse(fs, path, "not a regular file: a directory " + why, errc::usage);
+}
+
+}  // namespace
+
+bool is_shard_index_name(const std::string& name) {
+  // transformers' _add_variant puts the variant before the last extension, so the
+  // variant index of model.safetensors.index.json is model.safetensors.index.fp16.json.
+  const size_t at = name.find(".index.");
+  return at != std::string::npos && at > 0 && ends_with(name, ".json") && name.size() > at + 6;
+}
+
+layout detect_layout(const file_opener& fs, const std::string& path) {
+  if (fs.stat(path).kind != file_kind::directory) {
+    if (is_shard_index_name(base_name(path))) return {layout_kind::hf_index, path, {}};
+    return {layout_kind::single_file, path, {}};
+  }
+  const std::vector<std::string> names = fs.list(path);
+  auto regular = [&](const std::string& n) { return fs.stat(join(path, n)).kind == file_kind::regular; };
+  const bool dcp = std::binary_search(names.begin(), names.end(), std::string(".metadata")) && regular(".metadata");
+  std::vector<std::string> indexes, distcp, models;
+  for (const std::string& n : names) {
+    if (is_shard_index_name(n) && regular(n)) indexes.push_back(n);
+    if (ends_with(n, ".distcp") && regular(n)) distcp.push_back(n);
+    if ((n == "model.safetensors" || n == "pytorch_model.bin") && regular(n)) models.push_back(n);
+  }
+  if (dcp && !indexes.empty())
+    ask_for_a_file(fs, path, "holding both a torch.distributed.checkpoint (.metadata) and a Hugging Face shard index (" +
+                                 listed(indexes) + "): name the file to read");
+  if (dcp) return {layout_kind::dcp, path, distcp};
+  if (indexes.size() > 1)
+    ask_for_a_file(fs, path, "holding " + std::to_string(indexes.size()) + " Hugging Face shard indexes (" +
+                                 listed(indexes) + "): name the one to read");
+  if (indexes.size() == 1) return {layout_kind::hf_index, join(path, indexes.front()), {}};
+  if (models.size() > 1)
+    ask_for_a_file(fs, path, "holding both model.safetensors and pytorch_model.bin: name the file to read");
+  if (models.size() == 1) return {layout_kind::single_file, join(path, models.front()), {}};
+  ask_for_a_file(fs, path, "without a checkpoint ckptool recognizes (.metadata, *.index.json, model.safetensors or "
+                           "pytorch_model.bin)");
+}
+
+void refuse_unread_layout(const file_opener& fs, const std::string& path, const layout& l) {
+  switch (l.kind) {
+    case layout_kind::single_file:
+      return;
+    case layout_kind::hf_index:
+      refuse(fs, path, "a Hugging Face shard set (index " + base_name(l.file) +
+                             ") is not read yet; inspect its shards one by one");
+    case layout_kind::dcp:
+      refuse(fs, path, "a torch.distributed.checkpoint directory (.metadata and " + std::to_string(l.parts.size()) +
+                             " .distcp file" + (l.parts.size() == 1 ? "" : "s") + ") is not read yet");
+  }
+}
+
+std::string resolve_layout(const file_opener& fs, const std::string& path) {
+  const layout l = detect_layout(fs, path);
+  refuse_unread_layout(fs, path, l);
+  return l.file;
+}
+
+}  // namespace ckpt::detail
+
+namespace ckpt {
+
+std::string resolve_checkpoint_path(const std::string& path) {
+  // A directory is the opener's root; anything else is named in its own directory, so
+  // that names read later from it (shards, chunks) resolve next to it.
+  std::string root = path, name;
+  struct stat st;
+  const bool dir = ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+  const size_t slash = path.rfind('/');
+  if (!dir) {
+    root = slash == std::string::npos ? "" : slash == 0 ? "/" : path.substr(0, slash);
+    name = slash == std::string::npos ? path : path.substr(slash + 1);
+    // "x/" or "a/..": not a name below a directory; the open that follows says what it is.
+    if (name.empty() || name == "." || name == "..") return path;
+  }
+  const disk_opener fs(root);
+  const std::string file = detail::resolve_layout(fs, name);
+  // The path as the user typed it when it is the file: messages keep their words.
+  return file == name ? path : fs.display(file);
+}
+
+}  // namespace ckpt

@@ -1,0 +1,46 @@
+// Which files make a checkpoint, decided from names alone before any byte is sniffed:
+// a single file, a Hugging Face shard set (an index JSON and the shards it names), or a
+// torch.distributed.checkpoint directory (`.metadata` and `*.distcp`). formats.md §1.1
+// is the table this follows; §7 defines file set.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "ckpt/file_opener.h"
+
+namespace ckpt::detail {
+
+enum class layout_kind {
+  single_file,  // `file` is the checkpoint (N = 1)
+  hf_index,     // `file` is a shard index (`*.index.json`, `*.index.VARIANT.json`)
+  dcp,          // `file` is the directory holding `.metadata`
+};
+
+struct layout {
+  layout_kind kind = layout_kind::single_file;
+  std::string file;                // relative to the opener's root
+  std::vector<std::string> parts;  // dcp: the `*.distcp` names, sorted
+};
+
+/// True for a Hugging Face shard index's name: `model.safetensors.index.json`,
+/// `pytorch_model.bin.index.json`, or with a variant, `model.safetensors.index.fp16.json`.
+bool is_shard_index_name(const std::string& name);
+
+/// Decides the layout of `path` (relative to `fs`'s root; "" is the root). A path that is
+/// not a directory is a single file, or a shard index by its name; whether it exists and
+/// is a regular file is left to the open that follows, which says so in today's words.
+/// A directory is a DCP checkpoint if it holds `.metadata`, a shard set if it holds one
+/// index, and that file if it holds exactly one of `model.safetensors` and
+/// `pytorch_model.bin`. Any other directory is refused as before layouts existed
+/// (errc::usage, "not a regular file: a directory ..."), naming what it holds.
+layout detect_layout(const file_opener& fs, const std::string& path);
+
+/// Throws errc::unsupported, naming `path` (what the user gave), for layouts no reader
+/// handles yet (shard sets, DCP: issue 14).
+void refuse_unread_layout(const file_opener& fs, const std::string& path, const layout& l);
+
+/// detect_layout, then refuse_unread_layout: the one file to open.
+std::string resolve_layout(const file_opener& fs, const std::string& path);
+
+}  // namespace ckpt::detail
