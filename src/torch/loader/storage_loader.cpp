@@ -48,21 +48,30 @@ void populate_range(uint8_t* begin, uint8_t* end) {
 
 // Populates the pages of the plan's reads with a few threads, a read each: one thread's
 // page-table work is far below what the page cache can feed.
-void populate(uint8_t* base, const read_plan& plan, int threads, const std::function<void(uint64_t, uint64_t)>& progress) {
+void populate(const std::vector<uint8_t*>& bases, const read_plan& plan, int threads,
+              const std::function<void(uint64_t, uint64_t)>& progress) {
   const uint64_t page = uint64_t(::sysconf(_SC_PAGESIZE));
-  std::vector<std::pair<uint64_t, uint64_t>> pieces;  // page-aligned [begin, end)
+  struct piece {
+    uint8_t* begin;
+    uint8_t* end;
+  };
+  std::vector<piece> pieces;  // page-aligned, in each file's mapping
   uint64_t total = 0;
+  uint32_t last_file = 0;
+  uint64_t last_end = 0;
   for (const read_op& op : plan.reads) {
     uint64_t from = op.offset / page * page, to = (op.offset + op.nbytes + page - 1) / page * page;
-    if (!pieces.empty() && from < pieces.back().second) from = pieces.back().second;  // a page two reads share
+    if (!pieces.empty() && op.file == last_file && from < last_end) from = last_end;  // a page two reads share
     if (from >= to) continue;
-    pieces.emplace_back(from, to);
+    pieces.push_back({bases[op.file] + from, bases[op.file] + to});
+    last_file = op.file;
+    last_end = to;
     total += to - from;
   }
   std::atomic<uint64_t> done{0};
   for_each_piece(pieces.size(), threads, [&](size_t i) {
-    populate_range(base + pieces[i].first, base + pieces[i].second);
-    uint64_t now = done += pieces[i].second - pieces[i].first;
+    populate_range(pieces[i].begin, pieces[i].end);
+    uint64_t now = done += uint64_t(pieces[i].end - pieces[i].begin);
     if (progress) progress(now, total);
   });
 }
@@ -70,16 +79,25 @@ void populate(uint8_t* base, const read_plan& plan, int threads, const std::func
 // torch.load(mmap=True) semantics: a private mapping, so writing to a tensor copies the
 // page instead of touching the file.
 std::vector<at::Tensor> load_mmap(const checkpoint& c, const std::vector<bool>& needed, const load_options& o) {
-  auto* fs = dynamic_cast<const file_source*>(c.source.get());
-  if (!fs) throw error(errc::usage, "--mmap needs a checkpoint file");
-  void* base = ::mmap(nullptr, size_t(c.file_size), PROT_READ | PROT_WRITE, MAP_PRIVATE, fs->fd(), 0);
-  if (base == MAP_FAILED) throw error(errc::io, std::string("mmap failed: ") + std::strerror(errno)).with_file(c.path);
-  size_t length = size_t(c.file_size);
-  auto mapping = std::shared_ptr<void>(base, [length](void* p) { ::munmap(p, length); });
   // The reads of the plan are the ranges to populate: in file order, neighbours merged.
   read_plan_options po;
   po.max_read = 16ull << 20;
   const read_plan plan = plan_reads(c, needed, po);
+  // Each file some selected storage lives in, mapped whole; a tensor keeps its file's
+  // mapping alive.
+  std::vector<uint8_t*> bases(c.files.size(), nullptr);
+  std::vector<std::shared_ptr<void>> mappings(c.files.size());
+  for (const read_op& op : plan.reads) {
+    if (mappings[op.file]) continue;
+    const source_file& f = c.files[op.file];
+    auto* fs = dynamic_cast<const file_source*>(f.source.get());
+    if (!fs) throw error(errc::usage, "--mmap needs a checkpoint file");
+    void* base = ::mmap(nullptr, size_t(f.size), PROT_READ | PROT_WRITE, MAP_PRIVATE, fs->fd(), 0);
+    if (base == MAP_FAILED) throw error(errc::io, std::string("mmap failed: ") + std::strerror(errno)).with_file(f.path);
+    const size_t length = size_t(f.size);
+    mappings[op.file] = std::shared_ptr<void>(base, [length](void* p) { ::munmap(p, length); });
+    bases[op.file] = static_cast<uint8_t*>(base);
+  }
   std::vector<at::Tensor> bytes(c.storages.size());
   for (size_t i : plan.storages) {
     const auto& s = c.storages[i];
@@ -87,10 +105,11 @@ std::vector<at::Tensor> load_mmap(const checkpoint& c, const std::vector<bool>& 
       bytes[i] = at::empty({0}, at::kByte);
       continue;
     }
-    auto* p = static_cast<uint8_t*>(base) + *s.file_offset;
-    bytes[i] = at::from_blob(p, {int64_t(s.nbytes)}, [mapping](void*) {}, at::TensorOptions().dtype(at::kByte));
+    auto* p = bases[s.file] + *s.file_offset;
+    bytes[i] = at::from_blob(p, {int64_t(s.nbytes)}, [mapping = mappings[s.file]](void*) {},
+                             at::TensorOptions().dtype(at::kByte));
   }
-  if (o.populate) populate(static_cast<uint8_t*>(base), plan, loader_threads(o), o.progress);
+  if (o.populate) populate(bases, plan, loader_threads(o), o.progress);
   // Test hook (tests/py/test_torch_hostile.py, SIGBUS case): with this variable set, the
   // process stops itself once the file is mapped and populated, so a test can truncate
   // the file at exactly this point and continue it (SIGCONT); unset, nothing happens.
