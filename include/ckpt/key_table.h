@@ -5,8 +5,9 @@
 // re-deriving names from pickle nodes, and it survives release_pickle.
 //
 // Sized for a million keys: the keys' text lies in one arena, and a key of one piece (every
-// key of every format ckptool reads today) costs 16 bytes besides its text: its dtype and
-// global shape are its tensor record's, not copied.
+// key of every format ckptool reads today) costs 8 bytes besides its text: its dtype and
+// global shape are its tensor record's, not copied. Hence the bounds: 4 GiB of key text and
+// 2^31 tensor records, far past what open_options' limits let a file declare.
 #pragma once
 
 #include <cstddef>
@@ -33,6 +34,7 @@ class key_table {
   /// Room for `keys` keys of `text_bytes` bytes in all (avoids regrowth; optional).
   void reserve(size_t keys, size_t text_bytes);
   /// A key held whole by one tensor record. Several keys may name one record (tied weights).
+  /// Throws errc::limit past the table's bounds (above).
   void add(std::string_view key, size_t tensor);
   /// A key assembled from several records: its dtype and global shape are its own.
   void add(std::string_view key, dtype type, std::vector<int64_t> global_shape, std::vector<tensor_piece> pieces);
@@ -61,10 +63,11 @@ class key_table {
   // A key's text is text_[previous end, end); `target` is its tensor record, or, with
   // kAssembled set, an index into assembled_.
   struct entry {
-    uint64_t end;
-    uint64_t target;
+    uint32_t end;
+    uint32_t target;
   };
-  static constexpr uint64_t kAssembled = uint64_t(1) << 63;
+  static constexpr uint32_t kAssembled = uint32_t(1) << 31;
+  void push(std::string_view key, uint64_t target);
   struct assembled {
     dtype type;
     std::vector<int64_t> shape;

@@ -296,7 +296,7 @@ void verify_output(const output_file& written, const checkpoint& in, const std::
     throw error(errc::io, "the written file does not read back with the same tensors (internal error; nothing replaced)");
   std::vector<std::string> got;
   if (out.format == file_format::safetensors) {
-    for (const auto& t : only_file(out).st_header->tensors) got.push_back(t.name);
+    for (size_t k = 0; k < out.keys.size(); ++k) got.emplace_back(out.keys.key(k));
   } else if (out.state_dict_node) {
     got = str_keys(out.state_dict_node);
   }
@@ -498,7 +498,8 @@ rekey_result rekey_file(checkpoint& c, const rekey_request& req) {
   renamer rename = from_ops(req.ops);
   std::vector<std::string> old_keys;
   if (c.format == file_format::safetensors) {
-    for (const auto& t : only_file(c).st_header->tensors) old_keys.push_back(t.name);
+    old_keys.reserve(c.keys.size());
+    for (size_t k = 0; k < c.keys.size(); ++k) old_keys.emplace_back(c.keys.key(k));
   } else {
     if (!c.state_dict_node)
       throw error(errc::unsupported, "no state dict found to rekey (inspect shows where the tensors are)").with_file(c.path);

@@ -422,7 +422,10 @@ def _garble(src: Path, dst: Path, ranges) -> int:
 
 
 def _strip(doc):
-    return {k: v for k, v in doc.items() if k not in ("file", "io")}
+    """The document without what names the file (its path, also in files[]) or counts reads."""
+    out = {k: v for k, v in doc.items() if k not in ("file", "io")}
+    out["files"] = [{k: v for k, v in f.items() if k != "path"} for f in doc.get("files", [])]
+    return out
 
 
 GARBLED = ["plain", "views", "dtypes", "lightning", "legacy", "scripted", "safetensors", "meta",
