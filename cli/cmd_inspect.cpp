@@ -50,16 +50,17 @@ int run_inspect(const inspect_options& given) {
   if (c.format == ckpt::file_format::torchscript) {
     try {
       // Refused before LibTorch is even loaded (the plugin checks again for embedders).
-      if (!o.code.allow_code) ckpt::refuse_load_time_code(*c.zip);
+      const ckpt::zip::archive& ar = *c.single_file("inspect of TorchScript").zip;
+      if (!o.code.allow_code) ckpt::refuse_load_time_code(ar);
       const ckpt::torch_plugin_api& plugin = ckpt::torch_plugin();
       load_guard guard(o.file, o.code.load_timeout);
-      ts = plugin.inspect_torchscript(o.file, *c.zip, o.code.allow_code);
+      ts = plugin.inspect_torchscript(o.file, ar, o.code.allow_code);
       if (!o.inputs.empty() || !o.args.empty()) {
         std::vector<ckpt::input_spec> specs;
         for (const auto& s : o.inputs) specs.push_back(parse_input_spec(s));
         std::vector<ckpt::arg_spec> args;
         for (const auto& s : o.args) args.push_back(parse_arg_spec(s));
-        outputs = plugin.run_on_meta(o.file, *c.zip, o.method, specs, o.code.allow_code, args);
+        outputs = plugin.run_on_meta(o.file, ar, o.method, specs, o.code.allow_code, args);
       }
     } catch (ckpt::error& e) {
       e.with_file(o.file);
@@ -77,15 +78,20 @@ int run_inspect(const inspect_options& given) {
     ckpt::inspect_json_options jo;
     jo.extra["ckptool_version"] = CKPTOOL_VERSION;
     if (!o.text.filter.empty()) {
-      // A pickled module's tensors are matched by their state-dict keys, as the text lists them.
-      std::vector<std::vector<std::string>> module_keys(c.module_class.empty() ? 0 : c.tensors.size());
-      for (const auto& [key, i] : c.module_keys) module_keys[i].push_back(key);
-      jo.keep_tensor = [&, module_keys](const ckpt::tensor_record& t) {
-        if (!module_keys.empty() && !module_keys[size_t(&t - c.tensors.data())].empty()) {
-          for (const auto& key : module_keys[size_t(&t - c.tensors.data())])
-            if (key_matches(o.text.filter, key)) return true;
-          return false;
+      // A state dict's tensors are matched by their keys (a tied tensor by any of them, a
+      // pickled module's by what its state_dict() calls them), as the text lists them.
+      std::vector<bool> keyed(c.tensors.size(), false), kept(c.tensors.size(), false);
+      for (size_t k = 0; k < c.keys.size(); ++k) {
+        const bool match = key_matches(o.text.filter, std::string(c.keys.key(k)));
+        for (size_t p = 0; p < c.keys.piece_count(k); ++p) {
+          const size_t i = c.keys.piece(k, p).tensor;
+          keyed[i] = true;
+          kept[i] = kept[i] || match;
         }
+      }
+      jo.keep_tensor = [&, keyed = std::move(keyed), kept = std::move(kept)](const ckpt::tensor_record& t) {
+        const size_t i = size_t(&t - c.tensors.data());
+        if (keyed[i]) return bool(kept[i]);
         std::string key;
         if (!t.path.empty()) {
           const auto& last = t.path.back();

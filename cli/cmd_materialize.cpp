@@ -68,9 +68,10 @@ int run_materialize(materialize_options& o) {
     // Refused from ckptool's own reading of code/, before LibTorch is loaded (a quarter of
     // a second) or sees the file, as inspect and rekey --match do.
     ckpt::checkpoint model = ckpt::open_checkpoint(o.req.model, o.reader);
-    if (model.zip) {
+    for (const auto& f : model.files) {
+      if (!f.zip) continue;
       try {
-        ckpt::refuse_load_time_code(*model.zip);
+        ckpt::refuse_load_time_code(*f.zip);
       } catch (ckpt::error& e) {
         e.with_file(o.req.model);
         throw;

@@ -45,10 +45,11 @@ std::vector<ckpt::keyed_tensor> target_tensors(const std::string& path, const ck
   }
   ckpt::torchscript_info ts;
   try {
-    if (!code.allow_code) ckpt::refuse_load_time_code(*t.zip);
+    const ckpt::zip::archive& ar = *t.single_file("--match").zip;
+    if (!code.allow_code) ckpt::refuse_load_time_code(ar);
     const ckpt::torch_plugin_api& plugin = ckpt::torch_plugin();
     load_guard guard(path, code.load_timeout);
-    ts = plugin.inspect_torchscript(path, *t.zip, code.allow_code);
+    ts = plugin.inspect_torchscript(path, ar, code.allow_code);
   } catch (ckpt::error& e) {
     e.with_file(path);
     throw;

@@ -167,13 +167,18 @@ void print_inspect_text(std::ostream& out, const ckpt::checkpoint& c, const ckpt
                         const text_options& options) {
   out << display_name(c.path) << ": " << ckpt::format_name(c.format);
   if (c.lightning) out << " (Lightning checkpoint)";
-  out << ", " << human_bytes(c.file_size) << "\n";
+  out << ", " << human_bytes(c.file_size()) << "\n";
+  if (c.files.size() > 1)
+    for (const auto& f : c.files)
+      out << "  file " << display_name(f.path) << ": " << ckpt::format_name(f.format) << ", " << human_bytes(f.size) << "\n";
 
   // The state dict's tensors by key, then everything else by path.
   std::vector<std::pair<std::string, const ckpt::tensor_record*>> sd, other;
   std::vector<bool> in_sd(c.tensors.size(), false);
-  for (auto& [key, i] : c.state_dict_tensors()) {
-    sd.emplace_back(std::move(key), &c.tensors[i]);  // one copy of a million keys, not two
+  sd.reserve(c.keys.size());
+  for (size_t k = 0; k < c.keys.size(); ++k) {
+    const size_t i = c.keys.tensor(k);
+    sd.emplace_back(std::string(c.keys.key(k)), &c.tensors[i]);
     in_sd[i] = true;
   }
   for (size_t i = 0; i < c.tensors.size(); ++i)

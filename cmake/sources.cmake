@@ -44,6 +44,7 @@ set(CKPT_CORE_SOURCES
   ${CKPT_ROOT}/src/formats/torchscript_code.cpp
   ${CKPT_ROOT}/src/model/checkpoint.cpp
   ${CKPT_ROOT}/src/model/layout.cpp
+  ${CKPT_ROOT}/src/model/key_table.cpp
   ${CKPT_ROOT}/src/model/read_plan.cpp
   ${CKPT_ROOT}/src/rekey/rekey_file.cpp
   ${CKPT_ROOT}/src/rekey/rekey_plan.cpp
@@ -115,6 +116,7 @@ set(CKPT_SHARED_HEADERS
   ${CKPT_ROOT}/include/ckpt/error.h
   ${CKPT_ROOT}/include/ckpt/file_opener.h
   ${CKPT_ROOT}/include/ckpt/input_file.h
+  ${CKPT_ROOT}/include/ckpt/key_table.h
   ${CKPT_ROOT}/include/ckpt/load.h
   ${CKPT_ROOT}/include/ckpt/materialize.h
   ${CKPT_ROOT}/include/ckpt/output_set.h

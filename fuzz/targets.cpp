@@ -170,8 +170,11 @@ void check_tensor_table(const char* target, const checkpoint& c) {
   }
   for (const auto& a : c.aliases)
     if (a.tensor >= c.tensors.size()) fail(target, "alias points past the tensor table");
-  for (const auto& [key, index] : c.state_dict_tensors())
-    if (index >= c.tensors.size()) fail(target, "state_dict_tensors index out of range");
+  for (size_t k = 0; k < c.keys.size(); ++k)
+    for (size_t p = 0; p < c.keys.piece_count(k); ++p)
+      if (c.keys.piece(k, p).tensor >= c.tensors.size()) fail(target, "key table: tensor index out of range");
+  for (const auto& s : c.storages)
+    if (s.file >= c.files.size()) fail(target, "storage '" + s.key + "' names a file the checkpoint lacks");
 }
 
 void check_view(const char* target, const checkpoint& c, const tensor_record& t, const std::string& name) {
@@ -193,7 +196,7 @@ void check_view(const char* target, const checkpoint& c, const tensor_record& t,
     const storage_record& s = c.storages[*t.storage];
     if (s.file_offset) {
       unsigned __int128 end = (unsigned __int128)*s.file_offset + s.nbytes;
-      if (end > c.file_size) fail(target, name + ": storage '" + s.key + "' runs past the end of the file");
+      if (s.file >= c.files.size() || end > c.files[s.file].size) fail(target, name + ": storage '" + s.key + "' runs past the end of the file");
     }
     if (empty) return;
     unsigned __int128 max_index = uint64_t(t.storage_offset);
@@ -538,7 +541,8 @@ int torchscript_meta_target(const uint8_t* data, size_t size) {
       stats().parsed++;
       inspect_checkpoint(T, c);
       // The code/ scanner reads whatever text the records hold (issue 11 item 11).
-      if (c.zip && c.format == file_format::torchscript) (void)find_load_time_code(*c.zip);
+      const source_file& f = c.files.at(0);
+      if (f.zip && c.format == file_format::torchscript) (void)find_load_time_code(*f.zip);
     } catch (const error& swallowed) {
       note(__func__, swallowed);
     }
@@ -616,7 +620,7 @@ int rewrite_roundtrip_target(const uint8_t* data, size_t size) {
   std::vector<uint8_t> pkl;
   bool writable = true;
   try {
-    pkl = pickle::write(c.pickle->root, 2);
+    pkl = pickle::write(c.files.at(0).pickle->root, 2);
   } catch (const error& swallowed) {
     note(__func__, swallowed);
     writable = false;  // refused cleanly (a value protocol 2 cannot carry)
@@ -624,14 +628,15 @@ int rewrite_roundtrip_target(const uint8_t* data, size_t size) {
   if (writable) {
     out.reset();
     try {
-      zip::writer w(out.fd(), c.zip->prefix(), 64);
-      for (const zip::entry& e : c.zip->entries()) {
+      const zip::archive& ar = *c.files.at(0).zip;
+      zip::writer w(out.fd(), ar.prefix(), 64);
+      for (const zip::entry& e : ar.entries()) {
         if (e.record == "data.pkl")
           w.add_record("data.pkl", pkl);
         else if (e.method == 0)
           w.add_record_copy(e.record, in.fd(), e.data_offset, e.compressed_size, e.crc32);
         else
-          w.add_record(e.record, c.zip->read_record(e));
+          w.add_record(e.record, ar.read_record(e));
       }
       w.finish();
     } catch (const error& e) {

@@ -13,6 +13,7 @@
 #include "ckpt/byte_source.h"
 #include "ckpt/dim_list.h"
 #include "ckpt/dtype.h"
+#include "ckpt/key_table.h"
 #include "ckpt/pickle.h"
 #include "ckpt/safetensors.h"
 #include "ckpt/zip_reader.h"
@@ -39,6 +40,7 @@ struct storage_record {
   std::string location;                // saved device string ("cpu", "cuda:0"), data only
   const zip::entry* record = nullptr;  // zip formats only
   uint32_t crc32 = 0;                  // from the zip central directory (0 if unknown)
+  uint32_t file = 0;                   // index into checkpoint::files: where file_offset is
   size_t tensor_count = 0;
 };
 
@@ -145,31 +147,44 @@ struct open_options {
   bool verify_crc = false;
 };
 
-struct checkpoint {
-  std::string path;
+/// One file of a checkpoint, with the parsed structures its bytes hold. A checkpoint of one
+/// file has one; a sharded or DCP checkpoint will have one per shard or chunk file.
+struct source_file {
+  std::string path;                                // as opened
   file_format format = file_format::torch_zip;
-  uint64_t file_size = 0;
+  uint64_t size = 0;
   std::unique_ptr<byte_source> source;
   std::unique_ptr<zip::archive> zip;               // torch-zip, torchscript
   std::unique_ptr<pickle::document> pickle;        // torch-zip, torchscript, torch-legacy
   std::vector<std::unique_ptr<pickle::document>> extra_pickles;  // TorchScript constants.pkl
   std::optional<safetensors::header> st_header;    // safetensors
+};
+
+struct checkpoint {
+  std::string path;
+  file_format format = file_format::torch_zip;     // every file's
+  /// The files, in the order storage_record::file numbers them; never empty once opened.
+  std::vector<source_file> files;
 
   std::vector<storage_record> storages;
   std::vector<tensor_record> tensors;
   std::vector<tensor_alias> aliases;
   std::vector<entry_summary> entries;
+  /// The state dict's keys, in its order, each with the tensor record(s) holding it: a
+  /// dict's string keys whose values are tensors (a tied tensor under each of its keys), a
+  /// pickled module's state_dict() keys, every safetensors tensor. Empty when no state dict
+  /// is found, and for TorchScript (whose parameters and buffers only LibTorch can name).
+  key_table keys;
 
   /// Where the model's state dict is: {} for the root, {"state_dict"} in a Lightning
   /// checkpoint, ...; nullopt when nothing looks like one.
   std::optional<value_path> state_dict;
   const pickle::value* state_dict_node = nullptr;
   bool lightning = false;
-  /// A pickled nn.Module (torch.save(model)) at `state_dict`: its class ("__main__.Net"),
-  /// and the keys its state_dict() gives, found through _modules, _parameters and
-  /// _buffers (state_dict_node is then the module's object node, not a dict).
+  /// A pickled nn.Module (torch.save(model)) at `state_dict`: its class ("__main__.Net");
+  /// `keys` are then the keys its state_dict() gives, found through _modules, _parameters
+  /// and _buffers (state_dict_node is then the module's object node, not a dict).
   std::string module_class;
-  std::vector<std::pair<std::string, size_t>> module_keys;
   /// Set (with module_class, and no state_dict) when the file cannot say what the pickled
   /// module's state_dict() gives: why ("module 'q' is a torch.ao...Linear, which ...").
   std::string module_unread;
@@ -185,15 +200,22 @@ struct checkpoint {
   /// torch.load accepts but that is not positive or not below 2^63.
   uint64_t storage_alignment = 64;
 
-  /// Tensors whose path starts with the state dict's, with their key in it.
-  std::vector<std::pair<std::string, size_t>> state_dict_tensors() const;
+  /// Bytes of all files.
+  uint64_t file_size() const;
+  /// The only file, for operations that read or rewrite one file as a whole (rekey's
+  /// writers, TorchScript through LibTorch, CRC checks of one archive). Throws
+  /// errc::unsupported naming `operation` when the checkpoint has several.
+  source_file& single_file(std::string_view operation);
+  const source_file& single_file(std::string_view operation) const;
+  /// Bytes read from every file so far (inspect's io.bytes_read).
+  uint64_t bytes_read() const;
 };
 
-/// Frees c's decoded pickles: c.pickle becomes null, extra_pickles empty, and every pointer
-/// into them is cleared (state_dict_node, tensor_record::node, a quantizer's channel
-/// tensors' nodes). Tensors (paths included), aliases, storages, records and entries stay.
-/// For callers that have taken what they need from the tree (state_dict_tensors() needs it):
-/// for a million tensors the tree is most of a checkpoint's memory.
+/// Frees c's decoded pickles: every file's pickle becomes null, extra_pickles empty, and
+/// every pointer into them is cleared (state_dict_node, tensor_record::node, a quantizer's
+/// channel tensors' nodes). Tensors (paths included), aliases, storages, records, entries
+/// and keys stay. For callers that have taken what they need from the tree: for a million
+/// tensors the tree is most of a checkpoint's memory.
 void release_pickle(checkpoint& c);
 
 /// Throws errc::unsafe when a TorchScript archive's data.pkl names globals outside

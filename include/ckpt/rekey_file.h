@@ -34,9 +34,10 @@ struct rekey_request {
   /// Lets rekey_file free what it no longer needs as it goes: the input's tensor, alias,
   /// storage and entry lists before the output's pickle is made, and the input's pickle
   /// document after, so the output is read back without both documents in memory at once
-  /// (for a million tensors these are most of the peak). Afterwards c.pickle is null, every
-  /// pointer into it is cleared (state_dict_node), and c.tensors, c.aliases, c.storages
-  /// and c.entries are empty: c keeps its zip records and where its state dict was.
+  /// (for a million tensors these are most of the peak). Afterwards its file's pickle is
+  /// null, every pointer into it is cleared (state_dict_node), and c.tensors, c.aliases,
+  /// c.storages, c.entries and c.keys are empty: c keeps its zip records and where its
+  /// state dict was.
   bool release_input = false;
 };
 

@@ -80,16 +80,17 @@ struct stream {
 
 }  // namespace
 
-void read_legacy(checkpoint& c, const open_options& options) {
-  c.format = file_format::torch_legacy;
-  stream s{*c.source, 0, options.pickle_limits};
+void read_legacy(checkpoint& c, uint32_t file, const open_options& options) {
+  source_file& f = c.files[file];
+  f.format = file_format::torch_legacy;
+  stream s{*f.source, 0, options.pickle_limits};
 
   // The magic must be the literal 10-byte LONG1 (a computed one is picklescan's
   // pytorch_magic_bypass): sniffing already checked those bytes, so the pickle must be
   // exactly PROTO, LONG1, STOP (15 bytes), or below protocol 2 the LONG text literal and
   // STOP (28 bytes).
   uint8_t first = 0;
-  c.source->read_exact(0, &first, 1);
+  f.source->read_exact(0, &first, 1);
   auto magic = s.next("magic number");
   if (s.pos != (first == 'L' ? 28u : 15u) || !magic->root || magic->root->type != kind::big_integer)
     throw_corrupt("legacy torch file: the magic number is not a plain literal", 0);
@@ -107,7 +108,7 @@ void read_legacy(checkpoint& c, const open_options& options) {
     if (k->type == kind::str && k->text == "little_endian" && v->type == kind::boolean && !v->flag)
       throw_unsupported("legacy torch file saved on a big-endian machine", at);
   }
-  c.pickle = s.next("object");
+  f.pickle = s.next("object");
 
   // Every storage the object pickle references, by root key: its element type and count.
   struct declared {
@@ -116,14 +117,14 @@ void read_legacy(checkpoint& c, const open_options& options) {
     uint64_t pid_offset;
   };
   std::map<std::string, declared> by_key;
-  for (const pickle::value& v : c.pickle->nodes()) {
+  for (const pickle::value& v : f.pickle->nodes()) {
     if (v.type != kind::persistent_id || is_module_class_pid(v)) continue;
     storage_ref ref = parse_storage_pid(&v, true);
     // Legacy torch.save writes an UntypedStorage (with the dtype in _rebuild_tensor_v3) for
     // dtypes that have no typed storage class; torch.load's legacy path then fails on
     // UntypedStorage.dtype, so no PyTorch can read the file back.
     if (!ref.typed)
-      throw_unsupported("legacy torch file with an untyped storage" + untyped_dtype_note(*c.pickle, &v) +
+      throw_unsupported("legacy torch file with an untyped storage" + untyped_dtype_note(*f.pickle, &v) +
                             ": legacy torch.save writes it but torch.load cannot read it back; "
                             "save it with the zip format (the default since PyTorch 1.6)",
                         v.offset);
@@ -146,7 +147,7 @@ void read_legacy(checkpoint& c, const open_options& options) {
     if (d == by_key.end())
       throw_corrupt("legacy torch file: storage '" + k->text + "' is listed but never referenced", k->offset);
     uint8_t count_bytes[8];
-    c.source->read_exact(pos, count_bytes, 8);
+    f.source->read_exact(pos, count_bytes, 8);
     uint64_t count = load_u64(count_bytes);
     if (count != d->second.numel)
       throw_corrupt("storage '" + k->text + "' has " + std::to_string(count) + " elements on disk, " +
@@ -154,21 +155,22 @@ void read_legacy(checkpoint& c, const open_options& options) {
                     pos);
     uint64_t nbytes, end;
     if (!checked_mul(count, element_size(d->second.type), &nbytes) || !checked_add(pos + 8, nbytes, &end) ||
-        end > c.source->size())
+        end > f.source->size())
       throw_corrupt("storage '" + k->text + "' runs past the end of the file", pos);
     storage_record rec;
     rec.key = k->text;
     rec.type = d->second.type;
     rec.nbytes = nbytes;
     rec.file_offset = pos + 8;
+    rec.file = file;
     c.storages.push_back(std::move(rec));
     index_of[k->text] = c.storages.size() - 1;
     pos = end;
   }
   if (listed.size() != by_key.size())
     throw_corrupt("legacy torch file: a referenced storage is missing from the key list", at);
-  if (pos != c.source->size())
-    throw_corrupt("legacy torch file: " + std::to_string(c.source->size() - pos) +
+  if (pos != f.source->size())
+    throw_corrupt("legacy torch file: " + std::to_string(f.source->size() - pos) +
                       " unexpected bytes after the last storage",
                   pos);
 
@@ -180,7 +182,7 @@ void read_legacy(checkpoint& c, const open_options& options) {
         return i;
       },
       options.pickle_limits, options.max_tensors, true);
-  collector.collect(c.pickle->root);
+  collector.collect(f.pickle->root);
 }
 
 }  // namespace ckpt::detail

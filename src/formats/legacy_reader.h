@@ -8,7 +8,7 @@
 
 namespace ckpt::detail {
 
-/// Fills c.pickle, c.storages and c.tensors from a legacy stream; c.source must be set.
-void read_legacy(checkpoint& c, const open_options& options);
+/// Fills c.files[file].pickle, c.storages and c.tensors from the legacy stream in c.files[file].
+void read_legacy(checkpoint& c, uint32_t file, const open_options& options);
 
 }  // namespace ckpt::detail

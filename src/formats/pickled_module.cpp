@@ -69,14 +69,14 @@ struct pending {
 // then its persistent buffers (None skipped), then its submodules' in order, depth first;
 // a tensor shared by two modules is under both keys, as state_dict() gives it. Returns why
 // the keys cannot be known from the file, or "" with `keys` filled.
-std::string state_dict_keys(const checkpoint& c, const open_options& options, const value* module,
+std::string state_dict_keys(const checkpoint& c, const pickle::document& doc, const open_options& options, const value* module,
                             std::vector<std::pair<std::string, size_t>>& keys) {
   pointer_map<size_t> tensor_of(c.tensors.size());
   for (size_t i = 0; i < c.tensors.size(); ++i) tensor_of.insert(c.tensors[i].node, i);
   std::vector<pending> stack{{module, "", 0}};
   // A module shared under several names is visited under each, as state_dict() does; a
   // pickle can share one exponentially often at a few bytes a level, so visits are bounded.
-  const uint64_t max_visits = options.max_tensors + c.pickle->node_count();
+  const uint64_t max_visits = options.max_tensors + doc.node_count();
   uint64_t visits = 0;
   std::vector<const value*> on_path;  // the modules from the root to the one being visited
   while (!stack.empty()) {
@@ -136,8 +136,8 @@ std::string state_dict_keys(const checkpoint& c, const open_options& options, co
 
 }  // namespace
 
-void find_pickled_module(checkpoint& c, const open_options& options) {
-  const value* root = c.pickle ? c.pickle->root : nullptr;
+void find_pickled_module(checkpoint& c, const pickle::document* doc, const open_options& options) {
+  const value* root = doc ? doc->root : nullptr;
   if (!root) return;
   value_path where;
   const value* module = module_attrs(root) ? root : nullptr;
@@ -152,9 +152,12 @@ void find_pickled_module(checkpoint& c, const open_options& options) {
   if (!module) return;
   c.module_class = class_name(module);
   std::vector<std::pair<std::string, size_t>> keys;
-  c.module_unread = state_dict_keys(c, options, module, keys);
+  c.module_unread = state_dict_keys(c, *doc, options, module, keys);
   if (!c.module_unread.empty()) return;  // its tensors stay listed by path
-  c.module_keys = std::move(keys);
+  size_t text = 0;
+  for (const auto& [key, i] : keys) text += key.size();
+  c.keys.reserve(keys.size(), text);
+  for (const auto& [key, i] : keys) c.keys.add(key, i);
   c.state_dict = std::move(where);
   c.state_dict_node = module;
 }

@@ -7,10 +7,10 @@
 
 namespace ckpt::detail {
 
-/// When c's root, or one of its top-level entries, is a pickled nn.Module, sets
-/// c.module_class, c.module_keys, c.state_dict (its path) and c.state_dict_node (its node),
+/// When the root of `doc` (c's pickle), or one of its top-level entries, is a pickled
+/// nn.Module, sets c.module_class, c.keys, c.state_dict (its path) and c.state_dict_node (its node),
 /// or, when its keys cannot be known from the file, c.module_class and c.module_unread.
 /// For files where find_state_dict found no state dict.
-void find_pickled_module(checkpoint& c, const open_options& options);
+void find_pickled_module(checkpoint& c, const pickle::document* doc, const open_options& options);
 
 }  // namespace ckpt::detail

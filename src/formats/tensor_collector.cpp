@@ -497,7 +497,7 @@ void tensor_collector::validate_view(const tensor_record& t, uint64_t offset) co
                   offset);
 }
 
-tensor_collector::binder zip_storage_binder(checkpoint& ckpt, std::string record_dir) {
+tensor_collector::binder zip_storage_binder(checkpoint& ckpt, uint32_t file, std::string record_dir) {
   // The storage made for each zip entry, by entry index: a storage shared by many tensors
   // is found again without building or hashing its record name once more.
   constexpr size_t kNone = ~size_t(0);
@@ -508,16 +508,17 @@ tensor_collector::binder zip_storage_binder(checkpoint& ckpt, std::string record
   };
   auto st = std::make_shared<state>();
   st->record_dir = std::move(record_dir);
-  st->storage_of_entry.assign(ckpt.zip->entries().size(), kNone);
-  return [&ckpt, st](const storage_ref& ref, dtype element_type) -> size_t {
+  const zip::archive& ar = *ckpt.files.at(file).zip;
+  st->storage_of_entry.assign(ar.entries().size(), kNone);
+  return [&ckpt, &ar, file, st](const storage_ref& ref, dtype element_type) -> size_t {
     uint64_t nbytes;
     dtype storage_type = ref.typed ? *ref.typed : element_type;
     if (!checked_mul(ref.numel, ref.typed ? element_size(*ref.typed) : 1, &nbytes))
       throw_corrupt("storage size overflows", ref.pid_offset);
     st->id.assign(st->record_dir).append(ref.key);
-    const zip::entry* e = ckpt.zip->find(st->id);
+    const zip::entry* e = ar.find(st->id);
     if (!e) throw_corrupt("storage '" + ref.key + "' has no record " + st->id + " in the archive", ref.pid_offset);
-    size_t& bound = st->storage_of_entry[size_t(e - ckpt.zip->entries().data())];
+    size_t& bound = st->storage_of_entry[size_t(e - ar.entries().data())];
     if (bound != kNone) {
       const storage_record& s = ckpt.storages[bound];
       if (s.type != storage_type || s.nbytes != nbytes)
@@ -542,6 +543,7 @@ tensor_collector::binder zip_storage_binder(checkpoint& ckpt, std::string record
     s.record = e;
     s.file_offset = e->data_offset;
     s.crc32 = e->crc32;
+    s.file = file;
     ckpt.storages.push_back(std::move(s));
     bound = ckpt.storages.size() - 1;
     return bound;

@@ -84,8 +84,8 @@ class tensor_collector {
   uint64_t dims_past_64_ = 0;
 };
 
-/// Binder for zip archives: storage key k lives in record data/<k> (or constants/<k>
-/// for TorchScript constants when `record_dir` says so).
-tensor_collector::binder zip_storage_binder(checkpoint& ckpt, std::string record_dir);
+/// Binder for the zip archive of ckpt.files[file]: storage key k lives in record data/<k>
+/// (or constants/<k> for TorchScript constants when `record_dir` says so).
+tensor_collector::binder zip_storage_binder(checkpoint& ckpt, uint32_t file, std::string record_dir);
 
 }  // namespace ckpt::detail

@@ -4,6 +4,7 @@
 #include <set>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 
 #include "ckpt/error.h"
 #include "ckpt/file_opener.h"
@@ -162,9 +163,9 @@ std::vector<std::string> records_torch_save_never_writes(const zip::archive& ar)
   return out;
 }
 
-void collect_globals(checkpoint& c, bool torchscript) {
+void collect_globals(checkpoint& c, const pickle::document& doc, bool torchscript) {
   std::set<std::string> all, unsafe;
-  for (const value& v : c.pickle->nodes()) {
+  for (const value& v : doc.nodes()) {
     if (v.type != kind::global) continue;
     std::string full = v.global_name();
     all.insert(full);
@@ -191,8 +192,7 @@ detail::pointer_map<bool> tensor_node_set(const checkpoint& c) {
   return nodes;
 }
 
-void find_state_dict(checkpoint& c) {
-  const value* root = c.pickle ? c.pickle->root : nullptr;
+void find_state_dict(checkpoint& c, const value* root) {
   if (!root) return;
   const detail::pointer_map<bool> tensor_nodes = tensor_node_set(c);
   auto is_state_dict = [&](const value* d) {
@@ -254,8 +254,7 @@ std::string entry_value(const value* v, const detail::pointer_map<bool>& tensor_
   return out + ", " + std::to_string(tensors) + (tensors == 1 ? " tensor" : " tensors") + " inside";
 }
 
-void summarize_entries(checkpoint& c) {
-  const value* root = c.pickle ? c.pickle->root : nullptr;
+void summarize_entries(checkpoint& c, const value* root) {
   if (!root || root->type != kind::dict) return;
   const detail::pointer_map<bool> tensor_nodes = tensor_node_set(c);
   auto add_entries = [&](const value* d, value_path prefix) {
@@ -290,13 +289,14 @@ bool is_torch_export_archive(const zip::archive& ar) {
   return std::string(bytes.begin(), bytes.end()) == "pt2";
 }
 
-void read_torch_zip(checkpoint& c, const open_options& opt) {
-  c.zip = zip::archive::open(*c.source, opt.zip_limits);
-  const zip::archive& ar = *c.zip;
+void read_torch_zip(checkpoint& c, uint32_t file, const open_options& opt) {
+  source_file& f = c.files[file];
+  f.zip = zip::archive::open(*f.source, opt.zip_limits);
+  const zip::archive& ar = *f.zip;
   bool torchscript = is_torchscript_archive(ar);
   if (ar.find("model.json"))
     throw_unsupported("legacy TorchScript archive (model.json, PyTorch 1.0-1.2): re-save it with a current PyTorch");
-  c.format = torchscript ? file_format::torchscript : file_format::torch_zip;
+  f.format = torchscript ? file_format::torchscript : file_format::torch_zip;
   const zip::entry* data = ar.find("data.pkl");
   if (!data) {
     if (ar.find("bytecode.pkl"))
@@ -316,14 +316,14 @@ void read_torch_zip(checkpoint& c, const open_options& opt) {
   if (opt.verify_crc)
     for (const auto& e : ar.entries()) ar.verify_crc(e);
 
-  c.pickle = parse_record_pickle(ar, *data, opt.pickle_limits, torchscript);
+  f.pickle = parse_record_pickle(ar, *data, opt.pickle_limits, torchscript);
   // Each storage is a record; most tensors have a storage of their own.
   c.storages.reserve(ar.entries().size());
   c.tensors.reserve(ar.entries().size());
-  detail::tensor_collector collector(c, detail::zip_storage_binder(c, "data/"),
+  detail::tensor_collector collector(c, detail::zip_storage_binder(c, file, "data/"),
                                      opt.pickle_limits, opt.max_tensors, false);
-  collector.collect(c.pickle->root);
-  collect_globals(c, torchscript);
+  collector.collect(f.pickle->root);
+  collect_globals(c, *f.pickle, torchscript);
   if (!torchscript) c.unknown_records = records_torch_save_never_writes(ar);
   if (torchscript) {
     // constants.pkl holds tensors referenced from code (CONSTANTS.c0, ...); they are part
@@ -331,7 +331,7 @@ void read_torch_zip(checkpoint& c, const open_options& opt) {
     if (const zip::entry* consts = ar.find("constants.pkl")) {
       auto doc = parse_record_pickle(ar, *consts, opt.pickle_limits, true);
       size_t first = c.tensors.size();
-      detail::tensor_collector cc(c, detail::zip_storage_binder(c, "constants/"),
+      detail::tensor_collector cc(c, detail::zip_storage_binder(c, file, "constants/"),
                                   opt.pickle_limits, opt.max_tensors, false);
       cc.collect(doc->root);
       for (size_t i = first; i < c.tensors.size(); ++i)
@@ -343,17 +343,21 @@ void read_torch_zip(checkpoint& c, const open_options& opt) {
         }
       std::sort(c.globals.begin(), c.globals.end());
       // Keep the constants' nodes alive with the checkpoint: tensor records point into them.
-      c.extra_pickles.push_back(std::move(doc));
+      f.extra_pickles.push_back(std::move(doc));
     }
   }
 }
 
-void read_safetensors(checkpoint& c, const open_options& opt) {
-  c.format = file_format::safetensors;
+void read_safetensors(checkpoint& c, uint32_t file, const open_options& opt) {
+  source_file& f = c.files[file];
+  f.format = file_format::safetensors;
   safetensors::limits lim = opt.safetensors_limits;
   lim.max_tensors = opt.max_tensors;
-  c.st_header = safetensors::read_header(*c.source, lim);
-  for (const auto& t : c.st_header->tensors) {
+  f.st_header = safetensors::read_header(*f.source, lim);
+  size_t text = 0;
+  for (const auto& t : f.st_header->tensors) text += t.name.size();
+  c.keys.reserve(c.keys.size() + f.st_header->tensors.size(), text);
+  for (const auto& t : f.st_header->tensors) {
     storage_record s;
     s.key = t.name;
     s.type = t.type;
@@ -361,6 +365,7 @@ void read_safetensors(checkpoint& c, const open_options& opt) {
     s.file_offset = t.file_offset;
     s.location = "cpu";
     s.tensor_count = 1;
+    s.file = file;
     c.storages.push_back(std::move(s));
     tensor_record r;
     r.path = {t.name};
@@ -370,17 +375,18 @@ void read_safetensors(checkpoint& c, const open_options& opt) {
     for (size_t i = t.shape.size(); i-- > 1;) r.stride[i - 1] = r.stride[i] * std::max<int64_t>(t.shape[i], 1);
     r.storage = c.storages.size() - 1;
     r.location = "cpu";
+    c.keys.add(t.name, c.tensors.size());
     c.tensors.push_back(std::move(r));
   }
   c.state_dict = value_path{};
 }
 
-[[noreturn]] void refuse_bare_pickle(checkpoint& c, const open_options& opt, bool certain) {
+[[noreturn]] void refuse_bare_pickle(const byte_source& src, const open_options& opt, bool certain) {
   std::vector<std::string> seen;
   std::string parse_problem;
   try {
-    uint64_t n = std::min<uint64_t>(c.source->size(), opt.pickle_limits.max_pickle_bytes);
-    auto bytes = c.source->read_vector(0, size_t(n));
+    uint64_t n = std::min<uint64_t>(src.size(), opt.pickle_limits.max_pickle_bytes);
+    auto bytes = src.read_vector(0, size_t(n));
     pickle::parse_options po;
     po.lim = opt.pickle_limits;
     po.require_eof = false;
@@ -391,7 +397,7 @@ void read_safetensors(checkpoint& c, const open_options& opt) {
     // useful part (security.md P5).
     parse_problem = e.message();
   }
-  if (!certain && seen.empty() && !parse_problem.empty()) detail::throw_unrecognized(*c.source);
+  if (!certain && seen.empty() && !parse_problem.empty()) detail::throw_unrecognized(src);
   std::set<std::string> unsafe;
   for (const auto& g : seen)
     if (is_unsafe_global_name(g, false)) unsafe.insert(g);
@@ -403,6 +409,32 @@ void read_safetensors(checkpoint& c, const open_options& opt) {
   }
   if (!parse_problem.empty()) msg += "; the pickle is also malformed: " + parse_problem;
   throw error(errc::unsupported, msg, 0);
+}
+
+// The state dict's keys, in the dict's own order, including keys that share one tensor
+// object (a tied Parameter saved under two names): the pickle gives both keys one node.
+// Entries whose value is no tensor have no key here.
+void add_state_dict_keys(checkpoint& c) {
+  const value* d = c.state_dict_node;
+  if (!d || d->type != kind::dict) return;
+  detail::pointer_map<size_t> index_of(c.tensors.size());
+  for (size_t i = 0; i < c.tensors.size(); ++i) index_of.insert(c.tensors[i].node, i);
+  size_t keys = 0, text = 0;
+  for (size_t i = 0; i < d->dict_size(); ++i)
+    if (index_of.find(d->dict_value(i))) {
+      ++keys;
+      text += d->dict_key(i)->type == kind::str ? d->dict_key(i)->text.size() : 0;
+    }
+  c.keys.reserve(keys, text);
+  for (size_t i = 0; i < d->dict_size(); ++i) {
+    const value* k = d->dict_key(i);
+    const size_t* index = index_of.find(d->dict_value(i));
+    if (!index) continue;
+    if (k->type == kind::str)
+      c.keys.add(k->text, *index);
+    else
+      c.keys.add(pickle::repr(k, 80), *index);
+  }
 }
 
 }  // namespace
@@ -466,57 +498,66 @@ std::string tensor_kind::description() const {
   return layout;
 }
 
-std::vector<std::pair<std::string, size_t>> checkpoint::state_dict_tensors() const {
-  std::vector<std::pair<std::string, size_t>> out;
-  if (!state_dict) return out;
-  if (!module_class.empty() && module_unread.empty()) return module_keys;
-  if (!state_dict_node) {  // safetensors: every tensor, by name
-    for (size_t i = 0; i < tensors.size(); ++i) out.emplace_back(path_to_string(tensors[i].path), i);
-    return out;
-  }
-  // In the dict's own order, and including keys that share one tensor object (a tied
-  // Parameter saved under two names): the pickle gives both keys the same node.
-  detail::pointer_map<size_t> index_of(tensors.size());
-  for (size_t i = 0; i < tensors.size(); ++i) index_of.insert(tensors[i].node, i);
-  out.reserve(state_dict_node->dict_size());
-  for (size_t i = 0; i < state_dict_node->dict_size(); ++i) {
-    const value* k = state_dict_node->dict_key(i);
-    const size_t* index = index_of.find(state_dict_node->dict_value(i));
-    if (!index) continue;
-    out.emplace_back(k->type == kind::str ? k->text : pickle::repr(k, 80), *index);
-  }
-  return out;
+uint64_t checkpoint::file_size() const {
+  uint64_t n = 0;
+  for (const auto& f : files) n += f.size;
+  return n;
+}
+
+uint64_t checkpoint::bytes_read() const {
+  uint64_t n = 0;
+  for (const auto& f : files) n += f.source ? f.source->bytes_read() : 0;
+  return n;
+}
+
+const source_file& checkpoint::single_file(std::string_view operation) const {
+  if (files.size() != 1)
+    throw error(errc::unsupported, std::string(operation) + " reads a checkpoint of one file; this one has " +
+                                       std::to_string(files.size()))
+        .with_file(path);
+  return files[0];
+}
+
+source_file& checkpoint::single_file(std::string_view operation) {
+  return const_cast<source_file&>(std::as_const(*this).single_file(operation));
 }
 
 checkpoint open_checkpoint(std::unique_ptr<byte_source> src, const open_options& options) {
   checkpoint c;
   c.path = src->name();
-  c.file_size = src->size();
-  c.source = std::move(src);
+  c.files.emplace_back();
+  source_file& f = c.files.back();
+  f.path = c.path;
+  f.size = src->size();
+  f.source = std::move(src);
   try {
-    switch (detail::sniff_format(*c.source)) {
+    switch (detail::sniff_format(*f.source)) {
       case detail::sniffed::zip:
-        read_torch_zip(c, options);
+        read_torch_zip(c, 0, options);
         break;
       case detail::sniffed::legacy_pickle:
-        detail::read_legacy(c, options);
-        collect_globals(c, false);
+        detail::read_legacy(c, 0, options);
+        collect_globals(c, *f.pickle, false);
         break;
       case detail::sniffed::safetensors:
-        read_safetensors(c, options);
+        read_safetensors(c, 0, options);
         break;
       case detail::sniffed::bare_pickle:
-        refuse_bare_pickle(c, options, true);
+        refuse_bare_pickle(*f.source, options, true);
       case detail::sniffed::maybe_pickle:
-        refuse_bare_pickle(c, options, false);
+        refuse_bare_pickle(*f.source, options, false);
     }
+    c.format = f.format;
     if (c.format != file_format::safetensors && c.format != file_format::torchscript) {
-      find_state_dict(c);
-      if (!c.state_dict) detail::find_pickled_module(c, options);
-      summarize_entries(c);
+      const value* root = f.pickle ? f.pickle->root : nullptr;
+      find_state_dict(c, root);
+      if (!c.state_dict) detail::find_pickled_module(c, f.pickle.get(), options);
+      else add_state_dict_keys(c);
+      summarize_entries(c, root);
     }
+    c.keys.shrink_to_fit();
   } catch (error& e) {
-    c.source->locate(e);
+    f.source->locate(e);
     throw;
   }
   return c;
@@ -566,8 +607,10 @@ void release_pickle(checkpoint& c) {
     }
   }
   c.state_dict_node = nullptr;
-  c.extra_pickles.clear();
-  c.pickle.reset();
+  for (source_file& f : c.files) {
+    f.extra_pickles.clear();
+    f.pickle.reset();
+  }
 }
 
 void refuse_unsafe_torchscript(const zip::archive& ar, const pickle::limits& lim) {

@@ -4,13 +4,6 @@
 #include <stdexcept>
 
 namespace ckpt::detail {
-namespace {
-
-// The file a storage lives in. A checkpoint is one file today; once storages record
-// theirs (issue 13 item 4), this is where the planner learns it.
-uint32_t file_of(const storage_record&) { return 0; }
-
-}  // namespace
 
 read_plan plan_reads(const checkpoint& c, const std::vector<bool>& needed, const read_plan_options& o) {
   if (needed.size() != c.storages.size()) throw std::invalid_argument("plan_reads: one flag per storage expected");
@@ -22,19 +15,20 @@ read_plan plan_reads(const checkpoint& c, const std::vector<bool>& needed, const
     if (!needed[i]) continue;
     plan.storages.push_back(i);
     const storage_record& s = c.storages[i];
+    if (s.file >= c.files.size()) throw std::invalid_argument("plan_reads: a storage names a file the checkpoint lacks");
     if (s.file_offset && s.nbytes) order.push_back(i);
   }
   // File order: sequential reads are what the page cache, read-ahead and disks like best.
   std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
     const storage_record &x = c.storages[a], &y = c.storages[b];
-    if (file_of(x) != file_of(y)) return file_of(x) < file_of(y);
+    if (x.file != y.file) return x.file < y.file;
     return *x.file_offset != *y.file_offset ? *x.file_offset < *y.file_offset : a < b;
   });
 
   bool last_shares = false;  // whether the last read may take more storages
   for (size_t i : order) {
     const storage_record& s = c.storages[i];
-    const uint32_t file = file_of(s);
+    const uint32_t file = s.file;
     const uint64_t offset = *s.file_offset, n = s.nbytes;
     plan.storage_bytes += n;
     const bool shares = n < o.share_below && n <= max_read && offset % alignment == 0;
@@ -66,6 +60,13 @@ read_plan plan_reads(const checkpoint& c, const std::vector<bool>& needed, const
     }
   }
   return plan;
+}
+
+std::vector<const byte_source*> file_sources(const checkpoint& c) {
+  std::vector<const byte_source*> out;
+  out.reserve(c.files.size());
+  for (const source_file& f : c.files) out.push_back(f.source.get());
+  return out;
 }
 
 std::vector<bool> storages_of(const checkpoint& c, const std::vector<size_t>& tensors) {

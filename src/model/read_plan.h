@@ -26,7 +26,7 @@ struct read_piece {
 };
 
 struct read_op {
-  uint32_t file = 0;  // which file of the checkpoint (0 until a checkpoint holds several)
+  uint32_t file = 0;  // index into checkpoint::files
   uint64_t offset = 0;
   uint64_t nbytes = 0;
   size_t first_piece = 0;  // pieces [first_piece, first_piece + piece_count) of read_plan::pieces
@@ -60,6 +60,9 @@ struct read_plan_options {
 /// The plan for the storages with needed[i] (needed.size() == c.storages.size()). Each
 /// storage is read once however many tensors view it.
 read_plan plan_reads(const checkpoint& c, const std::vector<bool>& needed, const read_plan_options& options = {});
+
+/// Each file's byte source, by file index: what an executor reads read_op::file from.
+std::vector<const byte_source*> file_sources(const checkpoint& c);
 
 /// The storages that the tensors at `tensors` (indices into c.tensors: the selected keys)
 /// view, their quantizers' scale and zero-point tensors included.

@@ -17,6 +17,10 @@
 namespace ckpt {
 namespace {
 
+// rekey rewrites one file as a whole; a checkpoint of several is refused where it starts.
+source_file& only_file(checkpoint& c) { return c.single_file("rekey"); }
+const source_file& only_file(const checkpoint& c) { return c.single_file("rekey"); }
+
 using pickle::kind;
 using pickle::value;
 using renamer = std::function<std::string(const std::string&)>;
@@ -249,11 +253,11 @@ std::vector<std::string> drop_unsafe_entries(checkpoint& c) {
     }
     d->items = std::move(kept);
   };
-  drop_from(c.pickle->root, "");
-  if (c.state_dict_node && c.state_dict_node != c.pickle->root)
+  drop_from(only_file(c).pickle->root, "");
+  if (c.state_dict_node && c.state_dict_node != only_file(c).pickle->root)
     drop_from(const_cast<value*>(c.state_dict_node), path_to_string(*c.state_dict) + "/");
   std::unordered_set<const value*> seen;
-  if (subtree_has_unsafe(c.pickle->root, seen))
+  if (subtree_has_unsafe(only_file(c).pickle->root, seen))
     throw error(errc::unsafe, "--drop-unsafe: unsafe globals remain outside droppable top-level entries");
   return dropped;
 }
@@ -266,7 +270,7 @@ std::string join_names(const std::vector<std::string>& names, size_t max) {
 }
 
 const file_source& file_of(const checkpoint& c) {
-  auto* fs = dynamic_cast<const file_source*>(c.source.get());
+  auto* fs = dynamic_cast<const file_source*>(only_file(c).source.get());
   if (!fs) throw error(errc::usage, "rekey needs a checkpoint opened from a file");
   return *fs;
 }
@@ -292,7 +296,7 @@ void verify_output(const output_file& written, const checkpoint& in, const std::
     throw error(errc::io, "the written file does not read back with the same tensors (internal error; nothing replaced)");
   std::vector<std::string> got;
   if (out.format == file_format::safetensors) {
-    for (const auto& t : out.st_header->tensors) got.push_back(t.name);
+    for (size_t k = 0; k < out.keys.size(); ++k) got.emplace_back(out.keys.key(k));
   } else if (out.state_dict_node) {
     got = str_keys(out.state_dict_node);
   }
@@ -342,7 +346,7 @@ void verify_torch_output(const std::string& temp, const checkpoint& in, const st
                          const open_options& reader) {
   file_source src(temp);
   auto ar = zip::archive::open(src, reader.zip_limits);
-  const auto& before = in.zip->entries();
+  const auto& before = only_file(in).zip->entries();
   const auto& after = ar->entries();
   if (before.size() != after.size()) not_read_back("with the same records");
   for (size_t i = 0; i < before.size(); ++i) {
@@ -372,7 +376,7 @@ void verify_torch_output(const std::string& temp, const checkpoint& in, const st
 // `_metadata` wrappers. Reserved up front, a pickle of 80 MB is not grown by doubling, which
 // held the old and the new buffer (up to three times its size) at rekey's peak.
 size_t expected_pickle_size(const checkpoint& c, const rekey_result& result) {
-  const zip::entry* data = c.zip->find("data.pkl");
+  const zip::entry* data = only_file(c).zip->find("data.pkl");
   if (!data) return 0;
   uint64_t grow = 0;
   for (const auto& [from, to] : result.plan.mapping)
@@ -382,13 +386,14 @@ size_t expected_pickle_size(const checkpoint& c, const rekey_result& result) {
 }
 
 // With release_input: the tensor, alias, storage and entry lists are not needed to write the
-// new archive (the records are copied from c.zip's entries), and for a million tensors they
+// new archive (the records are copied from the zip's entries), and for a million tensors they
 // are a third of what is alive while the pickle is written.
 void release_records(checkpoint& c) {
   std::vector<tensor_record>().swap(c.tensors);
   std::vector<tensor_alias>().swap(c.aliases);
   std::vector<storage_record>().swap(c.storages);
   std::vector<entry_summary>().swap(c.entries);
+  c.keys.clear();  // they name tensor records, gone now
 }
 
 // Small records (a million one-element tensors) are copied from a window of the source read
@@ -396,21 +401,22 @@ void release_records(checkpoint& c) {
 constexpr uint64_t kSmallRecord = 64 << 10;
 
 void write_torch_zip(checkpoint& c, const rekey_request& req, rekey_result& result) {
-  std::vector<uint8_t> pkl = pickle::write(c.pickle->root, 2, c.pickle.get(), expected_pickle_size(c, result));
+  const pickle::document& doc = *only_file(c).pickle;
+  std::vector<uint8_t> pkl = pickle::write(doc.root, 2, &doc, expected_pickle_size(c, result));
   pkl.shrink_to_fit();  // it lives to the end; should the estimate fall short, growth left slack
   if (req.release_input) release_pickle(c);  // the tree is written; nothing reads it again
   check_pickle_reads_back(pkl, c, result.plan, req.reader);
   const file_source& src = file_of(c);
   output_file& out = *req.output;
-  zip::writer w(out.fd(), c.zip->prefix(), output_alignment(c));
-  w.reserve(c.zip->entries().size());
+  zip::writer w(out.fd(), only_file(c).zip->prefix(), output_alignment(c));
+  w.reserve(only_file(c).zip->entries().size());
   w.on_bytes_out([&](uint64_t bytes_out) {
     out.start_writeback(bytes_out);
-    if (req.progress) req.progress(bytes_out, c.file_size);
+    if (req.progress) req.progress(bytes_out, only_file(c).size);
   });
   zip::source_window window(src.fd());
   // Records in their original order; only data.pkl changes.
-  for (const zip::entry& e : c.zip->entries()) {
+  for (const zip::entry& e : only_file(c).zip->entries()) {
     if (e.record == "data.pkl") {
       w.add_record("data.pkl", pkl);
     } else if (e.method == 0 && e.compressed_size <= kSmallRecord) {
@@ -419,7 +425,7 @@ void write_torch_zip(checkpoint& c, const rekey_request& req, rekey_result& resu
     } else if (e.method == 0) {
       w.add_record_copy(e.record, src.fd(), e.data_offset, e.compressed_size, e.crc32);
     } else {
-      w.add_record(e.record, c.zip->read_record(e));
+      w.add_record(e.record, only_file(c).zip->read_record(e));
     }
   }
   w.finish();
@@ -429,8 +435,8 @@ void write_torch_zip(checkpoint& c, const rekey_request& req, rekey_result& resu
 
 void write_safetensors(checkpoint& c, const rekey_request& req, rekey_result& result, const renamer& rename,
                        std::vector<std::string>& new_names) {
-  const safetensors::header& h = *c.st_header;
-  auto raw = c.source->read_vector(8, size_t(h.header_size));
+  const safetensors::header& h = *only_file(c).st_header;
+  auto raw = only_file(c).source->read_vector(8, size_t(h.header_size));
   nlohmann::ordered_json in = nlohmann::ordered_json::parse(raw.begin(), raw.end());
   nlohmann::ordered_json out_json = nlohmann::ordered_json::object();
   // __metadata__ first, then the tensors in their original order with their original
@@ -451,12 +457,12 @@ void write_safetensors(checkpoint& c, const rekey_request& req, rekey_result& re
   out.write(len, 8);
   out.write(text.data(), text.size());
   const uint64_t head = 8 + text.size();
-  copy_range(file_of(c).fd(), c.path, h.data_start, c.file_size - h.data_start, out.fd(), out.path(),
+  copy_range(file_of(c).fd(), c.path, h.data_start, only_file(c).size - h.data_start, out.fd(), out.path(),
              [&](uint64_t copied) {
                out.start_writeback(head + copied);
-               if (req.progress) req.progress(head + copied, head + c.file_size - h.data_start);
+               if (req.progress) req.progress(head + copied, head + only_file(c).size - h.data_start);
              });
-  result.bytes_written = head + (c.file_size - h.data_start);
+  result.bytes_written = head + (only_file(c).size - h.data_start);
   verify_output(out, c, new_names, req.reader);
 }
 
@@ -464,6 +470,7 @@ void write_safetensors(checkpoint& c, const rekey_request& req, rekey_result& re
 
 rekey_result rekey_file(checkpoint& c, const rekey_request& req) {
   rekey_result result;
+  only_file(c);
   if (c.format == file_format::torchscript)
     throw error(errc::unsupported,
                 "TorchScript archive: its parameter names live in its code, so they cannot be renamed; "
@@ -491,7 +498,8 @@ rekey_result rekey_file(checkpoint& c, const rekey_request& req) {
   renamer rename = from_ops(req.ops);
   std::vector<std::string> old_keys;
   if (c.format == file_format::safetensors) {
-    for (const auto& t : c.st_header->tensors) old_keys.push_back(t.name);
+    old_keys.reserve(c.keys.size());
+    for (size_t k = 0; k < c.keys.size(); ++k) old_keys.emplace_back(c.keys.key(k));
   } else {
     if (!c.state_dict_node)
       throw error(errc::unsupported, "no state dict found to rekey (inspect shows where the tensors are)").with_file(c.path);
@@ -518,6 +526,7 @@ rekey_result rekey_file(checkpoint& c, const rekey_request& req) {
   }
 
   if (c.format != file_format::safetensors) {
+    pickle::document& doc = *only_file(c).pickle;
     value* sd = const_cast<value*>(c.state_dict_node);
     value* meta = metadata_of(sd);
     // The state dict's keys, found where the plan keeps them: 16 bytes a key, not a hash node.
@@ -529,18 +538,18 @@ rekey_result rekey_file(checkpoint& c, const rekey_request& req) {
       return sd_index.find(k, old_key) != detail::string_index::npos;
     };
     std::vector<std::pair<value*, std::string>> mirrors =
-        mirror_finder(is_sd_key, sd, meta, tensor_nodes, c.pickle->node_count()).run(c.pickle->root);
+        mirror_finder(is_sd_key, sd, meta, tensor_nodes, doc.node_count()).run(doc.root);
     if (!req.dry_run) {
       // The plan already holds every state-dict key's new name, in the dict's order.
-      const reference_counts refs(*c.pickle);
+      const reference_counts refs(doc);
       rename_keys_indexed(
-          *c.pickle, refs, sd, [&](size_t i, std::string_view) -> const std::string& { return mapping[i].second; },
+          doc, refs, sd, [&](size_t i, std::string_view) -> const std::string& { return mapping[i].second; },
           false);
       if (meta)
-        result.metadata_renamed = rename_metadata(*c.pickle, refs, meta, derive_module_rules(result.plan.mapping));
+        result.metadata_renamed = rename_metadata(doc, refs, meta, derive_module_rules(result.plan.mapping));
       // A mirror's keys are state-dict keys, which the plan renames without collisions.
       for (auto& [d, path] : mirrors)
-        if (rename_keys(*c.pickle, refs, d, rename, false)) result.mirrored_dicts.push_back(path);
+        if (rename_keys(doc, refs, d, rename, false)) result.mirrored_dicts.push_back(path);
     } else {
       for (auto& [d, path] : mirrors) result.mirrored_dicts.push_back(path);
     }

@@ -375,7 +375,9 @@ std::map<std::string, std::string> mapping_from_json(const std::string& text, co
 
 std::vector<keyed_tensor> keyed_tensors(const checkpoint& c) {
   std::vector<keyed_tensor> out;
-  for (auto& [key, i] : c.state_dict_tensors()) out.push_back({key, c.tensors[i].type, c.tensors[i].shape});
+  out.reserve(c.keys.size());
+  for (size_t k = 0; k < c.keys.size(); ++k)
+    out.push_back({std::string(c.keys.key(k)), c.keys.type(k, c.tensors), c.keys.shape(k, c.tensors)});
   return out;
 }
 

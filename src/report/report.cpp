@@ -12,9 +12,8 @@ namespace ckpt {
 std::vector<std::string> tensor_keys(const checkpoint& c) {
   std::vector<std::string> keys;
   if (c.state_dict) {
-    auto keyed = c.state_dict_tensors();
-    keys.reserve(keyed.size());
-    for (auto& [key, index] : keyed) keys.push_back(std::move(key));
+    keys.reserve(c.keys.size());
+    for (size_t k = 0; k < c.keys.size(); ++k) keys.emplace_back(c.keys.key(k));
   } else {
     for (const auto& t : c.tensors) keys.push_back(path_to_string(t.path));
   }
@@ -134,6 +133,8 @@ void write_storage(detail::json_writer& w, const storage_record& s) {
   w.string(s.location);
   w.key("dtype");
   w.string(name(s.type));
+  w.key("file");
+  w.number(uint64_t(s.file));
   w.key("key");
   w.string(s.key);
   w.key("nbytes");
@@ -206,12 +207,26 @@ void write_inspect_json(const checkpoint& c, const inspect_json_options& options
   std::map<std::string, std::function<void()>> members;
   members["schema"] = [&] { w.number(int64_t(kInspectSchemaVersion)); };
   members["file"] = [&] { w.string(c.path); };
-  members["file_size"] = [&] { w.number(c.file_size); };
+  members["file_size"] = [&] { w.number(c.file_size()); };
+  members["files"] = [&] {
+    w.begin_array();
+    for (const auto& f : c.files) {
+      w.begin_object();
+      w.key("format");
+      w.string(format_name(f.format));
+      w.key("path");
+      w.string(f.path);
+      w.key("size");
+      w.number(f.size);
+      w.end_object();
+    }
+    w.end_array();
+  };
   members["format"] = [&] { w.string(format_name(c.format)); };
   members["io"] = [&] {
     w.begin_object();
     w.key("bytes_read");
-    w.number((c.source ? c.source->bytes_read() : 0) + options.extra_bytes_read);
+    w.number(c.bytes_read() + options.extra_bytes_read);
     w.end_object();
   };
   members["state_dict"] = [&] {
@@ -228,12 +243,12 @@ void write_inspect_json(const checkpoint& c, const inspect_json_options& options
       w.string(c.module_class);
       w.key("state_dict_keys");
       w.begin_array();
-      for (const auto& [key, i] : c.module_keys) {
+      for (size_t k = 0; k < c.keys.size(); ++k) {
         w.begin_object();
         w.key("key");
-        w.string(key);
+        w.string(c.keys.key(k));
         w.key("path");
-        write_path(w, c.tensors[i].path);
+        write_path(w, c.tensors[c.keys.tensor(k)].path);
         w.end_object();
       }
       w.end_array();

@@ -28,24 +28,35 @@ verify_report verify_file(const std::string& path, const open_options& options,
     r.problems.push_back("unsafe global " + g + " (torch.load(weights_only=False) would import it and may run it)");
   // torch.jit.load runs these while loading, on any device; ckptool refuses to hand such a
   // file to LibTorch without --allow-code, so verify cannot call it OK either.
-  if (c.format == file_format::torchscript && c.zip) {
+  for (const source_file& f : c.files) {
+    if (f.format != file_format::torchscript || !f.zip) continue;
     try {
-      for (const auto& code : find_load_time_code(*c.zip))
+      for (const auto& code : find_load_time_code(*f.zip))
         r.problems.push_back("code runs on load: " + describe(code) +
                              (code.offset ? " at byte " + std::to_string(*code.offset) : std::string()));
     } catch (error& e) {
       if (e.kind() == errc::io) throw;
-      e.with_file(path);
+      e.with_file(f.path);
       r.problems.push_back(std::string(errc_name(e.kind())) + ": " + e.one_line());
     }
   }
 
-  if (c.zip) {
-    uint64_t total = 0, done = 0;
-    for (const auto& e : c.zip->entries()) total += e.compressed_size;
-    for (const auto& e : c.zip->entries()) {
+  // Every record of every archive, against the CRC-32 its central directory records.
+  const bool several = c.files.size() > 1;
+  uint64_t total = 0, done = 0;
+  bool archives = false;
+  for (const source_file& f : c.files)
+    if (f.zip) {
+      archives = true;
+      for (const auto& e : f.zip->entries()) total += e.compressed_size;
+    }
+  for (uint32_t fi = 0; fi < c.files.size(); ++fi) {
+    const source_file& f = c.files[fi];
+    if (!f.zip) continue;
+    const std::string in_file = several ? " of " + f.path : std::string();
+    for (const auto& e : f.zip->entries()) {
       const uint64_t before = done;
-      const zip::crc_result crc = c.zip->record_crc(e, [&](uint64_t n) {
+      const zip::crc_result crc = f.zip->record_crc(e, [&](uint64_t n) {
         done = before + n;
         if (progress) progress(done, total);
       });
@@ -59,21 +70,25 @@ verify_report verify_file(const std::string& path, const open_options& options,
       if (crc.outcome == zip::crc_outcome::mismatch) {
         char crcs[48];
         std::snprintf(crcs, sizeof crcs, "recorded %08x, data has %08x", e.crc32, crc.computed);
-        r.problems.push_back("CRC-32 mismatch in " + std::string(e.name) + " at byte " + std::to_string(e.data_offset) + ": " + crcs);
+        r.problems.push_back("CRC-32 mismatch in " + std::string(e.name) + in_file + " at byte " + std::to_string(e.data_offset) +
+                             ": " + crcs);
       }
     }
+    // Records under data/ that no tensor refers to: harmless to torch.load, but odd.
+    if (f.format == file_format::torch_zip) {
+      std::set<std::string, std::less<>> used;
+      for (const auto& s : c.storages)
+        if (s.file == fi) used.insert("data/" + s.key);
+      size_t unused = 0;
+      for (const auto& e : f.zip->entries())
+        if (e.record.compare(0, 5, "data/") == 0 && !used.count(e.record)) ++unused;
+      if (unused) r.notes.push_back(std::to_string(unused) + " data records" + in_file + " are not used by any tensor");
+    }
+  }
+  if (archives) {
     if (r.records_without_crc)
       r.notes.push_back(std::to_string(r.records_without_crc) +
                         " records have no CRC recorded (saved with CRC computation off); their data was not checked");
-    // Records under data/ that no tensor refers to: harmless to torch.load, but odd.
-    if (c.format == file_format::torch_zip) {
-      std::set<std::string, std::less<>> used;
-      for (const auto& s : c.storages) used.insert("data/" + s.key);
-      size_t unused = 0;
-      for (const auto& e : c.zip->entries())
-        if (e.record.compare(0, 5, "data/") == 0 && !used.count(e.record)) ++unused;
-      if (unused) r.notes.push_back(std::to_string(unused) + " data records are not used by any tensor");
-    }
   } else if (c.format == file_format::safetensors) {
     r.notes.push_back("safetensors has no checksums; header, dtypes and byte ranges are valid");
   } else {

@@ -19,7 +19,9 @@ namespace {
 // under each of its keys), paths elsewhere, and every further path the pickle shares a
 // tensor object under.
 std::vector<std::pair<std::string, size_t>> named_tensors(const checkpoint& c) {
-  std::vector<std::pair<std::string, size_t>> out = c.state_dict_tensors();
+  std::vector<std::pair<std::string, size_t>> out;
+  out.reserve(c.keys.size());
+  for (size_t k = 0; k < c.keys.size(); ++k) out.emplace_back(std::string(c.keys.key(k)), c.keys.tensor(k));
   std::vector<bool> named(c.tensors.size(), false);
   for (auto& [k, i] : out) named[i] = true;
   // A pickled module's tensors that its state_dict() leaves out (non-persistent buffers,
@@ -196,7 +198,7 @@ std::vector<tensor_state> tensor_states(const checkpoint& c) {
   for (auto& [name, i] : named_tensors(c)) {
     const tensor_record& t = c.tensors[i];
     // A module's state_dict() holds detached tensors: no Parameter, no requires_grad.
-    if (out.size() < c.module_keys.size())
+    if (!c.module_class.empty() && out.size() < c.keys.size())
       out.push_back({false, false, nullptr});
     else
       out.push_back({t.parameter, t.requires_grad, python_state(t)});
@@ -219,7 +221,7 @@ torch::jit::Module load_module(const std::string& model_path, const checkpoint& 
     throw error(errc::usage, "--model must be a TorchScript archive (torch.jit.save); this is " +
                                  std::string(format_name(model_file.format)))
         .with_file(model_path);
-  torch::jit::Module m = load_on_meta(model_path, *model_file.zip, nullptr, o.allow_code);
+  torch::jit::Module m = load_on_meta(model_path, *model_file.single_file("--model").zip, nullptr, o.allow_code);
   if (o.model_built) o.model_built();
 
   // The model's tensors, as the solver sees them.
@@ -237,9 +239,10 @@ torch::jit::Module load_module(const std::string& model_path, const checkpoint& 
 
   std::vector<keyed_tensor> have;
   std::unordered_map<std::string, size_t> tensor_of_key;
-  for (auto& [key, i] : c.state_dict_tensors()) {
-    have.push_back({key, c.tensors[i].type, c.tensors[i].shape});
-    tensor_of_key[key] = i;
+  for (size_t k = 0; k < c.keys.size(); ++k) {
+    const size_t i = c.keys.tensor(k);
+    have.push_back({std::string(c.keys.key(k)), c.tensors[i].type, c.tensors[i].shape});
+    tensor_of_key[have.back().key] = i;
   }
   if (have.empty()) throw error(errc::unsupported, "no state dict found in the checkpoint").with_file(c.path);
   align_policy policy;

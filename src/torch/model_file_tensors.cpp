@@ -320,8 +320,8 @@ model_file_fill fill_from_model_file(torch::jit::Module& m, const checkpoint& mo
   model_file_fill result;
   attribute_walker attributes(/*with_parameters=*/false);
   attributes.walk_module(m);
-  std::vector<constant_default> defaults = model_file.zip ? find_constant_defaults(*model_file.zip)
-                                                          : std::vector<constant_default>{};
+  const zip::archive* ar = model_file.single_file("--model").zip.get();
+  std::vector<constant_default> defaults = ar ? find_constant_defaults(*ar) : std::vector<constant_default>{};
   constant_sites constants = find_constant_sites(m, &defaults);
 
   std::vector<site> sites = std::move(attributes.sites);

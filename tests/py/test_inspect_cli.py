@@ -346,6 +346,17 @@ def test_filter_lightning_state_dict_keys(fixture_set):
     assert got == want
 
 
+def test_filter_json_matches_a_tied_tensor_by_either_key(fixture_set):
+    """One Parameter saved under two keys is one tensor record (listed at its first path):
+    --filter on the second key keeps it in the JSON, as the human output lists that key."""
+    fx = fixture_set["tied_params"]
+    sd = torch.load(fx.path, weights_only=True)
+    assert sd["lm_head.weight"] is sd["embed.weight"]
+    doc = inspect_json(fx.path, "--filter", "lm_head.*")
+    assert [t["shape"] for t in doc["tensors"]] == [list(sd["lm_head.weight"].shape)]
+    assert doc["tensors"][0]["path"] == ["embed.weight"]
+
+
 def test_tree_groups_keys(fixture_set):
     fx = fixture_set["compiled"]
     sd = torch.load(fx.path, weights_only=True)
@@ -411,7 +422,10 @@ def _garble(src: Path, dst: Path, ranges) -> int:
 
 
 def _strip(doc):
-    return {k: v for k, v in doc.items() if k not in ("file", "io")}
+    """The document without what names the file (its path, also in files[]) or counts reads."""
+    out = {k: v for k, v in doc.items() if k not in ("file", "io")}
+    out["files"] = [{k: v for k, v in f.items() if k != "path"} for f in doc.get("files", [])]
+    return out
 
 
 GARBLED = ["plain", "views", "dtypes", "lightning", "legacy", "scripted", "safetensors", "meta",

@@ -57,6 +57,22 @@ def test_file_field_is_path_as_given(name, fixture_set):
     assert json.loads(out)["file"] == rel
 
 
+@pytest.mark.parametrize("name", ["plain", "safetensors", "scripted", "legacy", "lightning"])
+def test_files_and_storage_file(name, fixture_set):
+    """files[] lists the one file (path as given, format, size from the file system) and
+    every storage says it lives in file 0, inside that file's bytes."""
+    fx = fixture_set[name]
+    doc = inspect_json(fx.path)
+    size = os.path.getsize(fx.path)
+    assert doc["files"] == [{"path": str(fx.path), "format": doc["format"], "size": size}]
+    assert doc["file_size"] == size
+    assert doc["storages"], f"{name}: no storages"
+    for s in doc["storages"]:
+        assert s["file"] == 0
+        if s["offset"] is not None:
+            assert s["offset"] + s["nbytes"] <= doc["files"][s["file"]]["size"]
+
+
 def test_zip64_many_records(zip64_fixture):
     fx = zip64_fixture
     with zipfile.ZipFile(fx.path) as z:

@@ -45,7 +45,7 @@ ckpt::hf::shard_contents read_shard(const fs::path& dir, const std::string& name
     return s;
   }
   ckpt::checkpoint c = ckpt::open_checkpoint(p.string());
-  for (const auto& [key, i] : c.state_dict_tensors()) s.keys.push_back(key);
+  for (size_t k = 0; k < c.keys.size(); ++k) s.keys.emplace_back(c.keys.key(k));
   for (const auto& st : c.storages) s.bytes += st.nbytes;
   return s;
 }

@@ -105,9 +105,9 @@ int main(int argc, char** argv) {
     {
       ckpt::testing::hostile_copy_engine engine(eo);
       if (too_early)
-        run_staging_pipeline<slot_reuse::too_early>(plan, {c.source.get()}, destinations, ring, engine, so);
+        run_staging_pipeline<slot_reuse::too_early>(plan, ckpt::detail::file_sources(c), destinations, ring, engine, so);
       else
-        run_staging_pipeline<slot_reuse::after_copy>(plan, {c.source.get()}, destinations, ring, engine, so);
+        run_staging_pipeline<slot_reuse::after_copy>(plan, ckpt::detail::file_sources(c), destinations, ring, engine, so);
       submitted = engine.submitted();
     }
 
@@ -126,8 +126,9 @@ int main(int argc, char** argv) {
     if (!bin) throw ckpt::error(ckpt::errc::io, std::string("cannot write ") + argv[2]);
     std::vector<std::string> key_of(c.tensors.size());
     std::vector<bool> keyed(c.tensors.size(), false);
-    for (const auto& [key, t] : c.state_dict_tensors()) {
-      key_of[t] = key;
+    for (size_t k = 0; k < c.keys.size(); ++k) {
+      const size_t t = c.keys.tensor(k);
+      key_of[t] = std::string(c.keys.key(k));
       keyed[t] = true;
     }
     auto& jt = out["tensors"] = nlohmann::json::array();

@@ -165,7 +165,7 @@ TEST_CASE("a torch.save archive inside a slice reads as the file itself does") {
     // Offsets are the slice's own: loaders read through the slice (or in_file()).
     CHECK(sliced.storages[i].file_offset == direct.storages[i].file_offset);
     const auto& s = sliced.storages[i];
-    CHECK(sliced.source->read_vector(*s.file_offset, size_t(s.nbytes)) ==
+    CHECK(sliced.files[0].source->read_vector(*s.file_offset, size_t(s.nbytes)) ==
           std::vector<uint8_t>(pt.begin() + long(*s.file_offset), pt.begin() + long(*s.file_offset + s.nbytes)));
   }
 }

@@ -47,7 +47,7 @@ std::vector<at::Tensor> load_storages_cuda(const checkpoint& c, const std::vecto
   staging_options so;
   so.threads = std::clamp(o.threads > 0 ? o.threads : 4, 1, int(slots));
   so.progress = o.progress;
-  run_staging_pipeline(plan, {c.source.get()}, destinations, staging_ring{ring.data_ptr<uint8_t>(), slots, longest},
+  run_staging_pipeline(plan, file_sources(c), destinations, staging_ring{ring.data_ptr<uint8_t>(), slots, longest},
                        engine, so);
   return dst;
 }

@@ -42,8 +42,9 @@ read_plan_options cpu_plan_options() {
   return o;
 }
 
-// File bytes [offset, offset + span) go to [data, data + span).
+// Bytes [offset, offset + span) of file `file` go to [data, data + span).
 struct block {
+  uint32_t file;
   uint64_t offset;
   uint64_t span;
   uint8_t* data;
@@ -64,14 +65,7 @@ class cpu_loader {
       : c_(c), o_(o), plan_(plan_reads(c, needed, cpu_plan_options())) {
     bytes_.resize(c.storages.size());
     allocate();
-    // Blocks are laid out congruent with the source's offsets, so the page filler can
-    // serve a slice only when it starts on a page of its file; otherwise reads copy.
-    const file_extent where = c.source->in_file();
-    if (where.file && where.offset % kPageBytes == 0) {
-      fs_ = where.file;
-      base_ = where.offset;
-      claim_pages();
-    }
+    claim_pages();
   }
 
   std::vector<at::Tensor> run() {
@@ -103,7 +97,7 @@ class cpu_loader {
         host_block h = allocate_host_block(members.data(), members.size());
         for (size_t k = 0; k < op.piece_count; ++k) bytes_[pieces[k].storage] = std::move(h.bytes[k]);
         where_.push_back({blocks_.size(), 0});
-        blocks_.push_back({op.offset, h.span, h.data, true, h.own_pages, false});
+        blocks_.push_back({op.file, op.offset, h.span, h.data, true, h.own_pages, false});
         continue;
       }
       const size_t i = pieces[0].storage;
@@ -114,10 +108,10 @@ class cpu_loader {
           host_member m{*s.file_offset, s.nbytes};
           host_block h = allocate_host_block(&m, 1);
           bytes_[i] = std::move(h.bytes[0]);
-          blocks_.push_back({*s.file_offset, s.nbytes, h.data, true, h.own_pages, false});
+          blocks_.push_back({s.file, *s.file_offset, s.nbytes, h.data, true, h.own_pages, false});
         } else {
           bytes_[i] = at::empty({int64_t(s.nbytes)}, at::TensorOptions().dtype(at::kByte));
-          blocks_.push_back({*s.file_offset, s.nbytes, bytes_[i].data_ptr<uint8_t>(), false, false, false});
+          blocks_.push_back({s.file, *s.file_offset, s.nbytes, bytes_[i].data_ptr<uint8_t>(), false, false, false});
         }
       }
       where_.push_back({block_of[i], pieces[0].storage_offset});
@@ -128,20 +122,29 @@ class cpu_loader {
   }
 
   // Congruent blocks of a file are claimed for the page_filler, with one read-only
-  // mapping of the file as the source.
+  // mapping of each file (that is a file) as the source.
   void claim_pages() {
     if (std::none_of(blocks_.begin(), blocks_.end(), [](const block& b) { return b.own_pages; })) return;
     filler_ = page_filler::open();
     if (!filler_) return;
-    size_t length = size_t(page_ceil(fs_->size()));
-    void* m = ::mmap(nullptr, length, PROT_READ, MAP_SHARED, fs_->fd(), 0);
-    if (m == MAP_FAILED) {
-      filler_.reset();
-      return;
-    }
-    file_map_ = std::shared_ptr<uint8_t>(static_cast<uint8_t*>(m), [length](uint8_t* p) { ::munmap(p, length); });
+    file_maps_.resize(c_.files.size());
+    std::vector<bool> tried(c_.files.size(), false);
     for (block& b : blocks_) {
-      if (!b.own_pages || base_ + b.offset + b.span > fs_->size()) continue;
+      if (!b.own_pages) continue;
+      // Blocks are laid out congruent with their file's offsets, so the page filler can
+      // serve a source that is a slice only when the slice starts on a page of its file.
+      const file_extent where = c_.files[b.file].source->in_file();
+      if (!where.file || where.offset % kPageBytes != 0 || where.offset + b.offset + b.span > where.file->size())
+        continue;
+      if (!tried[b.file]) {
+        tried[b.file] = true;
+        size_t length = size_t(page_ceil(where.file->size()));
+        void* m = ::mmap(nullptr, length, PROT_READ, MAP_SHARED, where.file->fd(), 0);
+        if (m != MAP_FAILED)
+          file_maps_[b.file] =
+              std::shared_ptr<uint8_t>(static_cast<uint8_t*>(m), [length](uint8_t* p) { ::munmap(p, length); });
+      }
+      if (!file_maps_[b.file]) continue;
       uint64_t first = page_floor(reinterpret_cast<uintptr_t>(b.data));
       b.filled_by_pages = filler_->add(reinterpret_cast<void*>(first),
                                        size_t(page_ceil(reinterpret_cast<uintptr_t>(b.data) + b.span) - first));
@@ -153,19 +156,19 @@ class cpu_loader {
       // Whole pages around the piece: bytes before the block's first storage and after
       // its last lie in its own mapping, unseen by any tensor.
       uint64_t dst = reinterpret_cast<uintptr_t>(b.data) + begin;
-      uint64_t src = base_ + b.offset + begin;
+      uint64_t src = c_.files[b.file].source->in_file().offset + b.offset + begin;
       uint64_t lead = dst % kPageBytes;  // equals src % kPageBytes: the block is congruent
       uint64_t length = page_ceil(lead + size);
-      uint8_t* from = file_map_.get() + (src - lead);
+      uint8_t* from = file_maps_[b.file].get() + (src - lead);
       filler_->fill(reinterpret_cast<void*>(dst - lead), from, size_t(length));
       // The source pages were mapped into this process on the way: unmap them, or the
       // process would count the file's pages in its resident memory on top of the copy.
       ::madvise(from, size_t(length), MADV_DONTNEED);
-      c_.source->count_read(size);
+      c_.files[b.file].source->count_read(size);
       return;
     }
     if (b.mapped) prefault_for_write(b.data + begin, size_t(size));
-    c_.source->read_exact(b.offset + begin, b.data + begin, size_t(size));
+    c_.files[b.file].source->read_exact(b.offset + begin, b.data + begin, size_t(size));
   }
 
   const checkpoint& c_;
@@ -174,9 +177,7 @@ class cpu_loader {
   std::vector<at::Tensor> bytes_;
   std::vector<block> blocks_;
   std::vector<destination> where_;  // per read of the plan
-  const file_source* fs_ = nullptr;
-  uint64_t base_ = 0;  // where the source's byte 0 is in fs_
-  std::shared_ptr<uint8_t> file_map_;
+  std::vector<std::shared_ptr<uint8_t>> file_maps_;  // by file: claim_pages' sources (whole files)
   // Declared after bytes_, so destroyed before: closing the userfaultfd drops every
   // registration, and nothing may be left waiting on a page nobody supplies.
   std::unique_ptr<page_filler> filler_;

@@ -48,22 +48,33 @@ void populate_range(uint8_t* begin, uint8_t* end) {
 
 // Populates the pages of the plan's reads with a few threads, a read each: one thread's
 // page-table work is far below what the page cache can feed.
-void populate(uint8_t* base, uint64_t shift, const read_plan& plan, int threads, const std::function<void(uint64_t, uint64_t)>& progress) {
+// `wholes[f]` maps file f's underlying file from its byte 0; the checkpoint's file f starts
+// `shifts[f]` bytes into it (a slice).
+void populate(const std::vector<uint8_t*>& wholes, const std::vector<uint64_t>& shifts, const read_plan& plan,
+              int threads, const std::function<void(uint64_t, uint64_t)>& progress) {
   const uint64_t page = uint64_t(::sysconf(_SC_PAGESIZE));
-  std::vector<std::pair<uint64_t, uint64_t>> pieces;  // page-aligned [begin, end)
+  struct piece {
+    uint8_t* begin;
+    uint8_t* end;
+  };
+  std::vector<piece> pieces;  // page-aligned, in each file's mapping
   uint64_t total = 0;
+  uint32_t last_file = 0;
+  uint64_t last_end = 0;
   for (const read_op& op : plan.reads) {
-    const uint64_t pos = shift + op.offset;  // in the file: `base` maps it from byte 0
+    const uint64_t pos = shifts[op.file] + op.offset;  // in the underlying file
     uint64_t from = pos / page * page, to = (pos + op.nbytes + page - 1) / page * page;
-    if (!pieces.empty() && from < pieces.back().second) from = pieces.back().second;  // a page two reads share
+    if (!pieces.empty() && op.file == last_file && from < last_end) from = last_end;  // a page two reads share
     if (from >= to) continue;
-    pieces.emplace_back(from, to);
+    pieces.push_back({wholes[op.file] + from, wholes[op.file] + to});
+    last_file = op.file;
+    last_end = to;
     total += to - from;
   }
   std::atomic<uint64_t> done{0};
   for_each_piece(pieces.size(), threads, [&](size_t i) {
-    populate_range(base + pieces[i].first, base + pieces[i].second);
-    uint64_t now = done += pieces[i].second - pieces[i].first;
+    populate_range(pieces[i].begin, pieces[i].end);
+    uint64_t now = done += uint64_t(pieces[i].end - pieces[i].begin);
     if (progress) progress(now, total);
   });
 }
@@ -72,18 +83,28 @@ void populate(uint8_t* base, uint64_t shift, const read_plan& plan, int threads,
 // page instead of touching the file. A checkpoint embedded in a larger file (a slice)
 // maps the whole file and points into it: mmap offsets must be page-aligned, slices not.
 std::vector<at::Tensor> load_mmap(const checkpoint& c, const std::vector<bool>& needed, const load_options& o) {
-  const file_extent where = c.source->in_file();
-  if (!where.file) throw error(errc::usage, "--mmap needs a checkpoint file");
-  const file_source* fs = where.file;
-  void* whole = ::mmap(nullptr, size_t(fs->size()), PROT_READ | PROT_WRITE, MAP_PRIVATE, fs->fd(), 0);
-  if (whole == MAP_FAILED) throw error(errc::io, std::string("mmap failed: ") + std::strerror(errno)).with_file(c.path);
-  size_t length = size_t(fs->size());
-  auto mapping = std::shared_ptr<void>(whole, [length](void* p) { ::munmap(p, length); });
-  uint8_t* base = static_cast<uint8_t*>(whole) + where.offset;
   // The reads of the plan are the ranges to populate: in file order, neighbours merged.
   read_plan_options po;
   po.max_read = 16ull << 20;
   const read_plan plan = plan_reads(c, needed, po);
+  // Each file some selected storage lives in, mapped whole; a tensor keeps its file's
+  // mapping alive.
+  std::vector<uint8_t*> wholes(c.files.size(), nullptr), bases(c.files.size(), nullptr);
+  std::vector<uint64_t> shifts(c.files.size(), 0);
+  std::vector<std::shared_ptr<void>> mappings(c.files.size());
+  for (const read_op& op : plan.reads) {
+    if (mappings[op.file]) continue;
+    const source_file& f = c.files[op.file];
+    const file_extent where = f.source->in_file();
+    if (!where.file) throw error(errc::usage, "--mmap needs a checkpoint file");
+    const size_t length = size_t(where.file->size());
+    void* whole = ::mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE, where.file->fd(), 0);
+    if (whole == MAP_FAILED) throw error(errc::io, std::string("mmap failed: ") + std::strerror(errno)).with_file(f.path);
+    mappings[op.file] = std::shared_ptr<void>(whole, [length](void* p) { ::munmap(p, length); });
+    wholes[op.file] = static_cast<uint8_t*>(whole);
+    shifts[op.file] = where.offset;
+    bases[op.file] = wholes[op.file] + where.offset;
+  }
   std::vector<at::Tensor> bytes(c.storages.size());
   for (size_t i : plan.storages) {
     const auto& s = c.storages[i];
@@ -91,10 +112,11 @@ std::vector<at::Tensor> load_mmap(const checkpoint& c, const std::vector<bool>& 
       bytes[i] = at::empty({0}, at::kByte);
       continue;
     }
-    auto* p = base + *s.file_offset;
-    bytes[i] = at::from_blob(p, {int64_t(s.nbytes)}, [mapping](void*) {}, at::TensorOptions().dtype(at::kByte));
+    auto* p = bases[s.file] + *s.file_offset;
+    bytes[i] = at::from_blob(p, {int64_t(s.nbytes)}, [mapping = mappings[s.file]](void*) {},
+                             at::TensorOptions().dtype(at::kByte));
   }
-  if (o.populate) populate(static_cast<uint8_t*>(whole), where.offset, plan, loader_threads(o), o.progress);
+  if (o.populate) populate(wholes, shifts, plan, loader_threads(o), o.progress);
   // Test hook (tests/py/test_torch_hostile.py, SIGBUS case): with this variable set, the
   // process stops itself once the file is mapped and populated, so a test can truncate
   // the file at exactly this point and continue it (SIGCONT); unset, nothing happens.
