@@ -37,7 +37,11 @@ if [ "$ci" = 1 ]; then seconds=25; jobs=1; fi
 case "$seconds$jobs" in *[!0-9]*) echo "run.sh: SECONDS and JOBS must be integers" >&2; exit 2 ;; esac
 
 build=${BUILD_DIR:-build-fuzz}
-all_targets="pickle zip_index torch_archive safetensors torchscript_meta rewrite_roundtrip rekey_ops dcp_metadata"
+# Every target fuzz/CMakeLists.txt builds (its set() and list(APPEND) lines), so a new
+# target is fuzzed in CI without a second list to keep in step.
+all_targets=$(sed -n -e 's/^set(CKPT_FUZZ_TARGETS \(.*\))$/\1/p' -e 's/^list(APPEND CKPT_FUZZ_TARGETS \(.*\))$/\1/p' \
+  fuzz/CMakeLists.txt | tr '\n' ' ')
+[ -n "$all_targets" ] || { echo "run.sh: no CKPT_FUZZ_TARGETS in fuzz/CMakeLists.txt" >&2; exit 2; }
 targets=${FUZZ_TARGETS:-$all_targets}
 nice_level=${FUZZ_NICE:-10}
 
