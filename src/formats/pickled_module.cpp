@@ -100,9 +100,14 @@ std::string state_dict_keys(const checkpoint& c, const pickle::document& doc, co
     const value* attrs = module_attrs(p.module);
     if (has_state_dict_hooks(attrs)) return where + " has state_dict hooks, which can change its keys";
     std::unordered_set<std::string_view> non_persistent;
-    if (const value* set = str_key(attrs, "_non_persistent_buffers_set"))
+    if (const value* set = str_key(attrs, "_non_persistent_buffers_set")) {
+      // Membership in anything but a set of names would be that object's own __contains__,
+      // which we cannot run: say so rather than guess which buffers state_dict() skips.
+      if (set->type != kind::set && set->type != kind::frozenset)
+        return where + "'s _non_persistent_buffers_set is not a set ckptool reads";
       for (const value* n : set->items)
-        if (n->type == kind::str) non_persistent.insert(n->text);
+        if (n && n->type == kind::str) non_persistent.insert(n->text);
+    }
     auto persistent = [&](const value* name) { return name->type != kind::str || !non_persistent.count(name->text); };
     for (const char* registry : {"_parameters", "_buffers"}) {
       const value* d = str_key(attrs, registry);
