@@ -47,13 +47,7 @@ const value* state_dict(const value* obj, const std::string& what) {
 
 // A field of a dataclass state dict, or nullptr when absent. Later writes of the same key
 // replace earlier ones in the pickle machine's dicts, as in Python's.
-const value* field(const value* state, std::string_view name) {
-  for (size_t i = 0; i < state->dict_size(); ++i) {
-    const value* k = state->dict_key(i);
-    if (k->type == kind::str && k->text == name) return state->dict_value(i);
-  }
-  return nullptr;
-}
+const value* field(const value* state, std::string_view name) { return detail::str_key(state, name); }
 
 const value* required(const value* state, std::string_view name, const std::string& what) {
   const value* v = field(state, name);

@@ -6,21 +6,16 @@
 
 #include "ckpt/error.h"
 #include "base/pointer_map.h"
+#include "pickle/pickle_accessors.h"
 
 namespace ckpt::detail {
 namespace {
 
 using pickle::kind;
 using pickle::value;
+using detail::str_key;
 
 const char* const kModuleHolders[] = {"model", "module", "net", "network", "model_ema", "ema"};
-
-const value* str_key(const value* d, std::string_view key) {
-  if (!d || d->type != kind::dict) return nullptr;
-  for (size_t i = 0; i < d->dict_size(); ++i)
-    if (d->dict_key(i)->type == kind::str && d->dict_key(i)->text == key) return d->dict_value(i);
-  return nullptr;
-}
 
 // The attribute dict of an nn.Module (its BUILD state: Module.__dict__), or nullptr when
 // `v` does not look like one. What makes a module is its three registries, whatever its class.

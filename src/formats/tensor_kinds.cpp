@@ -61,10 +61,7 @@ const value* member(const value* state, std::string_view key) {
     const value* found = member(state->items[0], key);
     return found ? found : member(state->items[1], key);
   }
-  if (state->type != kind::dict) return nullptr;
-  for (size_t i = 0; i < state->dict_size(); ++i)
-    if (state->dict_key(i)->type == kind::str && state->dict_key(i)->text == key) return state->dict_value(i);
-  return nullptr;
+  return detail::str_key(state, key);
 }
 
 

@@ -14,6 +14,7 @@
 #include "base/pointer_map.h"
 #include "formats/tensor_collector.h"
 #include "model/layout.h"
+#include "pickle/pickle_accessors.h"
 #include "base/text.h"
 
 namespace ckpt {
@@ -210,11 +211,7 @@ void find_state_dict(checkpoint& c, const value* root) {
     return;
   }
   if (root->type != kind::dict) return;
-  auto lookup = [&](std::string_view key) -> const value* {
-    for (size_t i = 0; i < root->dict_size(); ++i)
-      if (root->dict_key(i)->type == kind::str && root->dict_key(i)->text == key) return root->dict_value(i);
-    return nullptr;
-  };
+  auto lookup = [&](std::string_view key) { return detail::str_key(root, key); };
   c.lightning = lookup("pytorch-lightning_version") != nullptr;
   for (const char* holder : kStateDictHolders) {
     if (is_state_dict(lookup(holder))) {

@@ -1,11 +1,12 @@
-// Reading the pickle values that tensor rebuild calls carry, for the tensor collector and
-// the tensor kinds (tensor_collector.cpp, tensor_kinds.cpp): every mismatch is a corrupt
-// file, reported at the offending value's offset.
+// Reading pickle values for the readers that walk a decoded pickle (the tensor collector,
+// the tensor kinds, pickled modules, the state-dict finder, the DCP decoder): every
+// mismatch is a corrupt file, reported at the offending value's offset.
 #pragma once
 
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "ckpt/error.h"
@@ -15,6 +16,15 @@ namespace ckpt::detail {
 
 [[noreturn]] inline void bad(const pickle::value* at, const std::string& what) {
   throw_corrupt(what, at ? std::optional<uint64_t>(at->offset) : std::nullopt);
+}
+
+/// The value of string key `key` in dict `d`; nullptr when `d` is not a dict or has no
+/// such key (the pickle machine keeps one entry per key, as Python's dict does).
+inline const pickle::value* str_key(const pickle::value* d, std::string_view key) {
+  if (!d || d->type != pickle::kind::dict) return nullptr;
+  for (size_t i = 0; i < d->dict_size(); ++i)
+    if (d->dict_key(i)->type == pickle::kind::str && d->dict_key(i)->text == key) return d->dict_value(i);
+  return nullptr;
 }
 
 inline const pickle::value* arg(const pickle::value* args, size_t i) { return args->items[i]; }
