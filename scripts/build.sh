@@ -12,7 +12,7 @@ if [ "$sanitize" = 1 ]; then build=${BUILD_DIR:-build-asan}; else build=${BUILD_
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
 # Debian packages: the C++ dependencies and tools.
-packages=(cmake ninja-build g++ pkg-config zlib1g-dev libcli11-dev nlohmann-json3-dev libspdlog-dev doctest-dev libre2-dev)
+packages=(cmake ninja-build g++ pkg-config zlib1g-dev libcli11-dev nlohmann-json3-dev libspdlog-dev doctest-dev libre2-dev libzstd-dev)
 python3 -c 'import venv, ensurepip' 2>/dev/null || packages+=(python3-venv)
 missing=()
 for p in "${packages[@]}"; do

@@ -160,9 +160,27 @@ struct source_file {
   std::optional<safetensors::header> st_header;    // safetensors
 };
 
+/// How a checkpoint's files make one state dict (formats.md §1.1).
+enum class checkpoint_layout {
+  single_file,   // one file
+  hf_shard_set,  // a Hugging Face index and the shards it names (formats.md §10)
+  dcp,           // a torch.distributed.checkpoint directory (formats.md §9)
+};
+/// "file", "hf-shard-set", "dcp": the names inspect's JSON and text use.
+const char* layout_name(checkpoint_layout l);
+
 struct checkpoint {
   std::string path;
   file_format format = file_format::torch_zip;     // every file's
+  checkpoint_layout layout = checkpoint_layout::single_file;
+  /// The file that says what the set holds: the shard index, or the DCP `.metadata` (as
+  /// messages name it); empty for a single file.
+  std::string index_path;
+  /// What wrote it, where the files say: a DCP `.metadata` version ("1.0.0"), ...
+  std::string writer;
+  /// What a loader tolerates but a reader should be told (an index's cross-check warnings,
+  /// say), one line each, in the order found. Errors are thrown, never listed here.
+  std::vector<std::string> warnings;
   /// The files, in the order storage_record::file numbers them; never empty once opened.
   std::vector<source_file> files;
 

@@ -446,6 +446,15 @@ const char* format_name(file_format f) {
   return "unknown";
 }
 
+const char* layout_name(checkpoint_layout l) {
+  switch (l) {
+    case checkpoint_layout::single_file: return "file";
+    case checkpoint_layout::hf_shard_set: return "hf-shard-set";
+    case checkpoint_layout::dcp: return "dcp";
+  }
+  return "unknown";
+}
+
 std::string path_to_string(const value_path& path, char separator) {
   std::string out;
   for (const auto& step : path) {
