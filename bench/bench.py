@@ -73,7 +73,24 @@ _libc.memset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
 _MAP_FAILED = ctypes.c_void_p(-1).value
 
 
+def files_of(path) -> list:
+    """A fixture's files: itself, or a sharded checkpoint directory's regular files."""
+    if os.path.isdir(path):
+        return sorted(os.path.join(path, n) for n in os.listdir(path) if os.path.isfile(os.path.join(path, n)))
+    return [path]
+
+
 def resident_fraction(path) -> float:
+    """Share of the fixture's pages in the page cache, over all its files."""
+    files = files_of(path)
+    if len(files) == 1 and files[0] == path:
+        return _resident_fraction(path)
+    sizes = [os.path.getsize(f) for f in files]
+    total = sum(sizes)
+    return sum(_resident_fraction(f) * n for f, n in zip(files, sizes)) / total if total else 1.0
+
+
+def _resident_fraction(path) -> float:
     """Share of the file's pages in the page cache (mincore on a PROT_READ mapping, which
     faults nothing in)."""
     size = os.path.getsize(path)
@@ -98,11 +115,12 @@ def resident_fraction(path) -> float:
 
 
 def drop_cache(path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
+    for f in files_of(path):
+        fd = os.open(f, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
 
 
 def read_file(path, threads: int = 1, chunk: int = 16 * MiB) -> tuple[int, float]:
@@ -147,7 +165,8 @@ def make_warm(path, tries: int = 3) -> float:
     for _ in range(tries):
         if r >= 0.999:
             break
-        read_file(path)
+        for f in files_of(path):
+            read_file(f)
         r = resident_fraction(path)
     return r
 
@@ -325,7 +344,7 @@ def ck(*a) -> Callable:
 def py(op: str, *a) -> Callable:
     def build(fx, ctx):
         argv = [ctx.python, str(HERE / "peer.py"), op, fx["path"]]
-        if op.startswith("rekey"):
+        if op.startswith("rekey") or op == "dcp_to_torch_save_load":
             argv.append(ctx.out_path(fx))
         return argv + list(a)
     return build
@@ -371,6 +390,11 @@ T = {
     "rekey_torch_mmap": Tool("torch.load(mmap) -> rename -> torch.save", "py", py("rekey_torch_mmap"), writes=True,
                              loads=False),
     "rekey_st": Tool("load_file -> rename -> save_file", "py", py("rekey_st"), writes=True, loads=False),
+    "list_dcp_metadata": Tool("dcp FileSystemReader.read_metadata()", "py", py("list_dcp_metadata"), loads=False),
+    "list_hf_safe_open": Tool("safe_open over every shard", "py", py("list_hf_safe_open"), loads=False),
+    "hf_load_shards": Tool("load_file per shard, merged (as transformers)", "py", py("hf_load_shards")),
+    "dcp_load_full": Tool("dcp.load(no_dist) into empty full tensors", "py", py("dcp_load_full")),
+    "dcp_to_torch_save_load": Tool("dcp_to_torch_save + torch.load", "py", py("dcp_to_torch_save_load"), writes=True),
     "startup_py": Tool("python: import torch, safetensors", "py", py("startup"), loads=False),
     "startup_py_cuda": Tool("python: import torch + CUDA context", "py", py("startup", "--device", "cuda"), loads=False),
 }
@@ -472,7 +496,7 @@ def run_cases(cases: list, repeats: int, ctx: Ctx, title: str) -> None:
 def check_output(case: Case, fx: dict, out: str, ctx: Ctx) -> Optional[bool]:
     """Outside the timed region: the rekeyed output holds the same tensors under the new names
     (by torch.load / safetensors, never by ckptool)."""
-    if case.tool.kind == "cmd":
+    if case.tool.kind == "cmd" or case.scen != "S5":
         return None
     code = r"""
 import sys, torch
@@ -731,6 +755,22 @@ def build_scenarios(ctx: Ctx, mode: str, gpu: bool, want: set, counts: list) -> 
             ("full", "S5", "compiled_bf16.pt", "cold", "cp", "peer", "S5 pt cold"),
             ("full", "S5", "compiled_bf16.pt", "cold", "cp_sync", "peer", "S5 pt cold"),
         ])
+    if "s6" in want:
+        nm = 20000 if 20000 in counts else max(counts)
+        block("S6 sharded checkpoints: metadata-only inspect, warm", [
+            ("core", "S6", "dcp_many", "warm", "ck_inspect", "ck", "S6 dcp inspect"),
+            ("core", "S6", "dcp_many", "warm", "list_dcp_metadata", "peer", "S6 dcp inspect"),
+            ("core", "S6", "hf_many", "warm", "ck_inspect", "ck", "S6 hf inspect"),
+            ("core", "S6", "hf_many", "warm", "list_hf_safe_open", "peer", "S6 hf inspect"),
+        ])
+        block("S6 sharded checkpoints: materialize to CPU, warm", [
+            ("core", "S6", "llm_bf16.safetensors", "warm", "ck_mat_cpu", "info", "S6 single"),
+            ("core", "S6", "hf_big", "warm", "ck_mat_cpu", "ck", "S6 hf"),
+            ("core", "S6", "hf_big", "warm", "hf_load_shards", "peer", "S6 hf"),
+            ("core", "S6", "dcp_big", "warm", "ck_mat_cpu", "ck", "S6 dcp"),
+            ("core", "S6", "dcp_big", "warm", "dcp_load_full", "peer", "S6 dcp"),
+            ("quick", "S6", "dcp_big", "warm", "dcp_to_torch_save_load", "peer", "S6 dcp"),
+        ])
     return blocks
 
 
@@ -787,7 +827,7 @@ def make_rows(summaries: list, calib: dict) -> list:
         c = ceiling_of(d, calib)
         if c and d.get("gbps") and d["scen"] in ("S1", "S2", "S3") and "lazy" not in d["tool"]:
             ceil = f"{100 * d['gbps'] / c[1]:.0f}% of {c[0]}"
-        if d["scen"] == "S4":
+        if d["scen"] in ("S4", "S6") and not d["loads"]:
             if d["cache"] == "cold" and d["res_after"] is not None:
                 ceil = f"{100 * d['res_after']:.2f}% of file read"
             if d.get("self_bytes_read"):
@@ -888,6 +928,36 @@ def targets(summaries: list, calib: dict, counts: list) -> list:
         add(d["t"] < 0.1 if nmid >= 20000 else None,
             f"S4 {nmid} tensors inspected in < 100 ms warm (whole process): {fmt_t(d['t'])}"
             + ("" if nmid >= 20000 else " (fewer than 20,000 tensors in this mode: not judged)"))
+    # S6
+    for fx, peer in (("dcp_many", "list_dcp_metadata"), ("hf_many", "list_hf_safe_open")):
+        d, p = find(summaries, "S6", fx, "ck_inspect"), find(summaries, "S6", fx, peer)
+        if d and p and d["t"] and p["t"]:
+            add(p["t"] / d["t"] >= 20, f"S6 inspect of {fx} ({d['tensors']} keys) ≥ 20× faster than {p['tool']}: "
+                f"{p['t'] / d['t']:.1f}× ({fmt_t(d['t'])} vs {fmt_t(p['t'])}; process walls {fmt_t(d['wall'])} vs "
+                f"{fmt_t(p['wall'])})")
+        if d and d.get("self_bytes_read") is not None:
+            share = d["self_bytes_read"] / d["file_size"]
+            add(share < 0.01, f"S6 inspect of {fx} reads < 1% of its bytes: {100 * share:.3f}% "
+                f"({fmt_bytes(d['self_bytes_read'])} of {fmt_bytes(d['file_size'])}, ckptool's count)")
+    single = find(summaries, "S6", "llm_bf16.safetensors", "ck_mat_cpu")
+    for fx, peers in (("hf_big", ("hf_load_shards",)), ("dcp_big", ("dcp_load_full", "dcp_to_torch_save_load"))):
+        d = find(summaries, "S6", fx, "ck_mat_cpu")
+        if not d or not d["t"]:
+            continue
+        if single and single["t"]:
+            add(d["t"] <= 1.15 * single["t"] * d["payload"] / single["payload"],
+                f"S6 materialize {fx} within 1.15× of the single file per byte (llm_bf16.safetensors): "
+                f"{d['t'] / single['t'] * single['payload'] / d['payload']:.2f}× ({fmt_t(d['t'])} for "
+                f"{fmt_mib(d['payload'])} MiB vs {fmt_t(single['t'])} for {fmt_mib(single['payload'])} MiB)", d, single)
+        for key in peers:
+            p = find(summaries, "S6", fx, key)
+            if p and p["t"]:
+                add(p["t"] / d["t"] >= 3, f"S6 materialize {fx} ≥ 3× {p['tool']}: {p['t'] / d['t']:.2f}× "
+                    f"({fmt_t(d['t'])} vs {fmt_t(p['t'])})", d)
+        if d["anon_max"] is not None:
+            add(d["anon_max"] <= 1.05 * d["payload"], f"S6 materialize {fx}: peak anonymous memory ≤ 1.05× the "
+                f"tensor bytes: {d['anon_max'] / d['payload']:.3f}× ({fmt_mib(d['anon_max'])} MiB for "
+                f"{fmt_mib(d['payload'])} MiB, ckptool's startup with LibTorch included)")
     # S5
     d = find(summaries, "S5", "compiled_bf16.pt", "ck_rekey")
     cp = find(summaries, "S5", "compiled_bf16.pt", "cp")
@@ -1101,8 +1171,10 @@ def main() -> int:
         what.append("compiled_bf16")
     if want & {"s3", "s4"}:
         what.append("s3")
+    if "s6" in want:
+        what.append("s6")
     need = 3 * size + (2 * size if "llm_fp32" in what else 0) + (3 * s5_size if "compiled_bf16" in what else 0) \
-        + (10 * s3_size if "s3" in what else 0) + 256 * MiB
+        + (10 * s3_size if "s3" in what else 0) + (2 * size + 2 * s3_size if "s6" in what else 0) + 256 * MiB
     free = shutil.disk_usage(scratch).free
     params_path = fxdir / "params.json"
     params = {"size": size, "s3_size": s3_size, "s5_size": s5_size, "counts": counts}
@@ -1122,7 +1194,7 @@ def main() -> int:
         t = time.perf_counter()
         p = subprocess.run([args.python, str(HERE / "gen_fixtures.py"), "--dir", str(fxdir), "--size", str(size),
                             "--s3-size", str(s3_size), "--s5-size", str(s5_size),
-                            "--s3-counts", ",".join(map(str, counts)),
+                            "--s3-counts", ",".join(map(str, counts)), "--s6-count", str(20000 if mode != "tiny" else 2000),
                             "--what", ",".join(what)])
         if p.returncode != 0:
             log("fixture generation failed")

@@ -18,6 +18,7 @@ Fixtures (sizes in bytes of tensor payload, close to the requested size):
                                  agree) under torch.compile keys (_orig_mod.model.layers...),
                                  for rekey --strip-compiled; --s5-size bytes.
   s3_{N}.{pt,safetensors}       the same total bytes as N tensors (N = 8, ~300, 20000, 100000).
+  hf_many/, dcp_many/, hf_big/, dcp_big/  sharded checkpoints (S6): see gen_sharded.py.
 
 Writes manifest.json in the output directory: per fixture its path, format, file size,
 payload bytes (unique storage bytes) and tensor count. Every file is fsynced, so that
@@ -200,6 +201,7 @@ def main() -> int:
     ap.add_argument("--s5-size", type=int, default=0, help="bytes of compiled_bf16 (default: --size)")
     ap.add_argument("--what", default="llm_bf16,llm_fp32,compiled_bf16,s3")
     ap.add_argument("--no-torchscript", action="store_true")
+    ap.add_argument("--s6-count", type=int, default=20000, help="tensors of hf_many and keys of dcp_many")
     args = ap.parse_args()
     d = Path(args.dir)
     d.mkdir(parents=True, exist_ok=True)
@@ -257,6 +259,15 @@ def main() -> int:
                 sd = many_state_dict(args.s3_size, count, gen)
             write_three(f"s3_{count}", sd, torchscript=False)
             del sd
+    if "s6" in what:
+        import gen_sharded
+
+        def record_dir(name, fmt, path, payload, count):
+            size = gen_sharded.dir_size(path)
+            manifest[name] = {"name": name, "format": fmt, "path": str(path), "file_size": size,
+                              "payload": payload, "tensors": count}
+            print(f"  {path.name}/: {size / 2**20:.1f} MiB, {count} tensors", flush=True)
+        gen_sharded.write_all(d, args.size, args.s3_size, args.s6_count, gen, record_dir)
     manifest_path = d / "manifest.json"
     manifest_path.write_text(json.dumps(manifest, indent=1))
     print(f"  fixtures written in {time.perf_counter() - t_all:.1f} s", flush=True)

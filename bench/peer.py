@@ -129,6 +129,14 @@ def calib_h2d(device: str) -> dict:
     return out
 
 
+def hf_shards(path: str) -> list:
+    """The shard files of the set in directory `path`, in the order transformers opens them."""
+    index = [n for n in os.listdir(path) if n.endswith(".index.json")]
+    with open(os.path.join(path, index[0])) as fh:
+        weight_map = json.load(fh)["weight_map"]
+    return [os.path.join(path, n) for n in sorted(set(weight_map.values()))]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("op")
@@ -233,6 +241,43 @@ def main() -> int:
             hdr = json.loads(fh.read(n))
         meta = [(k, tuple(v["shape"]), v["dtype"]) for k, v in hdr.items() if k != "__metadata__"]
         res["tensors"] = len(meta)
+    # ---- S6: sharded checkpoints (a Hugging Face shard set or a DCP directory as FILE)
+    elif op == "list_dcp_metadata":  # FileSystemReader.read_metadata(): keys, global shapes, dtypes
+        from torch.distributed.checkpoint import FileSystemReader
+        from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+        md = FileSystemReader(f).read_metadata()
+        meta = [(k, tuple(v.size), str(v.properties.dtype)) for k, v in md.state_dict_metadata.items()
+                if isinstance(v, TensorStorageMetadata)]
+        res["tensors"] = len(meta)
+    elif op == "list_hf_safe_open":  # safe_open over every shard the index names
+        from safetensors import safe_open
+        meta = []
+        for shard in hf_shards(f):
+            with safe_open(shard, framework="pt") as g:
+                for k in g.keys():
+                    sl = g.get_slice(k)
+                    meta.append((k, tuple(sl.get_shape()), sl.get_dtype()))
+        res["tensors"] = len(meta)
+    elif op == "hf_load_shards":  # what transformers does for a state dict: load_file per shard, merged
+        from safetensors.torch import load_file
+        sd = {}
+        for shard in hf_shards(f):
+            sd.update(load_file(shard))
+        tensors = list(sd.values())
+    elif op == "dcp_load_full":  # empty full tensors from the metadata, then dcp.load without a process group
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint import FileSystemReader
+        from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+        md = FileSystemReader(f).read_metadata()
+        sd = {k: torch.empty(tuple(v.size), dtype=v.properties.dtype) for k, v in md.state_dict_metadata.items()
+              if isinstance(v, TensorStorageMetadata)}
+        dcp.load(sd, checkpoint_id=f, no_dist=True)
+        tensors = list(sd.values())
+    elif op == "dcp_to_torch_save_load":  # PyTorch's converter to one file, then torch.load
+        from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+        dcp_to_torch_save(f, args.out)
+        sd = torch.load(args.out, weights_only=True)
+        tensors = list(sd.values())
     # ---- S5: load -> rename -> save
     elif op == "rekey_torch":
         sd = torch.load(f, weights_only=True)
