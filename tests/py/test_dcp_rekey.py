@@ -59,7 +59,7 @@ def read_md(d: Path):
 def dcp_dirs(tmp_path_factory) -> dict:
     reuse = os.environ.get("CKPTOOL_DCP_FIXTURES")
     out = Path(reuse) if reuse else tmp_path_factory.mktemp("dcp")
-    return dcp_fixtures.build(out, ["compiled2", "fsdp2", "shard2"])
+    return dcp_fixtures.build(out, ["compiled2", "fsdp2", "shard2", "threads2", "perfile2", "zstd2", "nocoll2"])
 
 
 def need(dcp_dirs, name) -> Path:
@@ -226,6 +226,38 @@ def test_compiled_submodule(dcp_dirs, tmp_path):
         assert torch.equal(sd[res["mapping"].get(k, k)], v), k
 
 
+def load_flat(d: Path, md) -> dict:
+    """Every item of a directory by its own key, in one process (DCP reshards)."""
+    sd = {k: (torch.empty(v.size, dtype=v.properties.dtype) if hasattr(v, "size") else None)
+          for k, v in md.state_dict_metadata.items()}
+    dcp.load(sd, checkpoint_id=str(d), no_dist=True)
+    return sd
+
+
+@pytest.mark.parametrize("name", ["shard2", "threads2", "perfile2", "zstd2"])
+def test_every_layout_loads_by_new_names(dcp_dirs, tmp_path, name):
+    """Several data files per rank, one per item, the zstd transform: a prefix
+    added to every key, and every item (tensors and BYTE_IO values) loads by its new name
+    with the value it had under the old one."""
+    src = need(dcp_dirs, name)
+    out = tmp_path / "out"
+    rc, res, err = rekey(src, out, "--add-prefix", "run.")
+    assert rc == 0, err
+    before, after = read_md(src), read_md(out)
+    assert list(after.state_dict_metadata) == ["run." + k for k in before.state_dict_metadata]
+    for k, path in after.planner_data.items():
+        assert ".".join(map(str, path)) == k
+    for f in src.iterdir():
+        if f.name != ".metadata":
+            assert sha(out / f.name) == sha(f), f.name
+    if name == "zstd2":
+        assert res["unchecked_byte_items"] == ["run.k"]
+    old, new = load_flat(src, before), load_flat(out, after)
+    for k, v in old.items():
+        w = new["run." + k]
+        assert (torch.equal(w, v) and w.dtype == v.dtype) if isinstance(v, torch.Tensor) else w == v, k
+
+
 # --- planner_data forms ------------------------------------------------------------------
 
 def save_single(d: Path, state: dict) -> Path:
@@ -354,6 +386,10 @@ def test_other_files_copied_rank_local_refused(dcp_dirs, tmp_path):
     (src / "__0.metadata").write_bytes((src / ".metadata").read_bytes())
     rc, _, err = rekey(src, tmp_path / "out2", "--strip-compiled")
     assert rc == 3 and "rank-local" in err, err
+    # The real thing: dcp.save(use_collectives=False) writes only rank-local files.
+    if "nocoll2" in dcp_dirs:
+        rc, _, err = rekey(dcp_dirs["nocoll2"], tmp_path / "out3", "--add-prefix", "x.")
+        assert rc == 3 and "rank-local" in err and "__0.metadata" in err, err
 
 
 def test_byte_value_naming_a_renamed_key_refused(tmp_path):
