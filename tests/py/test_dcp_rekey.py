@@ -165,8 +165,10 @@ def test_strip_compiled_loads_into_uncompiled_model(dcp_dirs, tmp_path):
         assert ".".join(map(str, path)) == k and "_orig_mod" not in k
     assert md.planner_data["model.0.weight"] == ("model", "0.weight")
     assert md.planner_data["optim.state.0.weight.exp_avg"] == ("optim", "state", "0.weight", "exp_avg")
-    # Read raw: read_metadata stamps a fresh load_id.
+    # Read raw: read_metadata stamps a fresh load_id. The bytes are what CPython's own
+    # pickler writes for that object at protocol 2.
     raw_out = pickle.loads((out / ".metadata").read_bytes())
+    assert pickle.dumps(raw_out, protocol=2) == (out / ".metadata").read_bytes()
     raw_in = pickle.loads((src / ".metadata").read_bytes())
     assert raw_out.storage_meta == raw_in.storage_meta and raw_out.version == raw_in.version
     assert list(raw_out.state_dict_metadata.values()) == list(raw_in.state_dict_metadata.values())
