@@ -394,6 +394,18 @@ def test_other_files_copied_rank_local_refused(dcp_dirs, tmp_path):
         assert rc == 3 and "rank-local" in err and "__0.metadata" in err, err
 
 
+def test_staging_directory_must_be_empty(dcp_dirs, tmp_path):
+    src = need(dcp_dirs, "fsdp2")
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    (staging / "stale").write_bytes(b"x")
+    rc, _, err = rekey(src, staging, "--existing", "--strip-compiled")
+    assert rc == 2 and "not empty" in err, err
+    (staging / "stale").unlink()
+    rc, res, err = rekey(str(src) + "/", staging, "--existing", "--strip-compiled")
+    assert rc == 0 and res["changed"] == 2, err
+
+
 def test_byte_value_naming_a_renamed_key_refused(tmp_path):
     """An optimizer's param_groups listing parameter FQNs is a BYTE_IO value (a torch.save
     blob dcp.load unpickles); rekey copies it unopened, so it would keep the old names."""

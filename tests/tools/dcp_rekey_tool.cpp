@@ -3,7 +3,10 @@
 // and prints the result as JSON; tests/py/test_dcp_rekey.py loads the output with dcp.load.
 //   dcp_rekey_tool [--dry-run] [--strip-compiled] [--strip-wrappers] [--strip-prefix P]
 //                  [--add-prefix P] [--add-compiled PATH] [--rename REGEX=REPL] IN_DIR OUT_DIR
-// OUT_DIR must not exist (a dry run creates nothing). Exit status: 0, or the ckptool exit
+// OUT_DIR must not exist (a dry run creates nothing), unless --existing (then it must be an
+// empty directory, as the staging directory the output policy makes). IN_DIR is reached as
+// a name below its parent (the opener's root), as a directory named in an index would be.
+// Exit status: 0, or the ckptool exit
 // code of the error, whose one line goes to stderr.
 #include <sys/stat.h>
 
@@ -23,6 +26,7 @@ int main(int argc, char** argv) {
   std::vector<ckpt::key_op> ops;
   ckpt::dcp_rekey_options options;
   std::vector<std::string> paths;
+  bool existing = false;
   try {
     for (int i = 1; i < argc; ++i) {
       std::string a = argv[i];
@@ -31,6 +35,7 @@ int main(int argc, char** argv) {
         return argv[++i];
       };
       if (a == "--dry-run") options.dry_run = true;
+      else if (a == "--existing") existing = true;
       else if (a == "--strip-compiled") ops.push_back(ckpt::make_op(ckpt::key_op::strip_compiled));
       else if (a == "--strip-wrappers") ops.push_back(ckpt::make_op(ckpt::key_op::strip_wrappers));
       else if (a == "--strip-prefix") ops.push_back(ckpt::make_op(ckpt::key_op::strip_prefix, next()));
@@ -40,11 +45,16 @@ int main(int argc, char** argv) {
       else paths.push_back(a);
     }
     if (paths.size() != 2) throw ckpt::error(ckpt::errc::usage, "usage: dcp_rekey_tool [OPS] IN_DIR OUT_DIR");
-    if (!options.dry_run && ::mkdir(paths[1].c_str(), 0755) != 0)
+    if (!options.dry_run && !existing && ::mkdir(paths[1].c_str(), 0755) != 0)
       throw ckpt::error(ckpt::errc::usage, std::string("cannot create the output directory: ") + std::strerror(errno))
           .with_file(paths[1]);
-    ckpt::disk_opener in(paths[0]);
-    ckpt::dcp_rekey_result r = ckpt::write_rekeyed_dcp(in, "", ops, paths[1], options);
+    std::string dir = paths[0];
+    while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+    const size_t slash = dir.rfind('/');
+    const std::string parent = slash == std::string::npos ? "" : dir.substr(0, slash + 1);
+    const std::string name = slash == std::string::npos ? dir : dir.substr(slash + 1);
+    ckpt::disk_opener in(parent);
+    ckpt::dcp_rekey_result r = ckpt::write_rekeyed_dcp(in, name, ops, paths[1], options);
     nlohmann::ordered_json out;
     nlohmann::ordered_json mapping = nlohmann::ordered_json::object();
     for (const auto& [from, to] : r.plan.mapping)
