@@ -46,6 +46,7 @@ set(CKPT_CORE_SOURCES
   ${CKPT_ROOT}/src/model/layout.cpp
   ${CKPT_ROOT}/src/model/key_table.cpp
   ${CKPT_ROOT}/src/model/read_plan.cpp
+  ${CKPT_ROOT}/src/rekey/dcp_byte_items.cpp
   ${CKPT_ROOT}/src/rekey/dcp_metadata_rewrite.cpp
   ${CKPT_ROOT}/src/rekey/dcp_planner_path.cpp
   ${CKPT_ROOT}/src/rekey/dcp_rekey.cpp
@@ -161,6 +162,7 @@ set(CKPT_SHARED_HEADERS
   ${CKPT_ROOT}/src/pickle/pickle_text.h
   ${CKPT_ROOT}/src/plugin/module_loader.h
   ${CKPT_ROOT}/src/plugin/torch_plugin.h
+  ${CKPT_ROOT}/src/rekey/dcp_byte_items.h
   ${CKPT_ROOT}/src/rekey/dcp_metadata_rewrite.h
   ${CKPT_ROOT}/src/rekey/dcp_planner_path.h
   ${CKPT_ROOT}/src/rekey/rename_spec.h
