@@ -394,6 +394,20 @@ def test_other_files_copied_rank_local_refused(dcp_dirs, tmp_path):
         assert rc == 3 and "rank-local" in err and "__0.metadata" in err, err
 
 
+def test_data_files_checked(dcp_dirs, tmp_path):
+    """A data file storage_data points into must be there and long enough: a copy of a
+    directory that cannot load is no rekey."""
+    src = tmp_path / "in"
+    shutil.copytree(need(dcp_dirs, "fsdp2"), src)
+    f = sorted(src.glob("*.distcp"))[-1]
+    f.write_bytes(f.read_bytes()[:-1])
+    rc, _, err = rekey(src, tmp_path / "out", "--strip-compiled")
+    assert rc == 3 and f.name in err and "reaches byte" in err and ".metadata: byte " in err, err
+    f.unlink()
+    rc, _, err = rekey(src, tmp_path / "out2", "--strip-compiled")
+    assert rc == 3 and f"'{f.name}', which is not in the directory" in err, err
+
+
 def test_staging_directory_must_be_empty(dcp_dirs, tmp_path):
     src = need(dcp_dirs, "fsdp2")
     staging = tmp_path / "staging"
