@@ -46,6 +46,10 @@ set(CKPT_CORE_SOURCES
   ${CKPT_ROOT}/src/model/layout.cpp
   ${CKPT_ROOT}/src/model/key_table.cpp
   ${CKPT_ROOT}/src/model/read_plan.cpp
+  ${CKPT_ROOT}/src/rekey/dcp_byte_items.cpp
+  ${CKPT_ROOT}/src/rekey/dcp_metadata_rewrite.cpp
+  ${CKPT_ROOT}/src/rekey/dcp_planner_path.cpp
+  ${CKPT_ROOT}/src/rekey/dcp_rekey.cpp
   ${CKPT_ROOT}/src/rekey/rekey_file.cpp
   ${CKPT_ROOT}/src/rekey/rekey_plan.cpp
   ${CKPT_ROOT}/src/rekey/rename_spec.cpp
@@ -111,6 +115,7 @@ set(CKPT_SHARED_HEADERS
   ${CKPT_ROOT}/include/ckpt/byte_source.h
   ${CKPT_ROOT}/include/ckpt/checkpoint.h
   ${CKPT_ROOT}/include/ckpt/dcp.h
+  ${CKPT_ROOT}/include/ckpt/dcp_rekey.h
   ${CKPT_ROOT}/include/ckpt/dim_list.h
   ${CKPT_ROOT}/include/ckpt/dtype.h
   ${CKPT_ROOT}/include/ckpt/error.h
@@ -157,6 +162,9 @@ set(CKPT_SHARED_HEADERS
   ${CKPT_ROOT}/src/pickle/pickle_text.h
   ${CKPT_ROOT}/src/plugin/module_loader.h
   ${CKPT_ROOT}/src/plugin/torch_plugin.h
+  ${CKPT_ROOT}/src/rekey/dcp_byte_items.h
+  ${CKPT_ROOT}/src/rekey/dcp_metadata_rewrite.h
+  ${CKPT_ROOT}/src/rekey/dcp_planner_path.h
   ${CKPT_ROOT}/src/rekey/rename_spec.h
   ${CKPT_ROOT}/src/report/json_input.h
   ${CKPT_ROOT}/src/report/json_writer.h

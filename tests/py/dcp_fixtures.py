@@ -42,6 +42,8 @@ SCENARIOS = {
     "perfile2": (2, "FileSystemWriter(single_file_per_rank=False): one file per item"),
     "fsdp2": (2, "FSDP2 fully_shard on CPU with an Adam step, a torch.compile'd submodule "
                  "(_orig_mod. keys) and optimizer state"),
+    "compiled2": (2, "a whole model torch.compile'd over FSDP2 (every key carries _orig_mod.), saved "
+                     "with its state_dict() and FQN-keyed Adam state, as torchtitan #2622"),
     "zstd2": (2, "the zstd stream-transform extension (_extensions=[ZStandard()])"),
     "nocoll2": (2, "2.9+ use_collectives=False: a rank-local __{rank}.metadata per rank, "
                    "no global .metadata"),
@@ -139,6 +141,42 @@ def scenario_fsdp2(out: Path, rank: int, world: int):
     dcp.save({"model": model.state_dict(), "optim": opt.state_dict()}, checkpoint_id=str(out))
 
 
+def compiled2_model():
+    """The uncompiled model of the compiled2 scenario (same seed, same shapes)."""
+    import torch
+    import torch.nn as nn
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(5, 7), nn.ReLU(), nn.Linear(7, 3))
+
+
+def scenario_compiled2(out: Path, rank: int, world: int):
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.fsdp import fully_shard
+    model = compiled2_model()
+    mesh = _mesh((world,))
+    fully_shard(model[0], mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    compiled = torch.compile(model, backend="eager")
+    opt = torch.optim.Adam(compiled.parameters(), lr=1e-3)
+    torch.manual_seed(1)
+    compiled(torch.randn(4, 5)).sum().backward()
+    opt.step()
+    sd = compiled.state_dict()  # "_orig_mod.0.weight", ...: what DCP then stores
+    osd = opt.state_dict()
+    names = [n for n, _ in compiled.named_parameters()]
+    # Optimizer state keyed by parameter FQN (as FSDP's optim_state_dict keys it); the
+    # param_groups keep their integer ids, so no BYTE_IO value holds a key.
+    optim = {"state": {names[i]: v for i, v in osd["state"].items()}, "param_groups": osd["param_groups"]}
+    dcp.save({"model": sd, "optim": optim, "epoch": 3}, checkpoint_id=str(out))
+    # What a test compares with: every tensor in full, bit for bit, on rank 0.
+    full = {k: v.full_tensor() if hasattr(v, "full_tensor") else v for k, v in sd.items()}
+    full_optim = {n: {s: (t.full_tensor() if hasattr(t, "full_tensor") else t) for s, t in st.items()}
+                  for n, st in optim["state"].items()}
+    if rank == 0:
+        torch.save({"model": full, "optim": full_optim}, str(out) + ".expected.pt")
+
+
 def scenario_zstd2(out: Path, rank: int, world: int):
     import torch
     import torch.distributed.checkpoint as dcp
@@ -178,7 +216,7 @@ def skip_reason(name: str) -> str | None:
         import torch.distributed.checkpoint as dcp
         if "use_collectives" not in inspect.signature(dcp.save).parameters:
             return "dcp.save has no use_collectives (before 2.9)"
-    if name == "fsdp2":
+    if name in ("fsdp2", "compiled2"):
         try:
             from torch.distributed.fsdp import fully_shard  # noqa: F401
         except ImportError:
