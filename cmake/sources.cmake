@@ -42,6 +42,7 @@ set(CKPT_CORE_SOURCES
   ${CKPT_ROOT}/src/formats/tensor_collector.cpp
   ${CKPT_ROOT}/src/formats/tensor_kinds.cpp
   ${CKPT_ROOT}/src/formats/torchscript_code.cpp
+  ${CKPT_ROOT}/src/model/assembly.cpp
   ${CKPT_ROOT}/src/model/checkpoint.cpp
   ${CKPT_ROOT}/src/model/layout.cpp
   ${CKPT_ROOT}/src/model/key_table.cpp
@@ -68,10 +69,12 @@ set(CKPT_TORCH_SOURCES
   ${CKPT_ROOT}/src/torch/aten_types.cpp
   ${CKPT_ROOT}/src/torch/finite_check.cpp
   ${CKPT_ROOT}/src/torch/load.cpp
+  ${CKPT_ROOT}/src/torch/loader/assembled_loader.cpp
   ${CKPT_ROOT}/src/torch/loader/cpu_loader.cpp
   ${CKPT_ROOT}/src/torch/loader/cuda_module.cpp
   ${CKPT_ROOT}/src/torch/loader/host_buffer.cpp
   ${CKPT_ROOT}/src/torch/loader/page_filler.cpp
+  ${CKPT_ROOT}/src/torch/loader/piece_reader.cpp
   ${CKPT_ROOT}/src/torch/loader/storage_loader.cpp
   ${CKPT_ROOT}/src/torch/materialize.cpp
   ${CKPT_ROOT}/src/torch/meta_kernels.cpp

@@ -15,7 +15,11 @@ namespace ckpt::detail {
 struct copy_request {
   const uint8_t* src;  // staging (host) memory
   uint8_t* dst;        // destination memory; opaque to the pipeline (device memory on a GPU)
-  uint64_t nbytes;
+  uint64_t nbytes;     // per row
+  // A piece of an assembled tensor lands in a strided view of it: `rows` rows of nbytes,
+  // consecutive at src, dst_pitch bytes apart at dst (cudaMemcpy2DAsync).
+  uint64_t rows = 1;
+  uint64_t dst_pitch = 0;
 };
 
 class copy_engine {

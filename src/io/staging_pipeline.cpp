@@ -177,7 +177,17 @@ class pipeline {
     copies.reserve(op.piece_count);
     for (size_t p = op.first_piece; p < op.first_piece + op.piece_count; ++p) {
       const read_piece& piece = plan_.pieces[p];
-      copies.push_back({buffer + piece.read_offset, dst_[piece.storage] + piece.storage_offset, piece.nbytes});
+      const box_landing* box = o_.boxes && piece.storage < o_.boxes->size() ? (*o_.boxes)[piece.storage] : nullptr;
+      if (!box) {
+        copies.push_back({buffer + piece.read_offset, dst_[piece.storage] + piece.storage_offset, piece.nbytes});
+        continue;
+      }
+      // Straight out of the staging buffer into the strided view: no bounce of its own.
+      const uint8_t* src = buffer + piece.read_offset;
+      for_each_span(*box, piece.storage_offset, piece.nbytes, [&](const box_span& s) {
+        copies.push_back({src + (s.piece_offset - piece.storage_offset), dst_[piece.storage] + s.dst_offset, s.width,
+                          s.rows, s.pitch});
+      });
     }
     const copy_engine::ticket t = engine_.submit(copies.data(), copies.size());
     {

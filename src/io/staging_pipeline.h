@@ -22,6 +22,7 @@
 
 #include "ckpt/byte_source.h"
 #include "io/copy_engine.h"
+#include "model/assembly.h"
 #include "model/read_plan.h"
 
 namespace ckpt::detail {
@@ -39,6 +40,10 @@ struct staging_options {
   /// Set from another thread to stop: reads not yet started are skipped, copies in flight
   /// are waited for, and the call throws errc::io "interrupted".
   const std::atomic<bool>* cancel = nullptr;
+  /// By storage (or null: none): the pieces of assembled tensors. Such a storage's
+  /// destination is its tensor's first byte, and its bytes land in the box's runs there
+  /// (assembly.h), each as one copy of one or more rows.
+  const std::vector<const box_landing*>* boxes = nullptr;
 };
 
 /// When a staging buffer may be reused. Only after_copy is correct; too_early exists so a
@@ -46,7 +51,8 @@ struct staging_options {
 enum class slot_reuse { after_copy, too_early };
 
 /// Lands every piece of `plan`: file bytes [op.offset, +nbytes) of files[op.file] go to
-/// destinations[piece.storage] + piece.storage_offset. Throws ckpt::error.
+/// destinations[piece.storage] + piece.storage_offset, or, for a storage with a box, to
+/// its runs from destinations[piece.storage]. Throws ckpt::error.
 template <slot_reuse reuse = slot_reuse::after_copy>
 void run_staging_pipeline(const read_plan& plan, const std::vector<const byte_source*>& files,
                           const std::vector<uint8_t*>& destinations, const staging_ring& ring, copy_engine& engine,

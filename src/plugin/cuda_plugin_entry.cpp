@@ -7,6 +7,6 @@
 
 CKPTOOL_MODULE_EXPORT_BUILD_ID
 
-extern "C" __attribute__((visibility("default"))) void* ckptool_cuda_loader_v1() {
+extern "C" __attribute__((visibility("default"))) void* ckptool_cuda_loader_v2() {
   return reinterpret_cast<void*>(&ckpt::detail::load_storages_cuda);
 }

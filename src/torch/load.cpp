@@ -9,21 +9,42 @@
 #include "ckpt/rekey.h"
 #include "torch/torchscript_module.h"
 #include "torch/model_file_tensors.h"
+#include "model/assembly.h"
 #include "model/read_plan.h"
+#include "torch/loader/assembled_loader.h"
 #include "torch/loader/storage_loader.h"
 
 namespace ckpt {
 namespace {
 
+// A tensor to return: a record of c.tensors, or a key assembled from pieces.
+struct named_tensor {
+  std::string name;
+  size_t tensor = 0;  // index into c.tensors, unless `assembled`
+  bool assembled = false;
+  size_t key = 0;  // index into c.keys when `assembled`
+};
+
 // Names for every tensor: state-dict keys where there is a state dict (a tied tensor
 // under each of its keys), paths elsewhere, and every further path the pickle shares a
-// tensor object under.
-std::vector<std::pair<std::string, size_t>> named_tensors(const checkpoint& c) {
-  std::vector<std::pair<std::string, size_t>> out;
+// tensor object under. The records that are pieces of assembled keys are parts of those
+// keys' tensors, not tensors of their own.
+std::vector<named_tensor> named_tensors(const checkpoint& c) {
+  std::vector<named_tensor> out;
   out.reserve(c.keys.size());
-  for (size_t k = 0; k < c.keys.size(); ++k) out.emplace_back(std::string(c.keys.key(k)), c.keys.tensor(k));
   std::vector<bool> named(c.tensors.size(), false);
-  for (auto& [k, i] : out) named[i] = true;
+  for (size_t k = 0; k < c.keys.size(); ++k) {
+    if (!detail::is_assembled(c.keys, k)) {
+      out.push_back({std::string(c.keys.key(k)), c.keys.tensor(k), false, 0});
+      named[out.back().tensor] = true;
+      continue;
+    }
+    out.push_back({std::string(c.keys.key(k)), 0, true, k});
+    for (size_t p = 0; p < c.keys.piece_count(k); ++p) {
+      const size_t i = c.keys.piece(k, p).tensor;
+      if (i < named.size()) named[i] = true;
+    }
+  }
   // A pickled module's tensors that its state_dict() leaves out (non-persistent buffers,
   // plain tensor attributes) stay out, so the result loads with load_state_dict(strict=True).
   auto in_module = [&](const value_path& p) {
@@ -31,13 +52,13 @@ std::vector<std::pair<std::string, size_t>> named_tensors(const checkpoint& c) {
            std::equal(c.state_dict->begin(), c.state_dict->end(), p.begin());
   };
   for (size_t i = 0; i < c.tensors.size(); ++i)
-    if (!named[i] && !in_module(c.tensors[i].path)) out.emplace_back(path_to_string(c.tensors[i].path), i);
+    if (!named[i] && !in_module(c.tensors[i].path)) out.push_back({path_to_string(c.tensors[i].path), i});
   auto in_state_dict = [&](const value_path& p) {
     return in_module(p) || (c.state_dict && p.size() == c.state_dict->size() + 1 &&
                             std::equal(c.state_dict->begin(), c.state_dict->end(), p.begin()));
   };
   for (const auto& a : c.aliases)
-    if (!in_state_dict(a.path)) out.emplace_back(path_to_string(a.path), a.tensor);
+    if (!in_state_dict(a.path)) out.push_back({path_to_string(a.path), a.tensor});
   return out;
 }
 
@@ -91,11 +112,18 @@ torch::jit::Module submodule(torch::jit::Module m, const std::string& path) {
 }
 
 // The tensors of c under `names` (named_tensors).
-std::vector<std::pair<std::string, at::Tensor>> load_named(const checkpoint& c,
-                                                          std::vector<std::pair<std::string, size_t>> names,
+std::vector<std::pair<std::string, at::Tensor>> load_named(const checkpoint& c, std::vector<named_tensor> names,
                                                           const load_options& o, std::vector<std::string>* converted) {
-  std::vector<bool> needed(c.storages.size(), true);
-  std::vector<at::Tensor> storages = detail::load_storages(c, needed, o);
+  std::vector<size_t> viewed, assembled_keys;
+  for (const named_tensor& n : names) {
+    if (n.assembled)
+      assembled_keys.push_back(n.key);
+    else
+      viewed.push_back(n.tensor);
+  }
+  detail::loaded_tensors loaded =
+      detail::load_with_pieces(c, std::vector<bool>(c.storages.size(), true), viewed, assembled_keys, o);
+  std::vector<at::Tensor>& storages = loaded.storages;
   // Each storage's byte tensor is dropped once the last view of it is made: the views keep
   // the storage, and a million one-element tensors should not hold a million extra
   // TensorImpls until the end. Quantizer tensors (per-channel scales) are built from these
@@ -110,7 +138,14 @@ std::vector<std::pair<std::string, at::Tensor>> load_named(const checkpoint& c,
   out.reserve(names.size());
   std::vector<at::Tensor> by_record(c.tensors.size());
   storage_caster caster(o.dtype);
-  for (auto& [name, i] : names) {
+  for (named_tensor& n : names) {
+    std::string& name = n.name;
+    if (n.assembled) {
+      at::Tensor t = caster.apply(loaded.assembled.at(n.key), converted, name);
+      out.emplace_back(std::move(name), std::move(t));
+      continue;
+    }
+    const size_t i = n.tensor;
     // A tensor object reached under several names stays one tensor object.
     if (!by_record[i].defined()) {
       by_record[i] = caster.apply(detail::view_of(c.tensors[i], storages, o.device), converted, name);
@@ -195,13 +230,15 @@ const pickle::value* python_state(const tensor_record& t) {
 
 std::vector<tensor_state> tensor_states(const checkpoint& c) {
   std::vector<tensor_state> out;
-  for (auto& [name, i] : named_tensors(c)) {
-    const tensor_record& t = c.tensors[i];
-    // A module's state_dict() holds detached tensors: no Parameter, no requires_grad.
-    if (!c.module_class.empty() && out.size() < c.keys.size())
+  for (const named_tensor& n : named_tensors(c)) {
+    // A module's state_dict() holds detached tensors: no Parameter, no requires_grad. An
+    // assembled tensor is plain: its pieces' records are parts, not Python objects.
+    if (n.assembled || (!c.module_class.empty() && out.size() < c.keys.size())) {
       out.push_back({false, false, nullptr});
-    else
-      out.push_back({t.parameter, t.requires_grad, python_state(t)});
+      continue;
+    }
+    const tensor_record& t = c.tensors[n.tensor];
+    out.push_back({t.parameter, t.requires_grad, python_state(t)});
   }
   return out;
 }
@@ -237,12 +274,12 @@ torch::jit::Module load_module(const std::string& model_path, const checkpoint& 
   for (const auto& t : targets)
     wanted.push_back({t.name, detail::from_scalar_type(t.meta.scalar_type()), t.meta.sizes().vec()});
 
+  // Aligned by key: an assembled key by its own dtype and global shape.
   std::vector<keyed_tensor> have;
-  std::unordered_map<std::string, size_t> tensor_of_key;
+  std::unordered_map<std::string, size_t> index_of_key;
   for (size_t k = 0; k < c.keys.size(); ++k) {
-    const size_t i = c.keys.tensor(k);
-    have.push_back({std::string(c.keys.key(k)), c.tensors[i].type, c.tensors[i].shape});
-    tensor_of_key[have.back().key] = i;
+    have.push_back({std::string(c.keys.key(k)), c.keys.type(k, c.tensors), c.keys.shape(k, c.tensors)});
+    index_of_key[have.back().key] = k;
   }
   if (have.empty()) throw error(errc::unsupported, "no state dict found in the checkpoint").with_file(c.path);
   align_policy policy;
@@ -260,15 +297,23 @@ torch::jit::Module load_module(const std::string& model_path, const checkpoint& 
   // Read only the storages the model uses.
   std::map<std::string, std::string> target_to_source;
   for (auto& [src, dst] : match.mapping) target_to_source[dst] = src;
-  std::vector<size_t> selected;
-  for (auto& [dst, src] : target_to_source) selected.push_back(tensor_of_key.at(src));
+  std::vector<size_t> selected, assembled_keys;
+  for (auto& [dst, src] : target_to_source) {
+    const size_t k = index_of_key.at(src);
+    if (detail::is_assembled(c.keys, k))
+      assembled_keys.push_back(k);
+    else
+      selected.push_back(c.keys.tensor(k));
+  }
   // The keys' storages: per-channel quantizers' scales and zero points, and the component
   // tensors of sparse ones, included.
   std::vector<bool> needed = detail::storages_of(c, selected);
-  std::vector<at::Tensor> storages = detail::load_storages(c, needed, o);
   if (!o.device.is_meta())
     for (size_t i = 0; i < needed.size(); ++i)
       if (needed[i]) r.bytes += c.storages[i].nbytes;
+  detail::loaded_tensors loaded = detail::load_with_pieces(c, std::move(needed), selected, assembled_keys, o);
+  std::vector<at::Tensor>& storages = loaded.storages;
+  if (!o.device.is_meta()) r.bytes += loaded.piece_bytes;
 
   // Missing tensors (non-strict) come from the model file's own records.
   std::vector<at::Tensor> model_storages;
@@ -304,7 +349,9 @@ torch::jit::Module load_module(const std::string& model_path, const checkpoint& 
     at::Tensor value;
     auto src = target_to_source.find(t.name);
     if (src != target_to_source.end()) {
-      value = detail::view_of(c.tensors[tensor_of_key.at(src->second)], storages, o.device);
+      const size_t k = index_of_key.at(src->second);
+      value = detail::is_assembled(c.keys, k) ? loaded.assembled.at(k)
+                                              : detail::view_of(c.tensors[c.keys.tensor(k)], storages, o.device);
     } else {
       value = detail::view_of(model_file.tensors[model_tensor_of_name.at(t.name)], model_storages, o.device);
       r.filled_from_model.push_back(t.name);

@@ -10,6 +10,7 @@
 // Header-only: used by tests/unit/staging_pipeline_test.cpp and tests/tools/staged_load.cpp.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -120,8 +121,9 @@ class hostile_copy_engine final : public detail::copy_engine {
       std::this_thread::sleep_for(std::chrono::microseconds(delay));
       if (!fails) {
         for (const auto& c : copies) {
-          std::memcpy(c.dst, c.src, size_t(c.nbytes));
-          std::memset(const_cast<uint8_t*>(c.src), o_.poison, size_t(c.nbytes));
+          for (uint64_t row = 0; row < std::max<uint64_t>(c.rows, 1); ++row)
+            std::memcpy(c.dst + row * c.dst_pitch, c.src + row * c.nbytes, size_t(c.nbytes));
+          std::memset(const_cast<uint8_t*>(c.src), o_.poison, size_t(c.nbytes * std::max<uint64_t>(c.rows, 1)));
         }
       }
       lock.lock();

@@ -65,10 +65,16 @@ copy_engine::ticket cuda_copy_engine::submit(const copy_request* copies, size_t 
   }
   if (!done) check(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreateWithFlags");
   try {
-    for (size_t k = 0; k < count; ++k)
-      check(cudaMemcpyAsync(copies[k].dst, copies[k].src, size_t(copies[k].nbytes), cudaMemcpyHostToDevice,
-                            stream_.stream()),
-            "cudaMemcpyAsync");
+    for (size_t k = 0; k < count; ++k) {
+      const copy_request& r = copies[k];
+      if (r.rows <= 1)
+        check(cudaMemcpyAsync(r.dst, r.src, size_t(r.nbytes), cudaMemcpyHostToDevice, stream_.stream()),
+              "cudaMemcpyAsync");
+      else  // rows of a piece into a strided view of its tensor
+        check(cudaMemcpy2DAsync(r.dst, size_t(r.dst_pitch), r.src, size_t(r.nbytes), size_t(r.nbytes),
+                                size_t(r.rows), cudaMemcpyHostToDevice, stream_.stream()),
+              "cudaMemcpy2DAsync");
+    }
     check(cudaEventRecord(done, stream_.stream()), "cudaEventRecord");
   } catch (...) {
     // Copies queued before the failure may still read the buffer: finish them first.

@@ -18,7 +18,7 @@
 namespace ckpt::detail {
 
 std::vector<at::Tensor> load_storages_cuda(const checkpoint& c, const std::vector<bool>& needed,
-                                           const load_options& o) {
+                                           const load_options& o, const piece_targets* pieces) {
   c10::cuda::CUDAGuard guard(o.device);
   const c10::DeviceIndex index = c10::cuda::current_device();
   const auto device_opts = at::TensorOptions().dtype(at::kByte).device(c10::Device(c10::kCUDA, index));
@@ -26,11 +26,20 @@ std::vector<at::Tensor> load_storages_cuda(const checkpoint& c, const std::vecto
   read_plan_options po;
   po.max_gap = 4096;  // a zip local header with its padding is under 200 bytes
   po.max_read = std::max<uint64_t>(o.chunk_bytes, 1 << 20);
-  const read_plan plan = plan_reads(c, needed, po);
+  // The pieces of assembled tensors join the one plan: the staging buffer is their bounce
+  // buffer, copied from into the box's strided view of the tensor the caller allocated.
+  std::vector<bool> wanted = needed;
+  if (pieces)
+    for (size_t i = 0; i < c.storages.size(); ++i) wanted[i] = wanted[i] || pieces->base[i];
+  const read_plan plan = plan_reads(c, wanted, po);
 
   std::vector<at::Tensor> dst(c.storages.size());
   std::vector<uint8_t*> destinations(c.storages.size(), nullptr);
   for (size_t i : plan.storages) {
+    if (pieces && pieces->base[i]) {
+      destinations[i] = pieces->base[i];
+      continue;
+    }
     dst[i] = at::empty({int64_t(c.storages[i].nbytes)}, device_opts);
     destinations[i] = static_cast<uint8_t*>(dst[i].data_ptr());
   }
@@ -47,6 +56,7 @@ std::vector<at::Tensor> load_storages_cuda(const checkpoint& c, const std::vecto
   staging_options so;
   so.threads = std::clamp(o.threads > 0 ? o.threads : 4, 1, int(slots));
   so.progress = o.progress;
+  if (pieces) so.boxes = &pieces->boxes;
   run_staging_pipeline(plan, file_sources(c), destinations, staging_ring{ring.data_ptr<uint8_t>(), slots, longest},
                        engine, so);
   return dst;

@@ -20,7 +20,7 @@ std::string open_cuda_module() {
   // install both put it.
   std::string dir = directory_of_code_at(reinterpret_cast<const void*>(&open_cuda_module));
   module_entry found = open_module("CKPTOOL_TORCH_CUDA_PLUGIN", {dir + "/libckptool_torch_cuda.so"},
-                                   "ckptool_cuda_loader_v1");
+                                   "ckptool_cuda_loader_v2");
   if (!found.entry) return found.problem.empty() ? dir + "/libckptool_torch_cuda.so: not found" : found.problem;
   using entry_fn = void* (*)();
   set_cuda_loader(reinterpret_cast<cuda_loader_fn>(reinterpret_cast<entry_fn>(found.entry)()));

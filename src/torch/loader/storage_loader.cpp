@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstring>
 #include <memory>
+#include <stdexcept>
 #include <system_error>
 #include <thread>
 
@@ -169,8 +170,16 @@ void check_device(const c10::Device& device) {
                                   " CUDA devices)");
 }
 
-std::vector<at::Tensor> load_storages(const checkpoint& c, const std::vector<bool>& needed, const load_options& o) {
+std::vector<at::Tensor> load_storages(const checkpoint& c, const std::vector<bool>& needed, const load_options& o,
+                                      const piece_targets* pieces) {
   check_device(o.device);
+  if (pieces && pieces->empty()) pieces = nullptr;
+  if (pieces) {
+    if (pieces->base.size() != c.storages.size() || pieces->boxes.size() != c.storages.size())
+      throw std::logic_error("load_storages: one piece target per storage expected");
+    for (size_t i = 0; i < c.storages.size(); ++i)
+      if (pieces->base[i] && needed[i]) throw std::logic_error("load_storages: a storage both a piece and needed");
+  }
   if (o.device.is_meta()) {
     std::vector<at::Tensor> out(c.storages.size());
     for (size_t i = 0; i < c.storages.size(); ++i)
@@ -180,13 +189,30 @@ std::vector<at::Tensor> load_storages(const checkpoint& c, const std::vector<boo
   bool big_endian = c.byteorder == "big";
   if (o.mmap && (!o.device.is_cpu() || big_endian))
     throw error(errc::usage, big_endian ? "--mmap cannot serve big-endian data" : "--mmap works only with --device cpu");
+  // No format ckptool reads has big-endian pieces; the swap below knows storages only.
+  if (pieces && big_endian) throw error(errc::unsupported, "tensors assembled from pieces in a big-endian checkpoint");
+  if (pieces && o.mmap) throw std::logic_error("load_storages: pieces are not mapped");
   std::vector<at::Tensor> out;
   if (o.mmap) {
     out = load_mmap(c, needed, o);
   } else if (o.device.is_cuda() && !big_endian) {
-    out = cuda_loader()(c, needed, o);
-  } else {
+    out = cuda_loader()(c, needed, o, pieces);
+  } else if (!pieces) {
     out = load_storages_cpu(c, needed, o);
+  } else {
+    // Storages first, then pieces; progress counts both against one total.
+    uint64_t storage_bytes = 0, piece_bytes = 0;
+    for (size_t i = 0; i < c.storages.size(); ++i) {
+      const storage_record& s = c.storages[i];
+      if (!s.file_offset) continue;
+      if (needed[i]) storage_bytes += s.nbytes;
+      if (pieces->base[i]) piece_bytes += s.nbytes;
+    }
+    load_options first = o;
+    if (o.progress)
+      first.progress = [&o, piece_bytes](uint64_t done, uint64_t total) { o.progress(done, total + piece_bytes); };
+    out = load_storages_cpu(c, needed, first);
+    land_pieces_cpu(c, *pieces, o, storage_bytes, storage_bytes + piece_bytes);
   }
   if (big_endian) {
     // The element width of each storage decides the swap; then move to the device.

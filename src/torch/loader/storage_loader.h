@@ -9,13 +9,23 @@
 
 #include "ckpt/checkpoint.h"
 #include "ckpt/load.h"
+#include "model/assembly.h"
 
 namespace ckpt::detail {
 
+/// Storages whose bytes land in tensors the caller allocated, not in byte tensors of their
+/// own: the pieces of assembled keys (assembly.h). Indexed like c.storages; empty: none.
+struct piece_targets {
+  std::vector<uint8_t*> base;             // the tensor's first byte; null: not a piece
+  std::vector<const box_landing*> boxes;  // where in it each piece's bytes go
+  bool empty() const { return base.empty(); }
+};
+
 /// Byte (uint8) tensors indexed like c.storages; undefined where !needed[i]. Meta device:
-/// meta byte tensors, nothing read.
+/// meta byte tensors, nothing read. With `pieces`, also lands the bytes of each piece
+/// storage (never needed[i] too) in its tensor, every byte read once; not with --mmap.
 std::vector<at::Tensor> load_storages(const checkpoint& c, const std::vector<bool>& needed,
-                                      const load_options& options);
+                                      const load_options& options, const piece_targets* pieces = nullptr);
 
 /// The tensor view `t` over its loaded storage bytes (or an empty meta tensor for a
 /// checkpoint meta tensor).
@@ -36,17 +46,20 @@ void for_each_piece(size_t count, int threads, const std::function<void(size_t)>
 /// The CPU path (cpu_loader.cpp).
 std::vector<at::Tensor> load_storages_cpu(const checkpoint& c, const std::vector<bool>& needed,
                                           const load_options& options);
+/// The CPU path for pieces (piece_reader.cpp): `progress_base` bytes are already done.
+void land_pieces_cpu(const checkpoint& c, const piece_targets& pieces, const load_options& options,
+                     uint64_t progress_base, uint64_t progress_total);
 
-/// CUDA build only (cuda/cuda_loader.cpp): the pinned-ring loader.
+/// CUDA build only (cuda/cuda_loader.cpp): the pinned-ring loader, pieces included.
 std::vector<at::Tensor> load_storages_cuda(const checkpoint& c, const std::vector<bool>& needed,
-                                           const load_options& options);
+                                           const load_options& options, const piece_targets* pieces);
 
 /// The CUDA loader lives apart from the rest (ckpt_torch_cuda), so that CPU work never
 /// loads LibTorch's CUDA libraries. A program that links it whole gets it installed by a
 /// registrar; otherwise the first CUDA device named opens libckptool_torch_cuda.so from
 /// the directory of the module holding this code (cuda_module.cpp).
 using cuda_loader_fn = std::vector<at::Tensor> (*)(const checkpoint&, const std::vector<bool>&,
-                                                   const load_options&);
+                                                   const load_options&, const piece_targets*);
 void set_cuda_loader(cuda_loader_fn loader);
 /// The installed loader, opening the module if needed. Throws errc::device when this build
 /// has no CUDA or the module cannot be loaded.

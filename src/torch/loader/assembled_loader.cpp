@@ -1,0 +1,78 @@
+#include "torch/loader/assembled_loader.h"
+
+#include <optional>
+#include <string>
+
+#include "ckpt/error.h"
+#include "model/assembly.h"
+#include "model/read_plan.h"
+#include "torch/aten_types.h"
+#include "torch/loader/storage_loader.h"
+
+namespace ckpt::detail {
+
+loaded_tensors load_with_pieces(const checkpoint& c, std::vector<bool> needed, const std::vector<size_t>& viewed,
+                                const std::vector<size_t>& assembled_keys, const load_options& o) {
+  loaded_tensors out;
+  const assembly a = plan_assembly(c, assembled_keys);
+  if (a.tensors.empty()) {
+    out.storages = load_storages(c, needed, o);
+    return out;
+  }
+  check_device(o.device);  // before the first allocation on it
+  auto key_name = [&](const assembled_tensor& t) { return "key '" + std::string(c.keys.key(t.key)) + "'"; };
+  // A storage lands in one place: a piece's storage that another tensor views as well
+  // would need a second copy of its bytes.
+  const std::vector<bool> views = storages_of(c, viewed);
+  for (const assembled_tensor& t : a.tensors)
+    for (size_t s : t.storages) {
+      if (views[s])
+        throw_unsupported(key_name(t) + ": a piece's storage (" + c.storages[s].key +
+                          ") is also read as another tensor's data");
+      needed[s] = false;
+    }
+
+  const c10::Device place = o.device.is_meta() ? c10::Device(c10::kMeta) : o.device;
+  piece_targets targets;
+  std::vector<at::Tensor> whole(a.tensors.size());
+  std::vector<std::optional<size_t>> mapped(a.tensors.size());  // --mmap: the storage that is the tensor
+  for (size_t j = 0; j < a.tensors.size(); ++j) {
+    const assembled_tensor& t = a.tensors[j];
+    const c10::ScalarType st = scalar_type(t.type);
+    if (c10::isQIntType(st)) throw_unsupported(key_name(t) + ": quantized pieces are not assembled");
+    out.piece_bytes += t.nbytes;
+    if (o.device.is_meta() || t.nbytes == 0) {  // nothing to read
+      whole[j] = at::empty(t.shape, at::TensorOptions().dtype(st).device(place));
+      continue;
+    }
+    if (o.mmap) {
+      // A mapping shows file bytes in file order: only a piece that is the whole tensor.
+      const box_landing* l = t.storages.size() == 1 ? a.landing(t.storages[0]) : nullptr;
+      if (!l || !l->contiguous() || l->offset != 0 || l->nbytes != t.nbytes)
+        throw_unsupported(key_name(t) + " is assembled from " + std::to_string(c.keys.piece_count(t.key)) +
+                          " pieces, which no mapping of the file shows as one tensor; load it without --mmap");
+      needed[t.storages[0]] = true;
+      mapped[j] = t.storages[0];
+      continue;
+    }
+    // Empty, never initialized: every element is written by exactly one piece (plan_assembly).
+    whole[j] = at::empty(t.shape, at::TensorOptions().dtype(st).device(o.device));
+    if (targets.empty()) {
+      targets.base.assign(c.storages.size(), nullptr);
+      targets.boxes.assign(c.storages.size(), nullptr);
+    }
+    for (size_t s : t.storages) {
+      targets.base[s] = static_cast<uint8_t*>(whole[j].data_ptr());
+      targets.boxes[s] = a.landing(s);
+    }
+  }
+  out.storages = load_storages(c, needed, o, &targets);
+  for (size_t j = 0; j < a.tensors.size(); ++j) {
+    const assembled_tensor& t = a.tensors[j];
+    if (mapped[j]) whole[j] = out.storages[*mapped[j]].view(scalar_type(t.type)).view(t.shape);
+    out.assembled.emplace(t.key, whole[j]);
+  }
+  return out;
+}
+
+}  // namespace ckpt::detail
