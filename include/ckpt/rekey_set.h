@@ -51,9 +51,10 @@ rekey_set_result rekey_hf_set(const std::string& index_path, output_dir* out, co
 
 /// The index text written for a renamed weight_map: `text` is the input index; keys are
 /// renamed through `rename` (old -> new). The output is what the input's writer writes:
-/// transformers' json.dumps(indent=2, sort_keys=True) + "\n" when the input's keys were
-/// sorted at every level, else huggingface_hub's json.dump(indent=2) in the input's order
-/// (a final newline kept if the input had one). Non-ASCII is escaped as Python does.
+/// transformers' json.dumps(indent=2, sort_keys=True) + "\n" when the input ends with a
+/// newline and its keys were sorted at every level, else huggingface_hub's
+/// json.dump(indent=2) in the input's order (a final newline kept if the input had one).
+/// Non-ASCII is escaped as Python's json does by default.
 std::string renamed_index_text(const std::string& text,
                                const std::function<std::string(const std::string&)>& rename);
 

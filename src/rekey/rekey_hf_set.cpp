@@ -66,7 +66,10 @@ std::string renamed_index_text(const std::string& text, const std::function<std:
   } catch (const nlohmann::json::exception& e) {
     throw error(errc::corrupt, std::string("the index does not parse as JSON: ") + e.what());
   }
-  const bool sorted = sorted_everywhere(in);
+  // transformers sorts and ends with a newline, huggingface_hub does neither: a hub index
+  // whose keys happen to be sorted must keep its (state-dict) order after the renaming.
+  const bool ends_with_newline = !text.empty() && text.back() == '\n';
+  const bool sorted = ends_with_newline && sorted_everywhere(in);
   nlohmann::ordered_json out = nlohmann::ordered_json::object();
   for (auto it = in.begin(); it != in.end(); ++it) {
     if (it.key() != "weight_map") {
@@ -79,9 +82,7 @@ std::string renamed_index_text(const std::string& text, const std::function<std:
   }
   // Both writers call json with indent=2 and Python's default ensure_ascii=True.
   if (sorted) return nlohmann::json(out).dump(2, ' ', true) + "\n";
-  std::string s = out.dump(2, ' ', true);
-  if (!text.empty() && text.back() == '\n') s += "\n";
-  return s;
+  return out.dump(2, ' ', true) + (ends_with_newline ? "\n" : "");
 }
 
 rekey_set_result rekey_hf_set(const std::string& index_path, output_dir* out, const rekey_set_request& req) {
@@ -137,7 +138,12 @@ rekey_set_result rekey_hf_set(const std::string& index_path, output_dir* out, co
   }
   const hf::cross_check_result check = hf::cross_check(idx, contents);
   std::vector<std::string> errors;
-  for (const auto& f : check.findings) (f.error ? errors : result.notes).push_back(f.message);
+  for (const auto& f : check.findings) {
+    // The shards' bytes were not counted (contents[].bytes is 0); rekey keeps them, and
+    // metadata.total_size with them, as they are.
+    if (f.kind == hf::finding::what::total_size_mismatch) continue;
+    (f.error ? errors : result.notes).push_back(f.message);
+  }
   if (!errors.empty())
     throw error(errc::corrupt, std::to_string(errors.size()) + " disagreement(s) between the index and its shards; " +
                                    "nothing written: " + join_names(errors, 3))

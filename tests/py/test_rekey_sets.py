@@ -279,35 +279,40 @@ def _refusal_cases(tmp_path: Path, src: Path):
         os.link(src / first, tmp_path / "o" / first)
 
     return [
-        ("OUTDIR is IN", src, [], nothing),
-        ("OUTDIR is IN with a trailing slash", str(src) + "/", [], nothing),
-        ("OUTDIR is IN through ..", src / ".." / "in", ["--force"], nothing),
-        ("OUTDIR is IN through a symlink", tmp_path / "link", ["--force"], symlink_to_in),
-        ("OUTDIR inside IN, new", src / "out", ["--force"], nothing),
-        ("OUTDIR inside IN, existing", src / "sub", ["--force"], existing_sub),
-        ("OUTDIR contains IN", tmp_path, ["--force"], nothing),
-        ("OUTDIR is a file", tmp_path / "f", ["--force"], a_file),
-        ("OUTDIR is a device", "/dev/null", ["--force"], nothing),
-        ("OUTDIR holds another file", tmp_path / "o", [], unrelated),
-        ("a new shard would replace a file not of a set", tmp_path / "o", ["--force"], shard_named_file),
-        ("OUTDIR holds a DCP checkpoint", tmp_path / "o", ["--force"], dcp_there),
-        ("OUTDIR holds two indexes", tmp_path / "o", ["--force"], two_indexes),
-        ("OUTDIR holds an unreadable index", tmp_path / "o", ["--force"], bad_index),
-        ("the previous set's shard is an input (hard link)", tmp_path / "o", ["--force"], hard_linked_input),
+        ("is the input directory", src, [], nothing),
+        ("is the input directory", str(src) + "/", [], nothing),
+        ("is the input directory", src / ".." / "in", ["--force"], nothing),
+        ("is the input directory", tmp_path / "link", ["--force"], symlink_to_in),
+        ("lies inside the input directory", src / "out", ["--force"], nothing),
+        ("lies inside the input directory", src / "sub", ["--force"], existing_sub),
+        ("contains the input directory", tmp_path, ["--force"], nothing),
+        ("is a regular file", tmp_path / "f", ["--force"], a_file),
+        ("is a device", "/dev/null", ["--force"], nothing),
+        ("pass --force", tmp_path / "o", [], unrelated),
+        ("that is not of a previous set", tmp_path / "o", ["--force"], shard_named_file),
+        ("holds a torch.distributed.checkpoint", tmp_path / "o", ["--force"], dcp_there),
+        ("holds 2 shard indexes", tmp_path / "o", ["--force"], two_indexes),
+        ("cannot be read", tmp_path / "o", ["--force"], bad_index),
+        ("is the input", tmp_path / "o", ["--force"], hard_linked_input),
     ]
 
 
 def test_refusals(tmp_path, small_set):
-    """Each refusal: exit 2, one line, inputs and OUTDIR unchanged, nothing left behind.
-    Fails on old code: every case was refused as an unread layout (exit 3) or, for a file
-    OUTDIR, not refused before reading the input."""
+    """Each refusal: exit 2, one line saying why, inputs and OUTDIR unchanged, nothing left
+    behind; IN given as the directory and as its index. Fails on old code: a directory IN
+    was refused as a directory, an index IN as an unrecognized format (exit 3)."""
     src = small_set
-    for label, out, extra, setup in _refusal_cases(tmp_path, src):
+    cases = _refusal_cases(tmp_path, src)
+    for why, out, extra, setup in cases + [(w, o, e + ["IN=index"], s) for w, o, e, s in cases]:
         setup()
         before = snapshot(tmp_path)
-        got, so, se = run_ckptool("rekey", src, "-o", out, "--strip-compiled", *extra, timeout=LIMIT)
+        given = hf_fixtures._index_in(src) if "IN=index" in extra else src
+        extra = [a for a in extra if a != "IN=index"]
+        label = f"{why} ({out}, IN={given.name})"
+        got, so, se = run_ckptool("rekey", given, "-o", out, "--strip-compiled", *extra, timeout=LIMIT)
         assert got == 2, f"{label}: exit {got}: {se}"
         assert se.count("\n") == 1 and se.startswith("ckptool: usage"), f"{label}: {se!r}"
+        assert why in se, f"{label}: {se!r}"
         assert snapshot(tmp_path) == before, label
         assert temps(tmp_path) == [], label
         # Undo the setup for the next case.
