@@ -219,6 +219,14 @@ def test_dry_run_json_and_save_map(compiled_sets, tmp_path):
     ck("rekey", src, "-o", out, "--strip-compiled", "--save-map", m)
     saved = json.loads(m.read_text())
     assert saved["mapping"] == mapping
+    # --save-map onto a file of the input set, or into OUTDIR: refused, nothing written.
+    before = snapshot(src)
+    out_before = snapshot(out)
+    for o, target in ((tmp_path / "o2", src / shards_of(hf_fixtures._index_in(src))[0]),
+                      (tmp_path / "o2", hf_fixtures._index_in(src)), (out, out / "m.json")):
+        _, err = ck("rekey", src, "-o", o, "--strip-compiled", "--save-map", target, rc=2)
+        assert snapshot(src) == before and not (tmp_path / "o2").exists() and temps(tmp_path) == []
+        assert snapshot(out) == out_before
     # Replayed with --map on the original set: the same result.
     ck("rekey", src, "-o", tmp_path / "again", "--map", m)
     assert snapshot(out) == snapshot(tmp_path / "again")
