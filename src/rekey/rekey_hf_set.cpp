@@ -1,6 +1,7 @@
 // rekey of a Hugging Face shard set (formats.md §10, §11.2): one plan over every key of
 // every shard, each shard rewritten by rekey_file under its own name, the index last.
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <map>
 #include <nlohmann/json.hpp>
@@ -10,6 +11,7 @@
 #include "ckpt/input_file.h"
 #include "ckpt/output_set.h"
 #include "ckpt/rekey_set.h"
+#include "ckpt/sys_io.h"
 #include "formats/hf_index.h"
 
 namespace ckpt {
@@ -55,6 +57,7 @@ struct shard_input {
   std::string name, path;
   std::vector<std::string> keys;
   uint64_t size = 0;
+  bool changes = false;  // a key renamed, a mirror or _metadata path renamed, an entry dropped
 };
 
 }  // namespace
@@ -126,6 +129,7 @@ rekey_set_result rekey_hf_set(const std::string& index_path, output_dir* out, co
     dry.reader = req.reader;
     rekey_result planned = rekey_file(c, dry);
     s.keys.reserve(planned.plan.mapping.size());
+    s.changes = planned.plan.changed > 0 || !planned.dropped.empty();
     for (auto& [from, to] : planned.plan.mapping) s.keys.push_back(std::move(from));
     if (req.dry_run) {
       for (const auto& m : planned.mirrored_dicts) result.mirrored_dicts.push_back(name + ": " + m);
@@ -199,6 +203,25 @@ rekey_set_result rekey_hf_set(const std::string& index_path, output_dir* out, co
     const file_fingerprint fp = set.add_input(s.path);
     output_file& o = set.add_output(out->staged(s.name), fp.mode & 0777);
     set.open();
+    if (!s.changes) {
+      // Nothing in it changes (no key, so no mirror or _metadata path either): the file
+      // is copied byte for byte.
+      const int fd = open_regular_input(s.path);
+      try {
+        copy_range(fd, s.path, 0, s.size, o.fd(), o.path(), [&](uint64_t d) {
+          o.start_writeback(d);
+          if (req.progress) req.progress(done + d, total);
+        });
+      } catch (...) {
+        ::close(fd);
+        throw;
+      }
+      ::close(fd);
+      set.commit();
+      done += s.size;
+      result.bytes_written += s.size;
+      continue;
+    }
     checkpoint c = open_checkpoint(s.path, req.reader);
     rekey_request r;
     r.ops = req.ops;

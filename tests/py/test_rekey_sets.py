@@ -483,3 +483,23 @@ def test_file_size_limit_mid_set_leaves_nothing(tmp_path):
                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=limit, timeout=LIMIT)
     assert p.returncode == -signal.SIGXFSZ, p.stderr
     assert temps(tmp_path) == [] and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("safe", [True, False])
+def test_shards_without_a_renamed_key_are_copied_byte_for_byte(models, tmp_path, safe):
+    """Only the shard holding the renamed key is rewritten; the others are the writer's
+    own bytes (copied, not re-serialized: for these writers a rewrite happens to give the
+    same bytes too, checked by disabling the copy; the copy also keeps other writers'
+    header formatting). Fails on old code: the set was refused."""
+    src = tmp_path / "src"
+    index = hub_save(untied_state_dict(models["llama"]), src, safe)
+    wm = json.loads(index.read_text())["weight_map"]
+    key = "model.embed_tokens.weight"
+    ck("rekey", src, "-o", tmp_path / "out", "--rename", r"^model\.embed_tokens\.=emb.")
+    out = tmp_path / "out"
+    for shard in shards_of(index):
+        same = (out / shard).read_bytes() == (src / shard).read_bytes()
+        assert same == (shard != wm[key]), shard
+    got, want = load_set(out), load_set(src)
+    assert torch.equal(got["emb.weight"], want[key])
+    assert set(got) == {("emb.weight" if k == key else k) for k in want}
