@@ -239,6 +239,9 @@ rekey_set_result rekey_hf_set(const std::string& index_path, output_dir* out, co
     for (const auto& d : one.dropped) result.dropped.push_back(s.name + ": " + d);
   }
 
+  // A rewritten shard's size differs from its input's by its header: end on the total.
+  if (req.progress) req.progress(total, total);
+
   output_set set;
   set.set_staged();
   const file_fingerprint fp = set.add_input(index_path);

@@ -503,3 +503,36 @@ def test_shards_without_a_renamed_key_are_copied_byte_for_byte(models, tmp_path,
     got, want = load_set(out), load_set(src)
     assert torch.equal(got["emb.weight"], want[key])
     assert set(got) == {("emb.weight" if k == key else k) for k in want}
+
+
+def _run_on_a_terminal(args) -> tuple[int, bytes]:
+    import pty
+    master, slave = pty.openpty()
+    try:
+        p = subprocess.run([str(CKPTOOL), *map(str, args)], stdout=subprocess.DEVNULL, stderr=slave, timeout=LIMIT)
+    finally:
+        os.close(slave)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # EIO: the other side is closed and drained
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(master)
+    return p.returncode, seen
+
+
+def test_progress_bar_over_the_set_only_on_a_terminal(tmp_path):
+    sd = {f"_orig_mod.t{i}": torch.arange(1 << 20, dtype=torch.float32) + i for i in range(3)}
+    src = tmp_path / "in"
+    hub_save(sd, src, True, size="5MB")
+    rc, err = _run_on_a_terminal(["rekey", src, "-o", tmp_path / "tty", "--strip-compiled"])
+    assert rc == 0, err
+    assert b"rekey [" in err and b"100%" in err, err
+    assert err.rstrip(b"\r\n").endswith(b"\x1b[K"), err  # the bar is erased at the end
+    rc, so, se = run_ckptool("rekey", src, "-o", tmp_path / "pipe", "--strip-compiled")
+    assert rc == 0 and se == "", se
+    assert snapshot(tmp_path / "tty") == snapshot(tmp_path / "pipe")
