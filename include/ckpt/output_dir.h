@@ -59,6 +59,9 @@ class output_dir {
   const std::string& path() const { return path_; }
   /// Where the writer puts file `name` of the new set (after open()).
   std::string staged(const std::string& name) const { return staging_ + "/" + name; }
+  /// The staging directory itself (after open()), for a writer that fills a directory
+  /// (the DCP re-writer): it must write exactly the names given to open(), flat.
+  const std::string& staging_directory() const { return staging_; }
   /// Files of the previous set in OUTDIR that the commit replaces or removes.
   const std::vector<std::string>& previous_set() const { return previous_; }
   /// Files in OUTDIR that are not of the previous set (left alone; non-empty only with force).

@@ -536,3 +536,18 @@ def test_progress_bar_over_the_set_only_on_a_terminal(tmp_path):
     rc, so, se = run_ckptool("rekey", src, "-o", tmp_path / "pipe", "--strip-compiled")
     assert rc == 0 and se == "", se
     assert snapshot(tmp_path / "tty") == snapshot(tmp_path / "pipe")
+
+
+def test_outdir_empty_or_a_symlink_to_a_directory(tmp_path, small_set):
+    """An existing empty OUTDIR takes the set without --force; a symlink to a directory is
+    kept and the set written into the directory it leads to."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    ck("rekey", small_set, "-o", empty, "--strip-compiled")
+    real = tmp_path / "real"
+    real.mkdir()
+    (tmp_path / "link").symlink_to(real)
+    ck("rekey", small_set, "-o", tmp_path / "link", "--strip-compiled")
+    assert (tmp_path / "link").is_symlink()
+    assert snapshot(real) == snapshot(empty)
+    assert temps(tmp_path) == []
