@@ -158,7 +158,10 @@ int run_rekey_set(const rekey_options& o, const std::string& index) {
   if (!o.save_map.empty()) {
     for (const CLI::Option* opt : {o.map})
       for (const auto& path : opt->results()) map_set.add_input(path);
-    map_out = &map_set.add_output(o.save_map, 0644);
+    // The map keeps the index's permission bits, as a single file's map keeps its input's.
+    struct stat index_st;
+    const mode_t mode = ::stat(index.c_str(), &index_st) == 0 ? (index_st.st_mode & 0777) : 0644;
+    map_out = &map_set.add_output(o.save_map, mode);
     struct stat out_st, map_dir_st;
     const size_t slash = o.save_map.rfind('/');
     const std::string map_dir = slash == std::string::npos ? "." : slash == 0 ? "/" : o.save_map.substr(0, slash);

@@ -551,3 +551,39 @@ def test_outdir_empty_or_a_symlink_to_a_directory(tmp_path, small_set):
     assert (tmp_path / "link").is_symlink()
     assert snapshot(real) == snapshot(empty)
     assert temps(tmp_path) == []
+
+
+def _in_a_tiny_tmpfs(size: int, script: str) -> subprocess.CompletedProcess:
+    """Runs `script` (sh) in a private mount namespace with a tmpfs of `size` bytes at $T:
+    nothing is mounted outside it, whatever happens to the test."""
+    if not shutil.which("unshare"):
+        pytest.skip("no unshare(1)")
+    probe = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c",
+                            "mount -t tmpfs -o size=64k tmpfs /mnt"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {probe.stderr.decode().strip()}")
+    return subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c",
+                           f"mkdir -p /tmp/ckptool-tiny-$$ && T=/tmp/ckptool-tiny-$$ && "
+                           f"mount -t tmpfs -o size={size} tmpfs $T && {{ {script} ; }}; "
+                           f"rc=$?; umount $T; rmdir $T; exit $rc"],
+                          capture_output=True, timeout=LIMIT, env=dict(os.environ, CK=str(CKPTOOL)))
+
+
+def test_full_disk_leaves_nothing(tmp_path, small_set):
+    """A real ENOSPC (a tmpfs too small for the set): exit 4 and nothing left in it, for a
+    new OUTDIR and for one holding a previous set, which stays as it was."""
+    total = sum(p.stat().st_size for p in small_set.iterdir())
+    half = (total // 2 // 4096 + 1) * 4096
+    p = _in_a_tiny_tmpfs(half, f'"$CK" rekey {small_set} -o $T/out --strip-compiled; echo "rc=$?"; '
+                               f'ls -A $T; echo end')
+    out = p.stdout.decode()
+    assert "rc=4" in out, (out, p.stderr)
+    assert out.split("rc=4\n")[1] == "end\n", out  # the tmpfs is empty
+    # A previous set (the plain keys, shorter) fills most of the room; the new one cannot fit beside.
+    room = ((total + half) // 4096 + 2) * 4096
+    p = _in_a_tiny_tmpfs(room, f'"$CK" rekey {small_set} -o $T/out --strip-compiled >/dev/null && '
+                               f'cd $T/out && sha256sum * > ../before && '
+                               f'"$CK" rekey {small_set} -o $T/out --strip-compiled --add-prefix m. ; echo "rc=$?"; '
+                               f'sha256sum * | diff - ../before && echo same; ls -A $T/out | grep ckptool; echo end')
+    out = p.stdout.decode()
+    assert "rc=4" in out and "same\nend\n" in out, (out, p.stderr)
