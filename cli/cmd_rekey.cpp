@@ -2,6 +2,7 @@
 
 #include <sys/stat.h>
 
+#include <functional>
 #include <iomanip>
 #include <iostream>
 #include <memory>
@@ -69,22 +70,28 @@ std::vector<ckpt::keyed_tensor> target_tensors(const std::string& path, const ck
   return out;
 }
 
-ckpt::key_op match_op(const ckpt::checkpoint& c, const std::string& target, const std::vector<ckpt::key_op>& so_far,
+// The tensors --match aligns (the state dict's, or every shard's of a set), and the file
+// its messages name.
+struct match_source {
+  std::function<std::vector<ckpt::keyed_tensor>()> tensors;
+  std::string path;
+};
+
+ckpt::key_op match_op(const match_source& src, const std::string& target, const std::vector<ckpt::key_op>& so_far,
                       const ckpt::open_options& reader, const code_options& code) {
-  std::vector<ckpt::keyed_tensor> source = ckpt::keyed_tensors(c);
+  std::vector<ckpt::keyed_tensor> source = src.tensors();
   for (auto& t : source)
     for (const auto& op : so_far) t.key = ckpt::apply_op(op, t.key);
   ckpt::align_policy policy;
   policy.target = "--match " + target;
-  ckpt::match_result m = ckpt::align_keys(source, target_tensors(target, reader, code), policy, c.path);
+  ckpt::match_result m = ckpt::align_keys(source, target_tensors(target, reader, code), policy, src.path);
   for (const auto& d : m.dtype_mismatches) spdlog::warn("--match: dtype differs: {}", ckpt::escape_controls(d));
   spdlog::info("--match {}: edit chosen: {}", ckpt::display_name(target), ckpt::escape_controls(m.edit));
   std::map<std::string, std::string> mapping(m.mapping.begin(), m.mapping.end());
   return ckpt::make_map_op(std::move(mapping), "--match " + target + " (" + m.edit + ")", /*follow_modules=*/true);
 }
 
-// `c` is the checkpoint --match aligns; null for a set, where --match is refused.
-std::vector<ckpt::key_op> ops_in_order(const rekey_options& o, const ckpt::checkpoint* c) {
+std::vector<ckpt::key_op> ops_in_order(const rekey_options& o, const match_source& source) {
   std::vector<ckpt::key_op> ops;
   std::map<const CLI::Option*, size_t> used;
   for (const CLI::Option* opt : o.cmd->parse_order()) {
@@ -97,13 +104,7 @@ std::vector<ckpt::key_op> ops_in_order(const rekey_options& o, const ckpt::check
     else if (opt == o.add_compiled) ops.push_back(ckpt::make_op(ckpt::key_op::add_compiled, arg()));
     else if (opt == o.rename) ops.push_back(ckpt::make_rename_op(arg()));
     else if (opt == o.map) ops.push_back(ckpt::make_map_op(ckpt::mapping_from_json(ckpt::read_text_input(arg()), arg()), arg(), false));
-    else if (opt == o.match) {
-      if (!c)
-        throw ckpt::error(ckpt::errc::unsupported, "--match over a shard set is not supported yet; rekey one shard "
-                                                   "with --match --save-map and apply the map with --map")
-            .with_file(o.input);
-      ops.push_back(match_op(*c, arg(), ops, o.reader, o.code));
-    }
+    else if (opt == o.match) ops.push_back(match_op(source, arg(), ops, o.reader, o.code));
   }
   return ops;
 }
@@ -146,7 +147,7 @@ int run_rekey_set(const rekey_options& o, const std::string& index) {
   if (o.keep_unsafe && o.drop_unsafe) throw ckpt::error(ckpt::errc::usage, "--keep-unsafe and --drop-unsafe exclude each other");
 
   ckpt::rekey_set_request req;
-  req.ops = ops_in_order(o, nullptr);
+  req.ops = ops_in_order(o, {[&] { return ckpt::hf_set_keyed_tensors(index, o.reader); }, index});
   if (req.ops.empty()) throw ckpt::error(ckpt::errc::usage, "no operation given (see ckptool rekey --help)");
   req.dry_run = o.dry_run;
   req.reader = o.reader;
@@ -270,7 +271,7 @@ int run_rekey(const rekey_options& given) {
 
   ckpt::checkpoint c = ckpt::open_checkpoint(o.input, o.reader);
   ckpt::rekey_request req;
-  req.ops = ops_in_order(o, &c);
+  req.ops = ops_in_order(o, {[&c] { return ckpt::keyed_tensors(c); }, c.path});
   if (req.ops.empty()) throw ckpt::error(ckpt::errc::usage, "no operation given (see ckptool rekey --help)");
   req.dry_run = o.dry_run;
   req.reader = o.reader;

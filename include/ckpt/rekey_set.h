@@ -49,6 +49,10 @@ struct rekey_set_result {
 /// (formats.md §10.3 errors), errc::unsupported for a shard name with a directory in it.
 rekey_set_result rekey_hf_set(const std::string& index_path, output_dir* out, const rekey_set_request& request);
 
+/// Every shard's tensors as --match sees them (key, dtype, shape), shard by shard in the
+/// loaders' order, for aligning a whole set to a model or checkpoint.
+std::vector<keyed_tensor> hf_set_keyed_tensors(const std::string& index_path, const open_options& reader);
+
 /// The index text written for a renamed weight_map: `text` is the input index; keys are
 /// renamed through `rename` (old -> new). The output is what the input's writer writes:
 /// transformers' json.dumps(indent=2, sort_keys=True) + "\n" when the input ends with a

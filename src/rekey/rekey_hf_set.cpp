@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <iterator>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <unordered_map>
@@ -88,17 +89,39 @@ std::string renamed_index_text(const std::string& text, const std::function<std:
   return out.dump(2, ' ', true) + (ends_with_newline ? "\n" : "");
 }
 
-rekey_set_result rekey_hf_set(const std::string& index_path, output_dir* out, const rekey_set_request& req) {
-  rekey_set_result result;
+namespace {
+
+hf::index read_index(const std::string& index_path, std::string* text_out) {
   const hf::index_limits limits;
-  const std::string text = read_text_input(index_path, limits.max_bytes);
-  hf::index idx;
+  std::string text = read_text_input(index_path, limits.max_bytes);
   try {
-    idx = hf::parse_index(text, limits);
+    hf::index idx = hf::parse_index(text, limits);
+    if (text_out) *text_out = std::move(text);
+    return idx;
   } catch (error& e) {
     e.with_file(index_path);
     throw;
   }
+}
+
+}  // namespace
+
+std::vector<keyed_tensor> hf_set_keyed_tensors(const std::string& index_path, const open_options& reader) {
+  const hf::index idx = read_index(index_path, nullptr);
+  const std::string dir = parent_of(index_path);
+  std::vector<keyed_tensor> out;
+  for (const std::string& name : idx.shards) {
+    checkpoint c = open_checkpoint(dir + "/" + name, reader);
+    std::vector<keyed_tensor> one = keyed_tensors(c);
+    out.insert(out.end(), std::make_move_iterator(one.begin()), std::make_move_iterator(one.end()));
+  }
+  return out;
+}
+
+rekey_set_result rekey_hf_set(const std::string& index_path, output_dir* out, const rekey_set_request& req) {
+  rekey_set_result result;
+  std::string text;
+  const hf::index idx = read_index(index_path, &text);
   const std::string dir = parent_of(index_path);
   result.index = base_of(index_path);
 

@@ -587,3 +587,17 @@ def test_full_disk_leaves_nothing(tmp_path, small_set):
                                f'sha256sum * | diff - ../before && echo same; ls -A $T/out | grep ckptool; echo end')
     out = p.stdout.decode()
     assert "rc=4" in out and "same\nend\n" in out, (out, p.stderr)
+
+
+def test_match_aligns_the_whole_set_to_a_checkpoint(compiled_sets, tmp_path):
+    """--match a plain torch.save(model.state_dict()): the edit is solved over every
+    shard's tensors together, and the set then loads into the model strictly."""
+    model, src = compiled_sets["llama_st"]
+    target = tmp_path / "plain.pt"
+    torch.save(model.state_dict(), target)
+    ck("rekey", src, "-o", tmp_path / "out", "--match", target)
+    got = load_set(tmp_path / "out")
+    want = model.state_dict()
+    assert set(got) == set(want)
+    for k in want:
+        assert torch.equal(got[k], want[k]), k
