@@ -1,5 +1,8 @@
 #include "cmd_rekey.h"
 
+#include <sys/stat.h>
+
+#include <functional>
 #include <iomanip>
 #include <iostream>
 #include <memory>
@@ -9,13 +12,17 @@
 #include "ckpt/error.h"
 #include "ckpt/input_file.h"
 #include "ckpt/output_set.h"
+#include "ckpt/file_opener.h"
+#include "ckpt/output_dir.h"
 #include "ckpt/rekey_file.h"
+#include "ckpt/rekey_set.h"
 #include "ckpt/report.h"
 #include "base/text_escape.h"
 #include "plugin/torch_plugin.h"
 #include "ckpt/torchscript_code.h"
 #include "common.h"
 #include "load_guard.h"
+#include "model/layout.h"
 #include "progress.h"
 #include "validators.h"
 
@@ -63,21 +70,28 @@ std::vector<ckpt::keyed_tensor> target_tensors(const std::string& path, const ck
   return out;
 }
 
-ckpt::key_op match_op(const ckpt::checkpoint& c, const std::string& target, const std::vector<ckpt::key_op>& so_far,
+// The tensors --match aligns (the state dict's, or every shard's of a set), and the file
+// its messages name.
+struct match_source {
+  std::function<std::vector<ckpt::keyed_tensor>()> tensors;
+  std::string path;
+};
+
+ckpt::key_op match_op(const match_source& src, const std::string& target, const std::vector<ckpt::key_op>& so_far,
                       const ckpt::open_options& reader, const code_options& code) {
-  std::vector<ckpt::keyed_tensor> source = ckpt::keyed_tensors(c);
+  std::vector<ckpt::keyed_tensor> source = src.tensors();
   for (auto& t : source)
     for (const auto& op : so_far) t.key = ckpt::apply_op(op, t.key);
   ckpt::align_policy policy;
   policy.target = "--match " + target;
-  ckpt::match_result m = ckpt::align_keys(source, target_tensors(target, reader, code), policy, c.path);
+  ckpt::match_result m = ckpt::align_keys(source, target_tensors(target, reader, code), policy, src.path);
   for (const auto& d : m.dtype_mismatches) spdlog::warn("--match: dtype differs: {}", ckpt::escape_controls(d));
   spdlog::info("--match {}: edit chosen: {}", ckpt::display_name(target), ckpt::escape_controls(m.edit));
   std::map<std::string, std::string> mapping(m.mapping.begin(), m.mapping.end());
   return ckpt::make_map_op(std::move(mapping), "--match " + target + " (" + m.edit + ")", /*follow_modules=*/true);
 }
 
-std::vector<ckpt::key_op> ops_in_order(const rekey_options& o, const ckpt::checkpoint& c) {
+std::vector<ckpt::key_op> ops_in_order(const rekey_options& o, const match_source& source) {
   std::vector<ckpt::key_op> ops;
   std::map<const CLI::Option*, size_t> used;
   for (const CLI::Option* opt : o.cmd->parse_order()) {
@@ -90,14 +104,151 @@ std::vector<ckpt::key_op> ops_in_order(const rekey_options& o, const ckpt::check
     else if (opt == o.add_compiled) ops.push_back(ckpt::make_op(ckpt::key_op::add_compiled, arg()));
     else if (opt == o.rename) ops.push_back(ckpt::make_rename_op(arg()));
     else if (opt == o.map) ops.push_back(ckpt::make_map_op(ckpt::mapping_from_json(ckpt::read_text_input(arg()), arg()), arg(), false));
-    else if (opt == o.match) ops.push_back(match_op(c, arg(), ops, o.reader, o.code));
+    else if (opt == o.match) ops.push_back(match_op(source, arg(), ops, o.reader, o.code));
   }
   return ops;
 }
 
+// The layout `path` names (formats.md §1.1), with `file` a path to open.
+ckpt::detail::layout layout_of(const std::string& path) {
+  struct stat st;
+  const bool dir = ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+  const size_t slash = path.rfind('/');
+  std::string root = path, name;
+  if (!dir) {
+    root = slash == std::string::npos ? "" : slash == 0 ? "/" : path.substr(0, slash);
+    name = slash == std::string::npos ? path : path.substr(slash + 1);
+    if (name.empty() || name == "." || name == "..") return {ckpt::detail::layout_kind::single_file, path, {}};
+  }
+  const ckpt::disk_opener fs(root);
+  ckpt::detail::layout l = ckpt::detail::detect_layout(fs, name);
+  l.file = l.file == name ? path : fs.display(l.file);
+  return l;
+}
+
+void print_mapping(std::ostream& report, const ckpt::rekey_plan& plan, bool all) {
+  std::vector<std::pair<std::string, std::string>> shown;
+  if (all || plan.changed <= 50)
+    for (auto& [from, to] : plan.mapping)
+      if (from != to) shown.emplace_back(ckpt::display_name(from), ckpt::display_name(to));
+  size_t width = 3;
+  for (auto& [from, to] : shown) width = std::max(width, std::min<size_t>(from.size(), 60));
+  for (auto& [from, to] : shown) report << "  " << std::left << std::setw(int(width)) << from << "  ->  " << to << "\n";
+}
+
+// rekey INDEX|DIR -o OUTDIR: a Hugging Face shard set, written as a set (ckpt/output_dir.h).
+int run_rekey_set(const rekey_options& o, const std::string& index) {
+  bool has_output = o.output_opt->count() > 0;
+  if (!o.dry_run && !has_output) throw ckpt::error(ckpt::errc::usage, "rekey needs -o OUTDIR (or --dry-run)");
+  if (has_output && o.output == "-")
+    throw ckpt::error(ckpt::errc::usage, "a shard set is written to a directory, not to standard output");
+  if (o.dry_run && !o.save_map.empty())
+    throw ckpt::error(ckpt::errc::usage, "--dry-run writes nothing, so it cannot --save-map (--json shows the mapping)");
+  if (o.keep_unsafe && o.drop_unsafe) throw ckpt::error(ckpt::errc::usage, "--keep-unsafe and --drop-unsafe exclude each other");
+
+  ckpt::rekey_set_request req;
+  req.ops = ops_in_order(o, {[&] { return ckpt::hf_set_keyed_tensors(index, o.reader); }, index});
+  if (req.ops.empty()) throw ckpt::error(ckpt::errc::usage, "no operation given (see ckptool rekey --help)");
+  req.dry_run = o.dry_run;
+  req.reader = o.reader;
+  req.unsafe = o.keep_unsafe ? ckpt::unsafe_policy::keep : o.drop_unsafe ? ckpt::unsafe_policy::drop : ckpt::unsafe_policy::refuse;
+
+  // --save-map is one more file, committed after the set; never a file inside OUTDIR.
+  ckpt::output_set map_set;
+  ckpt::output_file* map_out = nullptr;
+  if (!o.save_map.empty()) {
+    for (const CLI::Option* opt : {o.map})
+      for (const auto& path : opt->results()) map_set.add_input(path);
+    // The map keeps the index's permission bits, as a single file's map keeps its input's.
+    struct stat index_st;
+    const mode_t mode = ::stat(index.c_str(), &index_st) == 0 ? (index_st.st_mode & 0777) : 0644;
+    map_out = &map_set.add_output(o.save_map, mode);
+    struct stat out_st, map_dir_st;
+    const size_t slash = o.save_map.rfind('/');
+    const std::string map_dir = slash == std::string::npos ? "." : slash == 0 ? "/" : o.save_map.substr(0, slash);
+    if (::stat(o.output.c_str(), &out_st) == 0 && ::stat(map_dir.c_str(), &map_dir_st) == 0 &&
+        out_st.st_dev == map_dir_st.st_dev && out_st.st_ino == map_dir_st.st_ino)
+      throw ckpt::error(ckpt::errc::usage, "--save-map names a file inside the output directory, which holds the set "
+                                           "only; nothing written")
+          .with_file(o.save_map);
+  }
+
+  std::unique_ptr<ckpt::output_dir> out;
+  if (!o.dry_run) out = std::make_unique<ckpt::output_dir>(o.output, ckpt::set_layout::hf_index, o.force);
+  progress_bar bar("rekey");
+  if (bar.enabled() && !o.dry_run) req.progress = [&bar](uint64_t done, uint64_t total) { bar.update(done, total); };
+  ckpt::rekey_set_result r;
+  try {
+    r = ckpt::rekey_hf_set(index, out.get(), req);
+  } catch (...) {
+    bar.finish();
+    throw;
+  }
+  bar.finish();
+  // The map may not replace a file of the input set (refused before any commit).
+  if (map_out) {
+    const size_t slash = index.rfind('/');
+    const std::string in_dir = slash == std::string::npos ? "" : index.substr(0, slash + 1);
+    for (const auto& name : r.files) map_set.add_input(in_dir + name);
+  }
+  for (const auto& n : r.notes) spdlog::warn("{}", ckpt::escape_controls(n));
+  for (const auto& op : r.plan.unused_ops) spdlog::warn("{} changed no key (a typo?)", ckpt::escape_controls(op));
+  for (const auto& d : r.dropped) spdlog::warn("--drop-unsafe removed entry {}", ckpt::display_name(d));
+  if (map_out) {
+    map_set.open();
+    std::string text = ckpt::mapping_to_json(r.plan.mapping);
+    map_out->write(text.data(), text.size());
+  }
+  std::vector<std::string> replaced;
+  if (out) {
+    replaced = out->previous_set();
+    out->commit();
+  }
+  if (map_out) map_set.commit();
+
+  std::ostream& report = std::cout;
+  if (o.json) {
+    nlohmann::json doc;
+    doc["input"] = index;
+    doc["output"] = o.dry_run ? nlohmann::json(nullptr) : nlohmann::json(o.output);
+    doc["layout"] = "hf_index";
+    doc["dry_run"] = o.dry_run;
+    nlohmann::json ops = nlohmann::json::array();
+    for (const auto& op : req.ops) ops.push_back(op.describe());
+    doc["operations"] = ops;
+    doc["files"] = r.files;
+    doc["replaced_previous_set"] = replaced;
+    doc["changed"] = r.plan.changed;
+    doc["unused_operations"] = r.plan.unused_ops;
+    doc["mirrored_dicts"] = r.mirrored_dicts;
+    doc["metadata_renamed"] = r.metadata_renamed;
+    doc["dropped"] = r.dropped;
+    doc["notes"] = r.notes;
+    doc["bytes_written"] = r.bytes_written;
+    ckpt::write_json_with_pairs(doc, "mapping", r.plan.mapping, [&report](std::string_view s) { report << s; });
+    report << "\n";
+    return 0;
+  }
+  print_mapping(report, r.plan, o.dry_run);
+  report << r.plan.changed << " of " << r.plan.mapping.size() << " keys renamed across " << (r.files.size() - 1)
+         << " shard(s)";
+  if (r.metadata_renamed) report << ", " << r.metadata_renamed << " _metadata module paths";
+  if (!r.mirrored_dicts.empty()) report << ", also in " << r.mirrored_dicts.size() << " mirroring dict(s)";
+  if (o.dry_run)
+    report << " (dry run: nothing written)\n";
+  else
+    report << "; wrote " << ckpt::display_name(o.output) << " (" << r.files.size() << " files, "
+           << human_bytes(r.bytes_written) << ")\n";
+  return 0;
+}
+
 int run_rekey(const rekey_options& given) {
-  // A directory stands for the one model file it holds; shard sets and DCP are refused here.
+  // A directory stands for the one model file it holds, or for the shard set it holds.
   rekey_options o = given;
+  const ckpt::detail::layout l = layout_of(given.input);
+  if (l.kind == ckpt::detail::layout_kind::hf_index) return run_rekey_set(o, l.file);
+  // A DCP directory is refused here as by every verb (its writer is the next hook:
+  // ckpt/rekey_set.h).
   o.input = ckpt::resolve_checkpoint_path(given.input);
   bool has_output = o.output_opt->count() > 0;
   if (!o.dry_run && !has_output) throw ckpt::error(ckpt::errc::usage, "rekey needs -o OUT (or --dry-run)");
@@ -120,7 +271,7 @@ int run_rekey(const rekey_options& given) {
 
   ckpt::checkpoint c = ckpt::open_checkpoint(o.input, o.reader);
   ckpt::rekey_request req;
-  req.ops = ops_in_order(o, c);
+  req.ops = ops_in_order(o, {[&c] { return ckpt::keyed_tensors(c); }, c.path});
   if (req.ops.empty()) throw ckpt::error(ckpt::errc::usage, "no operation given (see ckptool rekey --help)");
   req.dry_run = o.dry_run;
   req.reader = o.reader;
@@ -168,13 +319,7 @@ int run_rekey(const rekey_options& given) {
     ckpt::write_json_with_pairs(doc, "mapping", r.plan.mapping, [&report](std::string_view s) { report << s; });
     report << "\n";
   } else {
-    std::vector<std::pair<std::string, std::string>> shown;
-    if (o.dry_run || r.plan.changed <= 50)
-      for (auto& [from, to] : r.plan.mapping)
-        if (from != to) shown.emplace_back(ckpt::display_name(from), ckpt::display_name(to));
-    size_t width = 3;
-    for (auto& [from, to] : shown) width = std::max(width, std::min<size_t>(from.size(), 60));
-    for (auto& [from, to] : shown) report << "  " << std::left << std::setw(int(width)) << from << "  ->  " << to << "\n";
+    print_mapping(report, r.plan, o.dry_run);
     report << r.plan.changed << " of " << r.plan.mapping.size() << " keys renamed";
     if (r.metadata_renamed) report << ", " << r.metadata_renamed << " _metadata module paths";
     if (!r.mirrored_dicts.empty()) report << ", also in " << r.mirrored_dicts.size() << " mirroring dict(s)";
@@ -194,7 +339,10 @@ verb setup_rekey(CLI::App& app) {
       "rekey", "Strip, add or rename key segments (_orig_mod., module., ...) so compiled and uncompiled "
                "checkpoints load into each other; everything else is kept exactly");
   o->cmd = cmd;
-  cmd->add_option("IN", o->input, "torch.save zip archive or safetensors file")->required();
+  cmd->add_option("IN", o->input,
+                  "torch.save zip archive or safetensors file; or a Hugging Face shard set (its *.index.json, or "
+                  "the directory holding it), written as a set into the directory -o names")
+      ->required();
   o->output_opt = cmd->add_option("-o,--output", o->output,
                                   "Where to write the result (same format as IN); '-' for standard output")
                       ->check(non_empty_path());
@@ -226,7 +374,9 @@ verb setup_rekey(CLI::App& app) {
       ->type_name("FILE")->check(non_empty_path());
   cmd->add_flag("--dry-run", o->dry_run, "Print the old -> new table and write nothing");
   cmd->add_flag("--json", o->json, "Print the result as JSON");
-  cmd->add_flag("--force", o->force, "Allow OUT to be IN itself (replaced only once the new file is complete)");
+  cmd->add_flag("--force", o->force,
+                "Allow OUT to be IN itself (replaced only once the new file is complete); for a set, allow OUTDIR to "
+                "hold other files (left alone: only a previous set's files are ever removed)");
   cmd->add_flag("--keep-unsafe", o->keep_unsafe, "Keep entries naming unsafe globals as they are (never run)");
   cmd->add_flag("--drop-unsafe", o->drop_unsafe, "Remove the top-level entries naming unsafe globals");
   add_reader_flags(*cmd, o->reader);

@@ -12,6 +12,7 @@ set(CKPT_CORE_SOURCES
   ${CKPT_ROOT}/src/io/file_opener.cpp
   ${CKPT_ROOT}/src/io/input_file.cpp
   ${CKPT_ROOT}/src/io/memory_opener.cpp
+  ${CKPT_ROOT}/src/io/output_dir.cpp
   ${CKPT_ROOT}/src/io/output_set.cpp
   ${CKPT_ROOT}/src/io/slice_source.cpp
   ${CKPT_ROOT}/src/io/staging_pipeline.cpp
@@ -52,6 +53,7 @@ set(CKPT_CORE_SOURCES
   ${CKPT_ROOT}/src/rekey/dcp_planner_path.cpp
   ${CKPT_ROOT}/src/rekey/dcp_rekey.cpp
   ${CKPT_ROOT}/src/rekey/rekey_file.cpp
+  ${CKPT_ROOT}/src/rekey/rekey_hf_set.cpp
   ${CKPT_ROOT}/src/rekey/rekey_plan.cpp
   ${CKPT_ROOT}/src/rekey/rename_spec.cpp
   ${CKPT_ROOT}/src/rekey/wrappers.cpp
@@ -127,6 +129,7 @@ set(CKPT_SHARED_HEADERS
   ${CKPT_ROOT}/include/ckpt/key_table.h
   ${CKPT_ROOT}/include/ckpt/load.h
   ${CKPT_ROOT}/include/ckpt/materialize.h
+  ${CKPT_ROOT}/include/ckpt/output_dir.h
   ${CKPT_ROOT}/include/ckpt/output_set.h
   ${CKPT_ROOT}/include/ckpt/pickle.h
   ${CKPT_ROOT}/include/ckpt/pickle_items.h
@@ -134,6 +137,7 @@ set(CKPT_SHARED_HEADERS
   ${CKPT_ROOT}/include/ckpt/pickle_writer.h
   ${CKPT_ROOT}/include/ckpt/rekey.h
   ${CKPT_ROOT}/include/ckpt/rekey_file.h
+  ${CKPT_ROOT}/include/ckpt/rekey_set.h
   ${CKPT_ROOT}/include/ckpt/report.h
   ${CKPT_ROOT}/include/ckpt/safetensors.h
   ${CKPT_ROOT}/include/ckpt/sys_io.h

@@ -104,6 +104,11 @@ class output_set {
   /// outputs complete.
   void commit();
 
+  /// The outputs lie in the staging directory of an output_dir (ckpt/output_dir.h), whose
+  /// commit is the one readers see: this set's commit then does not count as the process's
+  /// (commit_started() stays false), so a signal still removes the whole staging directory.
+  void set_staged() { staged_ = true; }
+
   /// Re-checks the inputs' fingerprints only (errc::io naming the file that changed):
   /// what a read-only command calls before it reports.
   void check_inputs_unchanged() const;
@@ -124,6 +129,7 @@ class output_set {
   std::vector<std::unique_ptr<output_file>> outputs_;
   bool opened_ = false;
   bool committed_ = false;
+  bool staged_ = false;
 };
 
 /// For a signal handler (async-signal-safe, lock-free): unlinks the temporary file of

@@ -56,4 +56,8 @@ struct rekey_result {
 /// in its code) and legacy files; io when writing fails (nothing is committed).
 rekey_result rekey_file(checkpoint& c, const rekey_request& request);
 
+/// The keys rekey_file plans over, in the file's order: every safetensors tensor, or the
+/// string keys of the state dict found (errc::unsupported, naming the file, when none is).
+std::vector<std::string> rekey_keys(const checkpoint& c);
+
 }  // namespace ckpt

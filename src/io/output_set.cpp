@@ -233,7 +233,7 @@ void output_set::commit() {
     temp_registry::release(op->registry_slot_);
     op->registry_slot_ = -1;
   }
-  temp_registry::mark_commit_started();
+  if (!staged_) temp_registry::mark_commit_started();
 
   enum step { created, exchanged, backed_up, replaced };
   struct done_step {

@@ -468,6 +468,18 @@ void write_safetensors(checkpoint& c, const rekey_request& req, rekey_result& re
 
 }  // namespace
 
+std::vector<std::string> rekey_keys(const checkpoint& c) {
+  std::vector<std::string> keys;
+  if (c.format == file_format::safetensors) {
+    keys.reserve(c.keys.size());
+    for (size_t k = 0; k < c.keys.size(); ++k) keys.emplace_back(c.keys.key(k));
+    return keys;
+  }
+  if (!c.state_dict_node)
+    throw error(errc::unsupported, "no state dict found to rekey (inspect shows where the tensors are)").with_file(c.path);
+  return str_keys(c.state_dict_node);
+}
+
 rekey_result rekey_file(checkpoint& c, const rekey_request& req) {
   rekey_result result;
   only_file(c);
@@ -496,15 +508,7 @@ rekey_result rekey_file(checkpoint& c, const rekey_request& req) {
   }
 
   renamer rename = from_ops(req.ops);
-  std::vector<std::string> old_keys;
-  if (c.format == file_format::safetensors) {
-    old_keys.reserve(c.keys.size());
-    for (size_t k = 0; k < c.keys.size(); ++k) old_keys.emplace_back(c.keys.key(k));
-  } else {
-    if (!c.state_dict_node)
-      throw error(errc::unsupported, "no state dict found to rekey (inspect shows where the tensors are)").with_file(c.path);
-    old_keys = str_keys(c.state_dict_node);
-  }
+  std::vector<std::string> old_keys = rekey_keys(c);
   // Which nodes are tensors, for the mirror search below; then, when the caller lets go of
   // c, its tensor records are freed before the plan, the rename and the write add theirs.
   detail::pointer_map<bool> tensor_nodes(c.tensors.size());

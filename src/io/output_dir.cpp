@@ -1,0 +1,442 @@
+#include "ckpt/output_dir.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <set>
+#include <utility>
+
+#include "ckpt/error.h"
+#include "ckpt/sys_io.h"
+#include "formats/hf_index.h"
+#include "io/temp_registry.h"
+#include "model/layout.h"
+
+namespace ckpt {
+namespace {
+
+[[noreturn]] void io_fail(const std::string& what, const std::string& path, int err) {
+  throw error(errc::io, what + ": " + std::strerror(err)).with_file(path);
+}
+
+[[noreturn]] void usage(const std::string& what, const std::string& path) {
+  throw error(errc::usage, what).with_file(path);
+}
+
+std::string quoted(const std::string& s) { return "'" + s + "'"; }
+
+std::string listed(const std::vector<std::string>& names) {
+  std::string out;
+  for (size_t i = 0; i < names.size() && i < 4; ++i) out += (i ? ", " : "") + quoted(names[i]);
+  if (names.size() > 4) out += ", ... (" + std::to_string(names.size() - 4) + " more)";
+  return out;
+}
+
+std::string real_path(const std::string& path) {
+  char* real = ::realpath(path.c_str(), nullptr);
+  if (!real) io_fail("cannot resolve", path, errno);
+  std::string out(real);
+  std::free(real);
+  return out;
+}
+
+std::string parent_of(const std::string& path) {
+  size_t slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+
+std::string base_of(const std::string& path) {
+  size_t slash = path.rfind('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+std::string join(const std::string& dir, const std::string& name) { return dir == "/" ? "/" + name : dir + "/" + name; }
+
+struct identity {
+  dev_t dev;
+  ino_t ino;
+  bool operator==(const identity& o) const { return dev == o.dev && ino == o.ino; }
+};
+
+// Every directory from the root down to `real` (a realpath), by identity: the physical
+// chain, so a symlink or a bind mount of the same directory compares equal.
+std::vector<identity> chain_of(const std::string& real) {
+  std::vector<identity> out;
+  std::string prefix = real;
+  for (;;) {
+    struct stat st;
+    if (::stat(prefix.c_str(), &st) == 0) out.push_back({st.st_dev, st.st_ino});
+    if (prefix == "/" || prefix.empty()) break;
+    prefix = parent_of(prefix);
+  }
+  return out;
+}
+
+bool contains(const std::vector<identity>& chain, const identity& id) {
+  return std::find(chain.begin(), chain.end(), id) != chain.end();
+}
+
+std::vector<std::string> list_directory(const std::string& dir) {
+  std::vector<std::string> out;
+  DIR* d = ::opendir(dir.c_str());
+  if (!d) io_fail("cannot list the output directory", dir, errno);
+  while (dirent* e = ::readdir(d)) {
+    std::string n = e->d_name;
+    if (n != "." && n != "..") out.push_back(n);
+  }
+  ::closedir(d);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::string random_suffix() {
+  static thread_local std::mt19937_64 rng(std::random_device{}());
+  char suffix[17];
+  std::snprintf(suffix, sizeof suffix, "%016llx", static_cast<unsigned long long>(rng()));
+  return suffix;
+}
+
+const char* layout_noun(set_layout l) {
+  return l == set_layout::hf_index ? "Hugging Face shard set" : "torch.distributed.checkpoint";
+}
+
+void fsync_directory(const std::string& dir, const std::string& named) {
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) io_fail("cannot open the output directory to sync it", named, errno);
+  sys::mark_next_fsync_as_directory();
+  int rc = sys::fsync(fd);
+  int err = errno;
+  ::close(fd);
+  if (rc != 0) io_fail("fsync of the output directory failed", named, err);
+}
+
+bool is_regular_or_link(const std::string& path, identity* id = nullptr) {
+  struct stat st;
+  if (::lstat(path.c_str(), &st) != 0) return false;
+  if (id) *id = {st.st_dev, st.st_ino};
+  return S_ISREG(st.st_mode) || S_ISLNK(st.st_mode);
+}
+
+}  // namespace
+
+output_dir::output_dir(std::string path, set_layout layout, bool force)
+    : path_(std::move(path)), layout_(layout), force_(force) {}
+
+output_dir::~output_dir() { discard(); }
+
+void output_dir::add_input(const std::string& path) {
+  file_fingerprint fp;
+  ::close(open_regular_input(path, &fp));
+  inputs_.push_back({path, fp});
+  input_dirs_.push_back(parent_of(real_path(path)));
+}
+
+mode_t output_dir::add_input_dir(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) io_fail("cannot use the input directory", path, errno);
+  input_dirs_.push_back(real_path(path));
+  if (!have_mode_) {
+    mode_ = st.st_mode & 0777;
+    have_mode_ = true;
+  }
+  return st.st_mode & 0777;
+}
+
+// OUTDIR is the input directory, lies inside one, or holds one: a previous set removed
+// there, or a staging directory renamed over it, could take the input with it.
+void output_dir::check_identity() {
+  std::string given = path_;
+  while (given.size() > 1 && given.back() == '/') given.pop_back();
+  if (given.empty()) usage("the output directory name is empty", path_);
+  struct stat lst, st;
+  if (::lstat(given.c_str(), &lst) == 0) {
+    if (::stat(given.c_str(), &st) != 0) usage("the output directory is a symlink that leads nowhere", path_);
+    if (!S_ISDIR(st.st_mode))
+      usage(std::string("the output directory is ") +
+                (S_ISREG(st.st_mode) ? "a regular file" : S_ISBLK(st.st_mode) || S_ISCHR(st.st_mode) ? "a device" : "not a directory") +
+                "; nothing written",
+            path_);
+    exists_ = true;
+    target_ = real_path(given);
+    parent_ = parent_of(target_);
+  } else {
+    if (errno != ENOENT) io_fail("cannot use the output directory", path_, errno);
+    std::string name = base_of(given);
+    if (name == "." || name == "..") usage("the output directory names no directory", path_);
+    const std::string parent = parent_of(given);
+    if (::stat(parent.c_str(), &st) != 0) io_fail("cannot use the output directory's parent " + quoted(parent), path_, errno);
+    if (!S_ISDIR(st.st_mode)) usage("the output directory's parent is not a directory", path_);
+    parent_ = real_path(parent);
+    target_ = join(parent_, name);
+  }
+
+  // Where OUTDIR is (itself when it exists, else its parent, where it would appear).
+  const std::vector<identity> out_chain = chain_of(exists_ ? target_ : parent_);
+  identity out_id{};
+  if (exists_) out_id = out_chain.front();
+  for (const std::string& in : input_dirs_) {
+    struct stat ist;
+    if (::stat(in.c_str(), &ist) != 0) continue;
+    const identity in_id{ist.st_dev, ist.st_ino};
+    if (exists_ && in_id == out_id)
+      usage("the output directory is the input directory " + quoted(in) + "; nothing written", path_);
+    if (contains(out_chain, in_id))
+      usage("the output directory lies inside the input directory " + quoted(in) + "; nothing written", path_);
+    if (exists_ && contains(chain_of(in), out_id))
+      usage("the output directory contains the input directory " + quoted(in) + "; nothing written", path_);
+  }
+}
+
+void output_dir::find_previous_set(const std::vector<std::string>& listing) {
+  std::vector<std::string> indexes;
+  bool dcp = false;
+  for (const auto& n : listing) {
+    if (detail::is_shard_index_name(n) && is_regular_or_link(join(target_, n))) indexes.push_back(n);
+    if (n == ".metadata" && is_regular_or_link(join(target_, n))) dcp = true;
+  }
+  // Another layout, or two sets: writing beside them would leave a directory no loader
+  // reads as one checkpoint, and which files to replace would be a guess.
+  if (layout_ == set_layout::hf_index && dcp)
+    usage("the output directory holds a torch.distributed.checkpoint (.metadata); a shard set beside it would "
+          "make a directory no loader reads as one checkpoint; nothing written",
+          path_);
+  if (layout_ == set_layout::dcp && !indexes.empty())
+    usage("the output directory holds a Hugging Face shard index " + quoted(indexes.front()) +
+              "; a torch.distributed.checkpoint beside it would make a directory no loader reads as one checkpoint; "
+              "nothing written",
+          path_);
+  if (indexes.size() > 1)
+    usage("the output directory holds " + std::to_string(indexes.size()) + " shard indexes (" + listed(indexes) +
+              "): which set to replace would be a guess; nothing written",
+          path_);
+
+  std::set<std::string> prev;
+  if (layout_ == set_layout::hf_index && indexes.size() == 1) {
+    previous_last_ = indexes.front();
+    const std::string index_path = join(target_, previous_last_);
+    hf::index idx;
+    try {
+      idx = hf::parse_index(read_text_input(index_path, hf::index_limits{}.max_bytes));
+    } catch (const error& e) {
+      usage("the output directory holds an index that cannot be read (" + e.message() +
+                "), so which files are its set is unknown: remove it yourself; nothing written",
+            index_path);
+    }
+    prev.insert(previous_last_);
+    for (const std::string& shard : idx.shards) {
+      // Only plain names directly in OUTDIR are ever removed: a name with a directory in
+      // it could lead through a symlink to files outside.
+      if (shard.find('/') != std::string::npos || shard.find('\\') != std::string::npos) continue;
+      if (is_regular_or_link(join(target_, shard))) prev.insert(shard);
+    }
+  } else if (layout_ == set_layout::dcp && dcp) {
+    // Hook for the DCP writer: the set is `.metadata` and the `*.distcp` files beside it.
+    previous_last_ = ".metadata";
+    prev.insert(previous_last_);
+    for (const auto& n : listing)
+      if (n.size() > 7 && n.compare(n.size() - 7, 7, ".distcp") == 0 && is_regular_or_link(join(target_, n)))
+        prev.insert(n);
+  }
+  previous_.assign(prev.begin(), prev.end());
+  for (const auto& n : listing)
+    if (!prev.count(n)) others_.push_back(n);
+}
+
+void output_dir::open(const std::vector<std::string>& names, const std::string& last) {
+  if (!staging_.empty()) return;
+  names_ = names;
+  last_ = last;
+  for (const auto& n : names_)
+    if (n.empty() || n == "." || n == ".." || n.find('/') != std::string::npos)
+      throw error(errc::unsupported, "the output set names a file " + quoted(n) +
+                                         " that is not a plain name in one directory; nothing written")
+          .with_file(path_);
+  if (std::find(names_.begin(), names_.end(), last_) == names_.end())
+    throw error(errc::usage, "internal error: the set's index is not among its files").with_file(path_);
+  check_identity();
+
+  if (exists_) {
+    const std::vector<std::string> listing = list_directory(target_);
+    find_previous_set(listing);
+    if (!others_.empty() && !force_)
+      usage("the output directory holds files that are not a previous " + std::string(layout_noun(layout_)) + " (" +
+                listed(others_) +
+                "); pass --force to write the set beside them (only a previous set's files are ever removed); "
+                "nothing written",
+            path_);
+    // Even with --force, a new file never takes the name of a file that is not of the
+    // previous set: replacing it would be deleting it.
+    for (const auto& n : names_)
+      if (std::find(others_.begin(), others_.end(), n) != others_.end())
+        usage("the new set's file " + quoted(n) + " would replace a file of the output directory that is not of a "
+                  "previous set; nothing written",
+              path_);
+    // The commit renames over and removes the previous set's files: none may be an input
+    // under another name (a hard link).
+    for (const auto& n : previous_) {
+      identity id{};
+      if (!is_regular_or_link(join(target_, n), &id)) continue;
+      struct stat followed;
+      bool has_target = ::stat(join(target_, n).c_str(), &followed) == 0;
+      for (const auto& in : inputs_)
+        if ((id.dev == in.fp.dev && id.ino == in.fp.ino) ||
+            (has_target && followed.st_dev == in.fp.dev && followed.st_ino == in.fp.ino))
+          usage("the previous set's file " + quoted(n) + " is the input " + quoted(in.path) +
+                    " (a hard link or a symlink); nothing written",
+                path_);
+    }
+  }
+
+  // The staging directory: beside a new OUTDIR (renamed to it), inside an existing one
+  // (its files are renamed out of it): either way on OUTDIR's file system.
+  const std::string home = exists_ ? target_ : parent_;
+  const std::string base = base_of(target_).substr(0, 200);
+  for (int attempt = 0; attempt < 100 && staging_.empty(); ++attempt) {
+    std::string candidate = join(home, "." + base + ".ckptool-" + random_suffix());
+    // Held before it exists, so that no moment has a directory a signal handler misses.
+    registry_slot_ = temp_registry::hold_directory(candidate.c_str());
+    if (::mkdir(candidate.c_str(), exists_ ? 0700 : mode_) == 0) {
+      staging_ = candidate;
+      break;
+    }
+    int e = errno;
+    temp_registry::release(registry_slot_);
+    registry_slot_ = -1;
+    if (e != EEXIST) io_fail("cannot create a staging directory", home, e);
+  }
+  if (staging_.empty()) io_fail("cannot create a staging directory", home, EEXIST);
+  // mkdir applied the umask; a new OUTDIR gets the input directory's bits as files get
+  // their input's, less the umask.
+}
+
+void output_dir::commit() {
+  if (committed_) return;
+  if (staging_.empty()) throw error(errc::usage, "internal error: output directory committed before open()").with_file(path_);
+  for (const auto& in : inputs_) {
+    struct stat st;
+    if (::stat(in.path.c_str(), &st) != 0)
+      throw error(errc::io, "changed while being read (it is gone); nothing written").with_file(in.path);
+    if (fingerprint_of(st) != in.fp) throw error(errc::io, "changed while being read; nothing written").with_file(in.path);
+  }
+  for (const auto& n : names_) {
+    struct stat st;
+    if (::lstat(staged(n).c_str(), &st) != 0 || !S_ISREG(st.st_mode))
+      throw error(errc::io, "internal error: the set's file " + quoted(n) + " was not written; nothing replaced")
+          .with_file(path_);
+  }
+  fsync_directory(staging_, path_);
+  // From here the staging directory may hold files the rollback needs.
+  temp_registry::release(registry_slot_);
+  registry_slot_ = -1;
+  temp_registry::mark_commit_started();
+  if (exists_)
+    commit_into_existing();
+  else
+    commit_new_directory();
+}
+
+void output_dir::commit_new_directory() {
+  int rc = sys::rename(staging_.c_str(), target_.c_str(), RENAME_NOREPLACE);
+  if (rc != 0 && (errno == EINVAL || errno == ENOSYS || errno == EOPNOTSUPP)) {
+    // rename(2) would replace an empty directory that appeared meanwhile: look first.
+    struct stat st;
+    if (::lstat(target_.c_str(), &st) == 0) errno = EEXIST, rc = -1;
+    else rc = sys::rename(staging_.c_str(), target_.c_str());
+  }
+  if (rc != 0) {
+    int e = errno;
+    discard();
+    io_fail("cannot move the new set into place", path_, e);
+  }
+  staging_.clear();
+  committed_ = true;
+  fsync_directory(parent_, path_);
+}
+
+void output_dir::commit_into_existing() {
+  // A step done, and how to undo it.
+  struct step {
+    std::string from, to;
+    bool exchanged;
+  };
+  std::vector<step> done;
+  const std::string hidden_index = previous_last_.empty() ? std::string() : staged(".previous-" + previous_last_);
+  auto roll_back = [&] {
+    for (auto it = done.rbegin(); it != done.rend(); ++it) {
+      if (it->exchanged)
+        ::renameat2(AT_FDCWD, it->from.c_str(), AT_FDCWD, it->to.c_str(), RENAME_EXCHANGE);
+      else
+        ::rename(it->to.c_str(), it->from.c_str());
+    }
+  };
+  auto move = [&](const std::string& from, const std::string& to) {
+    struct stat st;
+    if (::lstat(to.c_str(), &st) == 0) {
+      // The file replaced is kept at the staging name until the set is in place.
+      if (sys::rename(from.c_str(), to.c_str(), RENAME_EXCHANGE) == 0) {
+        done.push_back({from, to, true});
+        return;
+      }
+      if (errno != EINVAL && errno != ENOSYS && errno != EOPNOTSUPP) io_fail("rename failed", to, errno);
+      // No RENAME_EXCHANGE: keep the old file under a second name first.
+      const std::string keep = from + ".replaced";
+      if (::link(to.c_str(), keep.c_str()) != 0) io_fail("cannot keep the previous file aside", to, errno);
+      if (sys::rename(from.c_str(), to.c_str()) != 0) {
+        int e = errno;
+        ::unlink(keep.c_str());
+        io_fail("rename failed", to, e);
+      }
+      // Undone in reverse: the new file back to staging, then the old one back.
+      done.push_back({to, keep, false});
+      done.push_back({from, to, false});
+      return;
+    }
+    if (sys::rename(from.c_str(), to.c_str(), RENAME_NOREPLACE) != 0) io_fail("rename failed", to, errno);
+    done.push_back({from, to, false});
+  };
+  try {
+    // 1. The previous index out of sight: from now until the new one is in, OUTDIR holds
+    //    no set at all, never an index naming files of two sets.
+    if (!previous_last_.empty()) {
+      if (sys::rename(join(target_, previous_last_).c_str(), hidden_index.c_str(), RENAME_NOREPLACE) != 0)
+        io_fail("cannot move the previous index aside", join(target_, previous_last_), errno);
+      done.push_back({join(target_, previous_last_), hidden_index, false});
+    }
+    // 2. The new files, each by one rename; 3. the index last.
+    for (const auto& n : names_)
+      if (n != last_) move(staged(n), join(target_, n));
+    move(staged(last_), join(target_, last_));
+  } catch (...) {
+    roll_back();
+    discard();
+    throw;
+  }
+  committed_ = true;
+  // 4. The set is in place: what is left of the previous one goes, and nothing else.
+  std::set<std::string> kept(names_.begin(), names_.end());
+  for (const auto& n : previous_)
+    if (!kept.count(n) && n != previous_last_) ::unlink(join(target_, n).c_str());
+  const std::string staging = staging_;
+  staging_.clear();
+  temp_registry::remove_directory(staging.c_str());
+  fsync_directory(target_, path_);
+}
+
+void output_dir::discard() noexcept {
+  if (registry_slot_ >= 0) temp_registry::release(registry_slot_);
+  registry_slot_ = -1;
+  if (!staging_.empty() && !committed_) temp_registry::remove_directory(staging_.c_str());
+  staging_.clear();
+}
+
+}  // namespace ckpt
