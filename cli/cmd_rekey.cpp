@@ -16,6 +16,7 @@
 #include "ckpt/output_dir.h"
 #include "ckpt/rekey_file.h"
 #include "ckpt/rekey_set.h"
+#include "ckpt/dcp_rekey.h"
 #include "ckpt/report.h"
 #include "base/text_escape.h"
 #include "plugin/torch_plugin.h"
@@ -242,13 +243,150 @@ int run_rekey_set(const rekey_options& o, const std::string& index) {
   return 0;
 }
 
+// The directory and the name below it that a disk_opener reaches `dir` by.
+std::pair<std::string, std::string> parent_and_name(std::string dir) {
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  const size_t slash = dir.rfind('/');
+  if (slash == std::string::npos) return {"", dir};
+  return {slash == 0 ? "/" : dir.substr(0, slash), dir.substr(slash + 1)};
+}
+
+// rekey DIR -o OUTDIR: a torch.distributed.checkpoint directory (formats.md §9.6), written
+// as a set (ckpt/output_dir.h): the .distcp files copied byte for byte, .metadata last.
+int run_rekey_dcp(const rekey_options& o, const std::string& dir) {
+  const bool has_output = o.output_opt->count() > 0;
+  if (!o.dry_run && !has_output) throw ckpt::error(ckpt::errc::usage, "rekey needs -o OUTDIR (or --dry-run)");
+  if (has_output && o.output == "-")
+    throw ckpt::error(ckpt::errc::usage, "a DCP checkpoint is written to a directory, not to standard output");
+  if (o.dry_run && !o.save_map.empty())
+    throw ckpt::error(ckpt::errc::usage, "--dry-run writes nothing, so it cannot --save-map (--json shows the mapping)");
+  // .metadata may name nothing but DCP's own dataclasses: there is no unsafe entry to keep
+  // or drop, only a file to refuse.
+  if (o.keep_unsafe || o.drop_unsafe)
+    throw ckpt::error(ckpt::errc::usage, "--keep-unsafe and --drop-unsafe apply to torch.save files, not to a DCP "
+                                         "directory (a .metadata naming unsafe globals is refused)");
+  const match_source no_match{[]() -> std::vector<ckpt::keyed_tensor> {
+                                throw ckpt::error(ckpt::errc::unsupported,
+                                                  "--match over a DCP directory is not supported yet; use --map");
+                              },
+                              dir};
+  const std::vector<ckpt::key_op> ops = ops_in_order(o, no_match);
+  if (ops.empty()) throw ckpt::error(ckpt::errc::usage, "no operation given (see ckptool rekey --help)");
+
+  const auto [parent, name] = parent_and_name(dir);
+  const ckpt::disk_opener fs(parent);
+  ckpt::dcp_rekey_options opt;
+  opt.lim = o.reader.pickle_limits;
+  opt.dry_run = true;
+  // Everything is planned and checked first: the names of the new set are what the output
+  // directory's refusals are judged on, before it is made.
+  ckpt::dcp_rekey_result r;
+  try {
+    r = ckpt::write_rekeyed_dcp(fs, name, ops, "", opt);
+  } catch (ckpt::error& e) {
+    if (e.file().empty()) e.with_file(dir);
+    throw;
+  }
+  std::vector<std::string> files = r.data_files;
+  files.insert(files.end(), r.other_files.begin(), r.other_files.end());
+  files.push_back(".metadata");
+
+  ckpt::output_set map_set;
+  ckpt::output_file* map_out = nullptr;
+  std::unique_ptr<ckpt::output_dir> out;
+  if (!o.dry_run) {
+    out = std::make_unique<ckpt::output_dir>(o.output, ckpt::set_layout::dcp, o.force);
+    out->add_input_dir(dir);
+    for (const auto& f : files) out->add_input(dir + "/" + f);
+    if (!o.save_map.empty()) {
+      for (const auto& f : files) map_set.add_input(dir + "/" + f);
+      for (const auto& path : o.map->results()) map_set.add_input(path);
+      struct stat md_st;
+      const mode_t mode = ::stat((dir + "/.metadata").c_str(), &md_st) == 0 ? (md_st.st_mode & 0777) : 0644;
+      map_out = &map_set.add_output(o.save_map, mode);
+      struct stat out_st, map_dir_st;
+      const size_t slash = o.save_map.rfind('/');
+      const std::string map_dir = slash == std::string::npos ? "." : slash == 0 ? "/" : o.save_map.substr(0, slash);
+      if (::stat(o.output.c_str(), &out_st) == 0 && ::stat(map_dir.c_str(), &map_dir_st) == 0 &&
+          out_st.st_dev == map_dir_st.st_dev && out_st.st_ino == map_dir_st.st_ino)
+        throw ckpt::error(ckpt::errc::usage, "--save-map names a file inside the output directory, which holds the "
+                                             "checkpoint only; nothing written")
+            .with_file(o.save_map);
+    }
+    out->open(files, ".metadata");
+    progress_bar bar("rekey");
+    opt.dry_run = false;
+    if (bar.enabled()) opt.progress = [&bar](uint64_t done, uint64_t total) { bar.update(done, total); };
+    try {
+      r = ckpt::write_rekeyed_dcp(fs, name, ops, out->staging_directory(), opt);
+    } catch (ckpt::error& e) {
+      bar.finish();
+      if (e.file().empty()) e.with_file(dir);
+      throw;
+    }
+    bar.finish();
+  }
+  for (const auto& item : r.unchecked_byte_items)
+    spdlog::warn("non-tensor item {} is zstd-compressed: not searched for renamed keys (copied as it was)",
+                 ckpt::display_name(item));
+  for (const auto& g : r.byte_item_globals)
+    spdlog::warn("non-tensor item names a global torch.load(weights_only=True) refuses (dcp.load unpickles it "
+                 "with weights_only=False): {}", ckpt::escape_controls(g));
+  for (const auto& op : r.plan.unused_ops) spdlog::warn("{} changed no key (a typo?)", ckpt::escape_controls(op));
+  if (map_out) {
+    map_set.open();
+    const std::string text = ckpt::mapping_to_json(r.plan.mapping);
+    map_out->write(text.data(), text.size());
+  }
+  std::vector<std::string> replaced;
+  if (out) {
+    replaced = out->previous_set();
+    out->commit();
+  }
+  if (map_out) map_set.commit();
+
+  std::ostream& report = std::cout;
+  const uint64_t bytes = r.metadata_bytes + r.bytes_copied;
+  if (o.json) {
+    nlohmann::json doc;
+    doc["input"] = dir;
+    doc["output"] = o.dry_run ? nlohmann::json(nullptr) : nlohmann::json(o.output);
+    doc["layout"] = "dcp";
+    doc["dry_run"] = o.dry_run;
+    nlohmann::json jops = nlohmann::json::array();
+    for (const auto& op : ops) jops.push_back(op.describe());
+    doc["operations"] = jops;
+    doc["files"] = files;
+    doc["replaced_previous_set"] = replaced;
+    doc["changed"] = r.plan.changed;
+    doc["unused_operations"] = r.plan.unused_ops;
+    doc["storage_entries_renamed"] = r.storage_renamed;
+    doc["planner_entries_renamed"] = r.planner_renamed;
+    doc["byte_items"] = r.byte_items;
+    doc["unchecked_byte_items"] = r.unchecked_byte_items;
+    doc["unknown_fields"] = r.unknown_fields;
+    doc["bytes_written"] = o.dry_run ? 0 : bytes;
+    ckpt::write_json_with_pairs(doc, "mapping", r.plan.mapping, [&report](std::string_view s) { report << s; });
+    report << "\n";
+    return 0;
+  }
+  print_mapping(report, r.plan, o.dry_run);
+  report << r.plan.changed << " of " << r.plan.mapping.size() << " keys renamed in .metadata (" << r.storage_renamed
+         << " chunk entries, " << r.planner_renamed << " planner entries)";
+  if (o.dry_run)
+    report << " (dry run: nothing written)\n";
+  else
+    report << "; wrote " << ckpt::display_name(o.output) << " (" << files.size() << " files, " << human_bytes(bytes)
+           << ", data files copied byte for byte)\n";
+  return 0;
+}
+
 int run_rekey(const rekey_options& given) {
   // A directory stands for the one model file it holds, or for the shard set it holds.
   rekey_options o = given;
   const ckpt::detail::layout l = layout_of(given.input);
   if (l.kind == ckpt::detail::layout_kind::hf_index) return run_rekey_set(o, l.file);
-  // A DCP directory is refused here as by every verb (its writer is the next hook:
-  // ckpt/rekey_set.h).
+  if (l.kind == ckpt::detail::layout_kind::dcp) return run_rekey_dcp(o, given.input);
   o.input = ckpt::resolve_checkpoint_path(given.input);
   bool has_output = o.output_opt->count() > 0;
   if (!o.dry_run && !has_output) throw ckpt::error(ckpt::errc::usage, "rekey needs -o OUT (or --dry-run)");

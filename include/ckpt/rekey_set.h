@@ -2,9 +2,8 @@
 // directory (ckpt/output_dir.h). One function per layout fills the staging directory; the
 // output_dir's commit puts the set in place.
 //   - Hugging Face shard sets (formats.md §10, §11.2): rekey_hf_set.
-//   - torch.distributed.checkpoint: the hook is the same shape (a function that fills
-//     out.staged(...) with `.metadata` and the copied `.distcp` files, then the caller
-//     commits); not wired yet.
+//   - torch.distributed.checkpoint: write_rekeyed_dcp (ckpt/dcp_rekey.h) fills the
+//     staging directory with the copied data files and the new `.metadata`.
 #pragma once
 
 #include <cstdint>

@@ -441,3 +441,78 @@ def test_byte_value_naming_a_renamed_key_refused(tmp_path):
     sd = {"model": {"w": torch.zeros(2)}, "optim": {"param_groups": [{"lr": 0.0, "params": None}], "sched": None}}
     dcp.load(sd, checkpoint_id=str(tmp_path / "out2"), no_dist=True)
     assert torch.equal(sd["model"]["w"], torch.ones(2)) and sd["optim"]["param_groups"][0]["params"] == ["w"]
+
+
+# --- the verb: ckptool rekey DIR -o OUTDIR (the output-directory policy, formats.md §11) ----
+
+CKPTOOL = Path(os.environ.get("CKPTOOL", HERE.parents[1] / "build" / "ckptool"))
+
+
+def ck_rekey(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([str(CKPTOOL), "rekey", *map(str, args)], capture_output=True, text=True, timeout=120)
+
+
+def tree_hashes(d: Path) -> dict:
+    return {p.name: sha(p) for p in sorted(d.iterdir()) if p.is_file()}
+
+
+def test_cli_strip_compiled_loads_into_uncompiled_model(dcp_dirs, tmp_path):
+    src = need(dcp_dirs, "compiled2")
+    before = tree_hashes(src)
+    out = tmp_path / "plain"
+    p = ck_rekey("--strip-compiled", "--json", src, "-o", out)
+    assert p.returncode == 0, p.stderr
+    res = json.loads(p.stdout)
+    assert res["layout"] == "dcp" and res["files"][-1] == ".metadata"
+    mapping = {m["old"]: m["new"] for m in res["mapping"]}
+    assert mapping["model._orig_mod.0.weight"] == "model.0.weight"
+    assert sorted(x.name for x in out.iterdir()) == sorted(res["files"])
+    assert tree_hashes(src) == before
+    for name in res["files"][:-1]:
+        assert sha(out / name) == sha(src / name), name
+    assert load_uncompiled(tmp_path, out, Path(str(src) + ".expected.pt")) == "OK"
+
+
+def test_cli_dry_run_and_text_report(dcp_dirs, tmp_path):
+    src = need(dcp_dirs, "compiled2")
+    out = tmp_path / "never"
+    p = ck_rekey("--strip-compiled", "--dry-run", src, "-o", out)
+    assert p.returncode == 0, p.stderr
+    assert "model._orig_mod.0.weight" in p.stdout and "dry run: nothing written" in p.stdout
+    assert not out.exists()
+
+
+def test_cli_output_directory_policy(dcp_dirs, tmp_path):
+    src = need(dcp_dirs, "compiled2")
+    before = tree_hashes(src)
+    # Inside the input, or the input itself: refused, nothing written.
+    for bad in (src / "sub", src):
+        p = ck_rekey("--strip-compiled", src, "-o", bad)
+        assert p.returncode == 2, p.stderr
+        assert len(p.stderr.strip().splitlines()) == 1
+    assert tree_hashes(src) == before and not (src / "sub").exists()
+    # An OUTDIR holding something else: refused without --force ...
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    p = ck_rekey("--strip-compiled", src, "-o", out)
+    assert p.returncode == 2 and "--force" in p.stderr, p.stderr
+    assert sorted(x.name for x in out.iterdir()) == ["notes.txt"]
+    # ... and with it, the set goes in beside it; a second run replaces only that set.
+    p = ck_rekey("--strip-compiled", "--force", src, "-o", out)
+    assert p.returncode == 0, p.stderr
+    p = ck_rekey("--add-prefix", "m.", "--force", src, "-o", out)
+    assert p.returncode == 0, p.stderr
+    assert (out / "notes.txt").read_text() == "mine"
+    md = read_md(out)
+    assert all(k.startswith("m.") for k in md.state_dict_metadata)
+    assert not [x for x in out.iterdir() if x.name.startswith(".out.ckptool")]
+    assert tree_hashes(src) == before
+
+
+def test_cli_unsafe_flags_and_match_refused(dcp_dirs, tmp_path):
+    src = need(dcp_dirs, "compiled2")
+    p = ck_rekey("--strip-compiled", "--keep-unsafe", src, "-o", tmp_path / "o")
+    assert p.returncode == 2 and not (tmp_path / "o").exists(), p.stderr
+    p = ck_rekey("--match", src, src, "-o", tmp_path / "o")
+    assert p.returncode == 3 and "not supported yet" in p.stderr and not (tmp_path / "o").exists(), p.stderr
