@@ -96,7 +96,7 @@ std::vector<ckpt::key_op> ops_in_order(const rekey_options& o, const ckpt::check
 }
 
 int run_rekey(const rekey_options& given) {
-  // A directory stands for the one model file it holds; shard sets and DCP are refused here.
+  // A directory stands for the one model file it holds (or its shard index); DCP is refused here.
   rekey_options o = given;
   o.input = ckpt::resolve_checkpoint_path(given.input);
   bool has_output = o.output_opt->count() > 0;
@@ -119,6 +119,12 @@ int run_rekey(const rekey_options& given) {
   std::ostream& report = set.writes_stdout() ? std::cerr : std::cout;
 
   ckpt::checkpoint c = ckpt::open_checkpoint(o.input, o.reader);
+  // Refused before anything is created: rewriting a set means rewriting its index too.
+  if (c.layout != ckpt::checkpoint_layout::single_file)
+    throw ckpt::error(ckpt::errc::unsupported, std::string("rekey of a ") +
+                                                   (c.layout == ckpt::checkpoint_layout::hf_shard_set ? "Hugging Face shard set" : "multi-file checkpoint") +
+                                                   " is not supported yet; materialize -o writes its state dict as one file, which rekey reads")
+        .with_file(c.path);
   ckpt::rekey_request req;
   req.ops = ops_in_order(o, c);
   if (req.ops.empty()) throw ckpt::error(ckpt::errc::usage, "no operation given (see ckptool rekey --help)");
