@@ -333,6 +333,7 @@ def test_materialize_into_a_model_aligns_the_keys(tmp_path):
     torch.manual_seed(5)
     net = _Net().eval()
     d = tmp_path / "set"
+    d.mkdir()
     save_torch_state_dict(net.state_dict(), d, max_shard_size="10KB")
     assert len(list(d.glob("*.safetensors"))) >= 3
     scripted = tmp_path / "compiled.pt"
