@@ -8,8 +8,8 @@ huggingface_hub's save_torch_state_dict, safetensors and .bin), judged by the re
 * The broken sets of test_hf_index.py (each with its success twin) through inspect:
   cross-check errors refuse the set (exit 3, naming the index), warnings are listed.
 * verify: every shard's checks plus the cross-check.
-* materialize: -o equals the saved model's state_dict() bit for bit; --dtype, --device
-  meta, --check-finite, --model key alignment; -o may not name a shard.
+* materialize: -o equals the saved model's state_dict() bit for bit; --dtype, --mmap,
+  --device meta, --check-finite, --model key alignment; -o may not name a shard.
 * rekey refuses a set (another helper's work), writing nothing.
 """
 from __future__ import annotations
@@ -280,7 +280,7 @@ def test_materialize_equals_the_saved_state_dict(sets, tmp_path, name):
     assert set(saved) - set(got) == ({"lm_head.weight"} if name == "gpt2_pretrained" else set())
 
 
-def test_materialize_dtype_meta_and_finite(sets, tmp_path):
+def test_materialize_dtype_mmap_meta_and_finite(sets, tmp_path):
     s = sets["llama_pretrained"]
     real = real_set(s)
     out = tmp_path / "bf16.pt"
@@ -289,6 +289,11 @@ def test_materialize_dtype_meta_and_finite(sets, tmp_path):
     got = torch.load(out, weights_only=True)
     for k, v in real.items():
         assert same_bits(got[k], v.to(torch.bfloat16) if v.is_floating_point() else v), k
+    mapped = tmp_path / "mmap.pt"
+    rc, _, err = run_ckptool("materialize", s.directory, "--device", "cpu", "--mmap", "-o", mapped)
+    assert rc == 0, err
+    got = torch.load(mapped, weights_only=True)
+    assert all(same_bits(got[k], v) for k, v in real.items()) and len(got) == len(real)
     rc, stdout, err = run_ckptool("materialize", s.directory, "--device", "meta", "--json")
     assert rc == 0, err
     assert json.loads(stdout)["tensors"] == len(real)
