@@ -37,11 +37,11 @@ struct inspect_options {
 ckpt::checkpoint* g_kept_checkpoint = nullptr;
 
 int run_inspect(const inspect_options& given) {
-  // A directory stands for the one model file it holds; shard sets and DCP are refused here.
+  // A directory stands for the one model file it holds, or its shard index; DCP is refused here.
   inspect_options o = given;
   o.file = ckpt::resolve_checkpoint_path(given.file);
   ckpt::output_set inputs;  // no outputs: it refuses a FIFO and sees the file change
-  inputs.add_input(o.file);
+  for (const std::string& f : ckpt::checkpoint_input_files(o.file)) inputs.add_input(f);
   auto owned = std::make_unique<ckpt::checkpoint>(ckpt::open_checkpoint(o.file, o.reader));
   g_kept_checkpoint = owned.release();
   const ckpt::checkpoint& c = *g_kept_checkpoint;

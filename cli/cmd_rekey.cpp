@@ -408,6 +408,12 @@ int run_rekey(const rekey_options& given) {
   std::ostream& report = set.writes_stdout() ? std::cerr : std::cout;
 
   ckpt::checkpoint c = ckpt::open_checkpoint(o.input, o.reader);
+  // Sets take the paths above; anything else of several files is refused before anything
+  // is created (rewriting a set means rewriting its index too).
+  if (c.layout != ckpt::checkpoint_layout::single_file)
+    throw ckpt::error(ckpt::errc::unsupported, std::string("rekey of a ") + ckpt::layout_name(c.layout) +
+                                                   " checkpoint named this way is not supported; name its index or directory")
+        .with_file(c.path);
   ckpt::rekey_request req;
   req.ops = ops_in_order(o, {[&c] { return ckpt::keyed_tensors(c); }, c.path});
   if (req.ops.empty()) throw ckpt::error(ckpt::errc::usage, "no operation given (see ckptool rekey --help)");

@@ -2,6 +2,8 @@
 
 #include <iostream>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "ckpt/error.h"
 #include "ckpt/output_set.h"
@@ -21,11 +23,18 @@ struct verify_options {
 };
 
 int run_verify(const verify_options& given) {
-  // A directory stands for the one model file it holds; shard sets and DCP are refused here.
+  // A directory stands for the one model file it holds, or its shard index; DCP is refused here.
   verify_options o = given;
   o.file = ckpt::resolve_checkpoint_path(given.file);
   ckpt::output_set inputs;  // no outputs: it refuses a FIFO and sees the file change
-  inputs.add_input(o.file);
+  std::vector<std::string> files{o.file};
+  try {
+    files = ckpt::checkpoint_input_files(o.file);
+  } catch (const ckpt::error& e) {
+    // A broken index is a failed check, which verify_file reports; anything else is not.
+    if (e.kind() == ckpt::errc::io || e.kind() == ckpt::errc::usage || e.kind() == ckpt::errc::unsupported) throw;
+  }
+  for (const std::string& f : files) inputs.add_input(f);
   progress_bar bar("verify");
   ckpt::verify_report r = ckpt::verify_file(o.file, o.reader, [&bar](uint64_t d, uint64_t t) { bar.update(d, t); });
   bar.finish();
@@ -35,6 +44,8 @@ int run_verify(const verify_options& given) {
     nlohmann::json doc = {{"file", o.file},
                           {"ok", r.ok()},
                           {"format", r.format.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.format)},
+                          {"layout", r.layout.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.layout)},
+                          {"files", r.files},
                           {"tensors", r.tensors},
                           {"records_checked", r.records_checked},
                           {"records_without_crc", r.records_without_crc},
@@ -46,7 +57,9 @@ int run_verify(const verify_options& given) {
   } else {
     std::cout << ckpt::display_name(o.file) << ": " << (r.ok() ? "OK" : "FAILED");
     if (!r.format.empty())
-      std::cout << " (" << ckpt::escape_controls(r.format) << ", " << r.tensors << " tensors, " << r.records_checked << " records' CRC checked, "
+      std::cout << " (" << ckpt::escape_controls(r.format)
+                << (r.files > 1 ? ", " + r.layout + " of " + std::to_string(r.files) + " files" : std::string()) << ", "
+                << r.tensors << " tensors, " << r.records_checked << " records' CRC checked, "
                 << human_bytes(r.bytes_checked) << ")";
     std::cout << "\n";
     for (const auto& p : r.problems) std::cout << "  problem: " << ckpt::escape_controls(p) << "\n";

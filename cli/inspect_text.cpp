@@ -168,9 +168,25 @@ void print_inspect_text(std::ostream& out, const ckpt::checkpoint& c, const ckpt
   out << display_name(c.path) << ": " << ckpt::format_name(c.format);
   if (c.lightning) out << " (Lightning checkpoint)";
   out << ", " << human_bytes(c.file_size()) << "\n";
-  if (c.files.size() > 1)
+  if (c.layout != ckpt::checkpoint_layout::single_file) {
+    out << "layout: " << ckpt::layout_name(c.layout);
+    if (!c.index_path.empty()) out << ", index " << display_name(c.index_path);
+    out << ", " << c.files.size() << (c.files.size() == 1 ? " file" : " files") << "\n";
+  }
+  if (c.files.size() > 1 || c.layout != ckpt::checkpoint_layout::single_file) {
+    size_t w = 4;
+    for (const auto& f : c.files) w = std::max(w, display_name(f.path).size());
+    out << "  " << std::left << std::setw(int(w)) << "FILE" << "  " << std::setw(12) << "FORMAT" << std::right
+        << std::setw(10) << "BYTES" << std::setw(9) << "TENSORS" << "\n";
     for (const auto& f : c.files)
-      out << "  file " << display_name(f.path) << ": " << ckpt::format_name(f.format) << ", " << human_bytes(f.size) << "\n";
+      out << "  " << std::left << std::setw(int(w)) << display_name(f.path) << "  " << std::setw(12)
+          << ckpt::format_name(f.format) << std::right << std::setw(10) << human_bytes(f.size) << std::setw(9)
+          << f.tensors << "\n";
+  }
+  if (!c.warnings.empty()) {
+    out << "warnings:\n";
+    for (const auto& warning : c.warnings) out << "  " << escape_controls(warning) << "\n";
+  }
 
   // The state dict's tensors by key, then everything else by path.
   std::vector<std::pair<std::string, const ckpt::tensor_record*>> sd, other;

@@ -46,6 +46,7 @@ set(CKPT_CORE_SOURCES
   ${CKPT_ROOT}/src/model/assembly.cpp
   ${CKPT_ROOT}/src/model/checkpoint.cpp
   ${CKPT_ROOT}/src/model/layout.cpp
+  ${CKPT_ROOT}/src/model/open_hf_set.cpp
   ${CKPT_ROOT}/src/model/key_table.cpp
   ${CKPT_ROOT}/src/model/read_plan.cpp
   ${CKPT_ROOT}/src/rekey/dcp_byte_items.cpp
@@ -161,6 +162,7 @@ set(CKPT_SHARED_HEADERS
   ${CKPT_ROOT}/src/io/staging_pipeline.h
   ${CKPT_ROOT}/src/io/temp_registry.h
   ${CKPT_ROOT}/src/model/layout.h
+  ${CKPT_ROOT}/src/model/open_hf_set.h
   ${CKPT_ROOT}/src/model/read_plan.h
   ${CKPT_ROOT}/src/pickle/pickle_accessors.h
   ${CKPT_ROOT}/src/pickle/pickle_keys.h

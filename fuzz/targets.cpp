@@ -23,6 +23,7 @@
 #include "ckpt/checkpoint.h"
 #include "ckpt/dcp.h"
 #include "ckpt/error.h"
+#include "ckpt/file_opener.h"
 #include "ckpt/pickle.h"
 #include "ckpt/pickle_writer.h"
 #include "ckpt/output_set.h"
@@ -821,7 +822,7 @@ int hf_index_target(const uint8_t* data, size_t size) {
   if (idx.keys.empty()) fail(T, "an index naming no tensors was accepted");
   if (idx.by_key.size() != idx.keys.size()) fail(T, "by_key and keys differ in size (a duplicate key got through)");
   for (size_t i = 0; i < idx.shards.size(); ++i) {
-    if (!hf::shard_name_problem(idx.shards[i]).empty()) fail(T, "shard name '" + idx.shards[i] + "' was accepted");
+    if (!ckpt::relative_name_problem(idx.shards[i]).empty()) fail(T, "shard name '" + idx.shards[i] + "' was accepted");
     if (i > 0 && !(idx.shards[i - 1] < idx.shards[i])) fail(T, "shards are not sorted and unique");
   }
   std::vector<size_t> used(idx.shards.size(), 0);

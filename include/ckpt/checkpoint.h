@@ -158,6 +158,7 @@ struct source_file {
   std::unique_ptr<pickle::document> pickle;        // torch-zip, torchscript, torch-legacy
   std::vector<std::unique_ptr<pickle::document>> extra_pickles;  // TorchScript constants.pkl
   std::optional<safetensors::header> st_header;    // safetensors
+  size_t tensors = 0;                              // tensor records read from this file
 };
 
 /// How a checkpoint's files make one state dict (formats.md §1.1).
@@ -182,7 +183,10 @@ struct checkpoint {
   /// say), one line each, in the order found. Errors are thrown, never listed here.
   std::vector<std::string> warnings;
   /// The files, in the order storage_record::file numbers them; never empty once opened.
+  /// A shard set's are its shards, in the order the loaders open them (sorted names).
   std::vector<source_file> files;
+  /// Bytes read from files that hold no storage (a shard set's index): part of bytes_read().
+  uint64_t index_bytes_read = 0;
 
   std::vector<storage_record> storages;
   std::vector<tensor_record> tensors;
@@ -245,14 +249,21 @@ class file_opener;
 
 /// The one file a checkpoint path names, decided from names before any byte is read:
 /// `path` itself, or, for a directory, the model.safetensors or pytorch_model.bin it holds
-/// alone. Throws errc::unsupported for a Hugging Face shard set (an `*.index.json`, or a
-/// directory holding one) and a torch.distributed.checkpoint directory, which no reader
+/// alone, or the one Hugging Face shard index it holds (a shard set is named by its index).
+/// Throws errc::unsupported for a torch.distributed.checkpoint directory, which no reader
 /// handles yet; errc::usage for a directory that holds no checkpoint or several.
 std::string resolve_checkpoint_path(const std::string& path);
 
+/// Every file that opening `path` reads, as messages name them: the one file, or a shard
+/// set's index and the shards it names that exist (a missing one is open_checkpoint's to
+/// report). Reads the index, no shard. For a command's output_set, which must know every
+/// input (a shard is no more an output than the index is) before anything is written.
+std::vector<std::string> checkpoint_input_files(const std::string& path);
+
 /// Opens `path` (resolve_checkpoint_path first), detects its format by content, and reads
-/// its metadata: never the tensor data (unless verify_crc). Throws ckpt::error naming the
-/// file and byte offset.
+/// its metadata: never the tensor data (unless verify_crc). A shard index opens the whole
+/// set as one checkpoint (formats.md §10.6). Throws ckpt::error naming the file and byte
+/// offset.
 checkpoint open_checkpoint(const std::string& path, const open_options& options = {});
 /// The same for `path` below `fs`'s root ("" is the root): multi-file layouts in tests.
 checkpoint open_checkpoint(const std::string& path, const open_options& options, const file_opener& fs);

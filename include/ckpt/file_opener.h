@@ -40,9 +40,18 @@ class file_opener {
   virtual std::string display(const std::string& relative) const = 0;
 };
 
-/// `name` (from a file) as a path below the root: components joined by '/', with empty
-/// and "." components dropped ("" is the root itself). Throws errc::unsafe for an
-/// absolute name, a ".." component or a NUL byte: nothing may escape the root.
+/// Why `name`, read from a file, is not a plain relative path below a directory, as a
+/// phrase ("goes up a directory (\"..\")"); "" when it is one. The one rule for every name
+/// a file gives another file by (a shard index's shard names, a DCP `.metadata`'s
+/// relative_path, every name a file_opener is asked for): not empty, no NUL byte, not
+/// absolute, no drive letter ("C:x"), no backslash (a separator on Windows, where the same
+/// name would be another path), no ".." component (even one that would come back inside:
+/// no writer produces it, and lexical folding is wrong across symbolic links), no empty or
+/// "." component ("a//b", "./x", "sub/"): what no writer writes is not guessed at.
+std::string relative_name_problem(std::string_view name);
+
+/// `name` checked by relative_name_problem, returned unchanged; "" is the root itself.
+/// Throws errc::unsafe, the name escaped, for anything else: nothing may escape the root.
 std::string checked_relative_path(std::string_view name);
 
 /// The file system below `root` ("" is the current directory).

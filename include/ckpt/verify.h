@@ -2,7 +2,8 @@
 // Opening the checkpoint already validates the container (zip structure, safetensors
 // ranges), the pickle, and every tensor view against its storage; verify adds the CRC-32
 // of every zip record (reading all data once), records no tensor uses, and the globals
-// torch.load(weights_only=True) would refuse.
+// torch.load(weights_only=True) would refuse. A shard set gets all of it for every shard,
+// and its index's cross-check: errors are problems, warnings notes.
 #pragma once
 
 #include <cstdint>
@@ -16,6 +17,8 @@ namespace ckpt {
 
 struct verify_report {
   std::string format;                    // empty when the file could not be opened
+  std::string layout;                    // "file", "hf-shard-set"; empty as format
+  size_t files = 0;                      // files read (a shard set's shards)
   size_t tensors = 0;
   size_t records_checked = 0;            // zip records whose CRC was compared
   size_t records_without_crc = 0;        // saved with CRC computation off (CRC field 0)

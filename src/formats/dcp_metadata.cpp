@@ -11,6 +11,7 @@
 
 #include "ckpt/dcp.h"
 #include "ckpt/error.h"
+#include "ckpt/file_opener.h"
 #include "pickle/pickle_accessors.h"
 
 namespace ckpt::dcp {
@@ -163,18 +164,10 @@ item decode_item(const value* key, const value* v) {
 }
 
 // A relative_path that could leave the checkpoint directory is no DCP writer's output.
+// The rule is file_opener's, the one every name read from a file goes through.
 void check_relative_path(const value* v, const std::string& p, const std::string& what) {
-  if (p.empty() || p[0] == '/' || p.find('\0') != std::string::npos || p.find('\\') != std::string::npos)
+  if (!relative_name_problem(p).empty())
     bad(v, what + ": relative_path " + quoted(p) + " is not a file name inside the checkpoint directory");
-  size_t start = 0;
-  while (start <= p.size()) {
-    size_t end = p.find('/', start);
-    if (end == std::string::npos) end = p.size();
-    std::string_view part(p.data() + start, end - start);
-    if (part.empty() || part == "." || part == "..")
-      bad(v, what + ": relative_path " + quoted(p) + " is not a file name inside the checkpoint directory");
-    start = end + 1;
-  }
 }
 
 storage_item decode_storage(const value* key, const value* v) {

@@ -6,6 +6,7 @@
 #include <unordered_set>
 
 #include "ckpt/error.h"
+#include "ckpt/file_opener.h"
 
 namespace ckpt::hf {
 
@@ -154,8 +155,9 @@ class index_reader : public nlohmann::json_sax<nlohmann::json> {
     if (last_shard_ && *last_shard_ == shard) {
       id = last_id_;
     } else {
-      if (std::string why = shard_name_problem(shard); !why.empty())
-        throw error(errc::unsafe, "index weight_map entry '" + key + "' names shard '" + shard + "': " + why);
+      if (std::string why = relative_name_problem(shard); !why.empty())
+        throw error(errc::unsafe, "index weight_map entry '" + key + "' names shard '" + shard +
+                                      "', which " + why + ": shards must lie inside the index's directory");
       auto [it, fresh] = shard_ids_.try_emplace(std::move(shard), uint32_t(shard_ids_.size()));
       if (fresh && shard_ids_.size() > lim_.max_shards)
         throw_limit("index names more than " + std::to_string(lim_.max_shards) + " shard files");
@@ -208,26 +210,6 @@ std::string_view extension(std::string_view name) {
 const std::string* index::shard_of(std::string_view key) const {
   auto it = by_key.find(key);
   return it == by_key.end() ? nullptr : &shards[it->second];
-}
-
-std::string shard_name_problem(std::string_view name) {
-  if (name.empty()) return "an empty file name";
-  if (name.find('\0') != std::string_view::npos) return "a NUL byte in a file name";
-  // Both separators count, as in huggingface_hub's check (PureWindowsPath): an index read
-  // here may be opened on Windows later, where "..\\x" escapes too.
-  if (name[0] == '/' || name[0] == '\\') return "an absolute path (outside the index's directory)";
-  if (name.size() >= 2 && name[1] == ':' && ((name[0] | 0x20) >= 'a' && (name[0] | 0x20) <= 'z'))
-    return "a drive-qualified path (outside the index's directory)";
-  size_t start = 0;
-  while (true) {
-    size_t end = name.find_first_of("/\\", start);
-    std::string_view part = name.substr(start, end == std::string_view::npos ? std::string_view::npos : end - start);
-    if (part == "..") return "a '..' component (outside the index's directory)";
-    if (part.empty() || part == ".") return "not a plain file path (empty or '.' component, or a directory)";
-    if (end == std::string_view::npos) break;
-    start = end + 1;
-  }
-  return "";
 }
 
 index parse_index(std::string_view text, const index_limits& limits) {
@@ -326,7 +308,7 @@ cross_check_result cross_check(const index& idx, const std::vector<shard_content
   bool all_present = std::all_of(of_index.begin(), of_index.end(), [](const shard_contents* s) { return s; });
   if (!idx.total_size) {
     add(finding::what::no_total_size, false, "", "", "",
-        idx.has_metadata ? "index metadata has no total_size"
+        idx.has_metadata ? "index metadata has no total_size (informational only: no loader reads it)"
                          : "index has no \"metadata\" (transformers' from_pretrained refuses it; "
                            "huggingface_hub and accelerate load it)");
   } else if (all_present) {

@@ -51,12 +51,9 @@ struct index {
 /// Parses an index (a caller reading it from a file should stop at limits.max_bytes + 1
 /// bytes rather than read a hostile file whole). Throws ckpt::error: corrupt (not JSON, a key twice in one object, no
 /// `weight_map` object, a value that is not a string, an empty weight_map), unsafe (a shard
-/// name that leaves the directory: absolute, `..`, a drive, NUL) or limit. The error does
-/// not name the file: the caller adds it with error::with_file.
+/// name ckpt::relative_name_problem refuses: absolute, `..`, a drive, NUL, ...) or limit.
+/// The error does not name the file: the caller adds it with error::with_file.
 index parse_index(std::string_view text, const index_limits& limits = {});
-
-/// Why a shard name is refused ("" when it is a plain relative path inside the directory).
-std::string shard_name_problem(std::string_view name);
 
 /// What one shard file holds, as the caller read it.
 struct shard_contents {

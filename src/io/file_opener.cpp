@@ -12,30 +12,33 @@
 
 namespace ckpt {
 
-std::string checked_relative_path(std::string_view name) {
-  auto refuse = [&](const char* why) -> std::string {
-    // The name is hostile: shown escaped and quoted, so it cannot forge a message.
-    throw error(errc::unsafe, "the file name \"" + escape_controls(std::string(name)) + "\" " + why +
-                                  "; names read from a file must stay inside its directory");
-  };
-  if (name.find('\0') != std::string_view::npos) refuse("holds a NUL byte");
-  if (!name.empty() && name.front() == '/') refuse("is absolute");
-  std::string out;
-  size_t start = 0;
-  while (start <= name.size()) {
+std::string relative_name_problem(std::string_view name) {
+  if (name.empty()) return "is empty";
+  if (name.find('\0') != std::string_view::npos) return "holds a NUL byte";
+  if (name.front() == '/') return "is absolute";
+  if (name.find('\\') != std::string_view::npos)
+    return "holds a backslash (a separator on Windows, where it names another path)";
+  if (name.size() >= 2 && name[1] == ':' && ((name[0] | 0x20) >= 'a' && (name[0] | 0x20) <= 'z'))
+    return "starts with a drive letter (a path on another drive on Windows)";
+  for (size_t start = 0; start <= name.size();) {
     size_t end = name.find('/', start);
     if (end == std::string_view::npos) end = name.size();
-    std::string_view part = name.substr(start, end - start);
-    // ".." is refused even where it would stay inside ("a/../b"): a name that needs it is
-    // not one a writer produces, and lexical folding would be wrong across symbolic links.
-    if (part == "..") refuse("goes up a directory (\"..\")");
-    if (!part.empty() && part != ".") {
-      if (!out.empty()) out += '/';
-      out += part;
-    }
+    const std::string_view part = name.substr(start, end - start);
+    if (part == "..") return "goes up a directory (\"..\")";
+    if (part.empty() || part == ".") return "has an empty or '.' component (not a plain file path)";
     start = end + 1;
   }
-  return out;
+  return "";
+}
+
+std::string checked_relative_path(std::string_view name) {
+  if (name.empty()) return "";
+  const std::string why = relative_name_problem(name);
+  // The name is hostile: shown escaped and quoted, so it cannot forge a message.
+  if (!why.empty())
+    throw error(errc::unsafe, "the file name \"" + escape_controls(std::string(name)) + "\" " + why +
+                                  "; names read from a file must stay inside its directory");
+  return std::string(name);
 }
 
 namespace {

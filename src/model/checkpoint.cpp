@@ -14,6 +14,7 @@
 #include "base/pointer_map.h"
 #include "formats/tensor_collector.h"
 #include "model/layout.h"
+#include "model/open_hf_set.h"
 #include "pickle/pickle_accessors.h"
 #include "base/text.h"
 
@@ -511,7 +512,7 @@ uint64_t checkpoint::file_size() const {
 }
 
 uint64_t checkpoint::bytes_read() const {
-  uint64_t n = 0;
+  uint64_t n = index_bytes_read;
   for (const auto& f : files) n += f.source ? f.source->bytes_read() : 0;
   return n;
 }
@@ -562,6 +563,7 @@ checkpoint open_checkpoint(std::unique_ptr<byte_source> src, const open_options&
       summarize_entries(c, root);
     }
     c.keys.shrink_to_fit();
+    f.tensors = c.tensors.size();
   } catch (error& e) {
     f.source->locate(e);
     throw;
@@ -572,7 +574,10 @@ checkpoint open_checkpoint(std::unique_ptr<byte_source> src, const open_options&
 checkpoint open_checkpoint(const std::string& path, const open_options& options) {
   std::unique_ptr<byte_source> src;
   try {
-    src = std::make_unique<file_source>(resolve_checkpoint_path(path));
+    const std::string file = resolve_checkpoint_path(path);
+    if (const auto [dir, name] = detail::parent_and_name(file); detail::is_shard_index_name(name))
+      return detail::open_hf_set(disk_opener(dir), name, options);
+    src = std::make_unique<file_source>(file);
   } catch (error& e) {
     e.with_file(path);
     throw;
@@ -583,12 +588,22 @@ checkpoint open_checkpoint(const std::string& path, const open_options& options)
 checkpoint open_checkpoint(const std::string& path, const open_options& options, const file_opener& fs) {
   std::unique_ptr<byte_source> src;
   try {
-    src = fs.open(detail::resolve_layout(fs, path));
+    const detail::layout l = detail::detect_layout(fs, path);
+    if (l.kind == detail::layout_kind::hf_index) return detail::open_hf_set(fs, l.file, options);
+    detail::refuse_unread_layout(fs, path, l);
+    src = fs.open(l.file);
   } catch (error& e) {
     e.with_file(fs.display(path));
     throw;
   }
   return open_checkpoint(std::move(src), options);
+}
+
+std::vector<std::string> checkpoint_input_files(const std::string& path) {
+  const std::string file = resolve_checkpoint_path(path);
+  const auto [dir, name] = detail::parent_and_name(file);
+  if (!detail::is_shard_index_name(name)) return {file};
+  return detail::hf_set_files(disk_opener(dir), name);
 }
 
 void release_pickle(checkpoint& c) {

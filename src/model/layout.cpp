@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <tuple>
 
 #include "ckpt/checkpoint.h"
 #include "ckpt/error.h"
@@ -53,7 +54,12 @@ layout detect_layout(const file_opener& fs, const std::string& path) {
     if (is_shard_index_name(base_name(path))) return {layout_kind::hf_index, path, {}};
     return {layout_kind::single_file, path, {}};
   }
-  const std::vector<std::string> names = fs.list(path);
+  std::vector<std::string> names = fs.list(path);
+  // A name no writer gives (a backslash, ...) is no checkpoint's: passed over, not refused,
+  // as the user chose the directory, not the names in it.
+  names.erase(std::remove_if(names.begin(), names.end(),
+                             [](const std::string& n) { return !relative_name_problem(n).empty(); }),
+              names.end());
   auto regular = [&](const std::string& n) { return fs.stat(join(path, n)).kind == file_kind::regular; };
   const bool dcp = std::binary_search(names.begin(), names.end(), std::string(".metadata")) && regular(".metadata");
   std::vector<std::string> indexes, distcp, models;
@@ -82,8 +88,7 @@ void refuse_unread_layout(const file_opener& fs, const std::string& path, const 
     case layout_kind::single_file:
       return;
     case layout_kind::hf_index:
-      refuse(fs, path, "a Hugging Face shard set (index " + base_name(l.file) +
-                             ") is not read yet; inspect its shards one by one");
+      return;  // open_hf_set.cpp
     case layout_kind::dcp:
       refuse(fs, path, "a torch.distributed.checkpoint directory (.metadata and " + std::to_string(l.parts.size()) +
                              " .distcp file" + (l.parts.size() == 1 ? "" : "s") + ") is not read yet");
@@ -96,6 +101,12 @@ std::string resolve_layout(const file_opener& fs, const std::string& path) {
   return l.file;
 }
 
+std::pair<std::string, std::string> parent_and_name(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  if (slash == std::string::npos) return {"", path};
+  return {slash == 0 ? "/" : path.substr(0, slash), path.substr(slash + 1)};
+}
+
 }  // namespace ckpt::detail
 
 namespace ckpt {
@@ -106,12 +117,12 @@ std::string resolve_checkpoint_path(const std::string& path) {
   std::string root = path, name;
   struct stat st;
   const bool dir = ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-  const size_t slash = path.rfind('/');
   if (!dir) {
-    root = slash == std::string::npos ? "" : slash == 0 ? "/" : path.substr(0, slash);
-    name = slash == std::string::npos ? path : path.substr(slash + 1);
+    std::tie(root, name) = detail::parent_and_name(path);
     // "x/" or "a/..": not a name below a directory; the open that follows says what it is.
-    if (name.empty() || name == "." || name == "..") return path;
+    // Any other file but an index is itself, whatever its name: the user typed it, so the
+    // rule for names read from files does not apply to it.
+    if (name.empty() || name == "." || name == ".." || !detail::is_shard_index_name(name)) return path;
   }
   const disk_opener fs(root);
   const std::string file = detail::resolve_layout(fs, name);

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ckpt/file_opener.h"
@@ -37,10 +38,15 @@ bool is_shard_index_name(const std::string& name);
 layout detect_layout(const file_opener& fs, const std::string& path);
 
 /// Throws errc::unsupported, naming `path` (what the user gave), for layouts no reader
-/// handles yet (shard sets, DCP: issue 14).
+/// handles yet (DCP: issue 14).
 void refuse_unread_layout(const file_opener& fs, const std::string& path, const layout& l);
 
-/// detect_layout, then refuse_unread_layout: the one file to open.
+/// detect_layout, then refuse_unread_layout: the one file to open (a shard set's index).
 std::string resolve_layout(const file_opener& fs, const std::string& path);
+
+/// A path as (its directory, its last component): "d/x.json" -> ("d", "x.json"),
+/// "x.json" -> ("", "x.json"), "/x" -> ("/", "x"). The directory is the root of the
+/// opener that the names a file gives (shards) resolve against.
+std::pair<std::string, std::string> parent_and_name(const std::string& path);
 
 }  // namespace ckpt::detail

@@ -218,11 +218,21 @@ void write_inspect_json(const checkpoint& c, const inspect_json_options& options
       w.string(f.path);
       w.key("size");
       w.number(f.size);
+      w.key("tensors");
+      w.number(uint64_t(f.tensors));
       w.end_object();
     }
     w.end_array();
   };
   members["format"] = [&] { w.string(format_name(c.format)); };
+  members["layout"] = [&] { w.string(layout_name(c.layout)); };
+  members["index"] = [&] {
+    if (c.index_path.empty())
+      w.null();
+    else
+      w.string(c.index_path);
+  };
+  members["warnings"] = [&] { write_strings(w, c.warnings); };
   members["io"] = [&] {
     w.begin_object();
     w.key("bytes_read");

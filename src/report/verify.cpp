@@ -22,7 +22,11 @@ verify_report verify_file(const std::string& path, const open_options& options,
     return r;
   }
   r.format = format_name(c.format);
+  r.layout = layout_name(c.layout);
+  r.files = c.files.size();
   r.tensors = c.tensors.size();
+  // What a loader tolerates (formats.md §10.3): told, not failed.
+  r.notes = c.warnings;
   r.unsafe_globals = c.unsafe_globals;
   for (const auto& g : c.unsafe_globals)
     r.problems.push_back("unsafe global " + g + " (torch.load(weights_only=False) would import it and may run it)");

@@ -59,12 +59,14 @@ def test_file_field_is_path_as_given(name, fixture_set):
 
 @pytest.mark.parametrize("name", ["plain", "safetensors", "scripted", "legacy", "lightning"])
 def test_files_and_storage_file(name, fixture_set):
-    """files[] lists the one file (path as given, format, size from the file system) and
-    every storage says it lives in file 0, inside that file's bytes."""
+    """files[] lists the one file (path as given, format, size from the file system, its
+    tensors) and every storage says it lives in file 0, inside that file's bytes."""
     fx = fixture_set[name]
     doc = inspect_json(fx.path)
     size = os.path.getsize(fx.path)
-    assert doc["files"] == [{"path": str(fx.path), "format": doc["format"], "size": size}]
+    assert doc["files"] == [{"path": str(fx.path), "format": doc["format"], "size": size,
+                             "tensors": len(doc["tensors"])}]
+    assert (doc["layout"], doc["index"], doc["warnings"]) == ("file", None, [])
     assert doc["file_size"] == size
     assert doc["storages"], f"{name}: no storages"
     for s in doc["storages"]:

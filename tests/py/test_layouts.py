@@ -3,9 +3,9 @@ directory or a shard index, and a DCP chunk read in place inside its .distcp fil
 
 Every fixture is written by the real writer: torch.distributed.checkpoint.save,
 huggingface_hub.save_torch_state_dict (the sharding transformers' save_pretrained uses),
-safetensors.torch.save_file and torch.save. Sharded sets and DCP directories have no
-reader yet (issue 14): they must be refused as such (exit 3), not as "not a regular file"
-(exit 2) or "unrecognized format".
+safetensors.torch.save_file and torch.save. DCP directories have no reader yet (issue
+14): they must be refused as such (exit 3), not as "not a regular file" (exit 2) or
+"unrecognized format". Shard sets are read as one checkpoint (test_hf_sets.py).
 """
 
 from __future__ import annotations
@@ -59,21 +59,25 @@ def test_dcp_directory_is_refused_as_not_read_yet(tmp_path):
     assert not (tmp_path / "out.pt").exists()
 
 
-def test_hugging_face_shard_set_is_refused_as_not_read_yet(tmp_path):
+def test_hugging_face_shard_set_is_opened_by_its_directory_or_index(tmp_path):
     from huggingface_hub import save_torch_state_dict
     d = tmp_path / "hf"
     d.mkdir()
     save_torch_state_dict(state(), d, max_shard_size=10_000)
     index = d / "model.safetensors.index.json"
     assert index.is_file() and len(set(json.loads(index.read_text())["weight_map"].values())) > 1
-    why = "a Hugging Face shard set (index model.safetensors.index.json) is not read yet; inspect its shards one by one"
-    refused(["inspect", d], f"{d}: {why}")
-    refused(["inspect", index], f"{index}: {why}")
-    refused(["verify", index], f"{index}: {why}")
+    rc_dir, out_dir, err_dir = run_ckptool("inspect", "--json", d)
+    rc_index, out_index, err_index = run_ckptool("inspect", "--json", index)
+    assert rc_dir == 0 and rc_index == 0, (err_dir, err_index)
+    assert out_dir == out_index  # the same report, naming the index
+    doc = json.loads(out_dir)
+    assert (doc["layout"], doc["file"]) == ("hf-shard-set", str(index))
+    assert {t["path"][-1] for t in doc["tensors"]} == set(state())
     # A shard named directly is an ordinary safetensors file.
     shard = sorted(d.glob("model-*.safetensors"))[0]
-    rc, out, err = run_ckptool("inspect", shard)
+    rc, out, err = run_ckptool("inspect", "--json", shard)
     assert rc == 0, err
+    assert json.loads(out)["layout"] == "file"
 
 
 @pytest.mark.parametrize("name", ["model.safetensors", "pytorch_model.bin"])

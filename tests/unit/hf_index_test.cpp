@@ -5,6 +5,7 @@
 #include <string>
 
 #include "ckpt/error.h"
+#include "ckpt/file_opener.h"
 #include "formats/hf_index.h"
 
 using ckpt::errc;
@@ -102,20 +103,20 @@ TEST_CASE("hf index: shard names must stay inside the directory") {
   for (const char* bad : {"../x.safetensors", "a/../../x.bin", "/etc/x.bin", "\\x.bin", "..\\x.bin", "C:x.bin",
                           "c:\\x.bin", "a:b.bin"}) {
     CAPTURE(bad);
-    CHECK(!hf::shard_name_problem(bad).empty());
+    CHECK(!ckpt::relative_name_problem(bad).empty());
     std::string quoted;
     for (const char* c = bad; *c; ++c) quoted += *c == '\\' ? std::string("\\\\") : std::string(1, *c);
     CHECK(kind_of(R"({"weight_map": {"k": ")" + quoted + "\"}}") == errc::unsafe);
   }
   for (const char* odd : {"", "a//b.bin", "sub/", "./x.bin", "."}) {
     CAPTURE(odd);
-    CHECK(!hf::shard_name_problem(odd).empty());
+    CHECK(!ckpt::relative_name_problem(odd).empty());
   }
   CHECK(kind_of(R"({"weight_map": {"k": "a\u0000b"}})") == errc::unsafe);
   // Twins: names transformers and huggingface_hub both load.
   for (const char* good : {"x.safetensors", "sub/x.safetensors", "model.safetensors-00001-of-00014.safetensors",
                            "..x.bin", "x..bin", "ab:c.bin"})
-    CHECK_MESSAGE(hf::shard_name_problem(good).empty(), good);
+    CHECK_MESSAGE(ckpt::relative_name_problem(good).empty(), good);
 }
 
 TEST_CASE("hf index: limits") {

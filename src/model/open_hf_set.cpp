@@ -1,0 +1,240 @@
+#include "model/open_hf_set.h"
+
+#include <algorithm>
+#include <memory>
+#include <set>
+#include <utility>
+
+#include "ckpt/error.h"
+#include "formats/hf_index.h"
+
+namespace ckpt::detail {
+namespace {
+
+// Shard names are relative to the index's directory (formats.md §10.1).
+std::string parent_of(const std::string& relative) {
+  const size_t slash = relative.rfind('/');
+  return slash == std::string::npos ? std::string() : relative.substr(0, slash);
+}
+
+std::string join(const std::string& dir, const std::string& name) { return dir.empty() ? name : dir + "/" + name; }
+
+bool ends_with(const std::string& s, const char* tail) {
+  const size_t n = std::char_traits<char>::length(tail);
+  return s.size() >= n && s.compare(s.size() - n, n, tail) == 0;
+}
+
+struct read_index_result {
+  hf::index idx;
+  uint64_t bytes_read = 0;
+};
+
+read_index_result read_index(const file_opener& fs, const std::string& index) {
+  const hf::index_limits lim;
+  read_index_result r;
+  try {
+    std::unique_ptr<byte_source> src = fs.open(index);
+    // Read no more of a hostile file than the limit lets parse_index accept.
+    const uint64_t n = std::min<uint64_t>(src->size(), lim.max_bytes + 1);
+    const std::vector<uint8_t> text = src->read_vector(0, size_t(n));
+    r.bytes_read = src->bytes_read();
+    r.idx = hf::parse_index(std::string_view(reinterpret_cast<const char*>(text.data()), text.size()), lim);
+  } catch (error& e) {
+    e.with_file(fs.display(index));
+    throw;
+  }
+  return r;
+}
+
+// A shard must be what the loaders would read it as, or ckptool's reading of it is not
+// theirs: transformers and huggingface_hub pick the reader by the shard's name
+// (safe_load_file for ".safetensors", else torch.load(weights_only=True)) and take the
+// whole of what it returns as state-dict entries.
+void check_shard(const checkpoint& s, const std::string& name, const std::string& shown) {
+  auto refuse = [&](const std::string& why) { throw error(errc::unsupported, why).with_file(shown); };
+  if (s.format == file_format::torchscript)
+    refuse("a TorchScript archive as a shard of a Hugging Face set: no loader of shard sets reads one");
+  if (s.format == file_format::torch_legacy)
+    refuse("a legacy (pre-1.6) torch.save stream as a shard of a Hugging Face set: no shard writer writes one, "
+           "so it is not read as one");
+  const bool named_safetensors = ends_with(name, ".safetensors");
+  if (named_safetensors != (s.format == file_format::safetensors))
+    refuse(std::string("a ") + format_name(s.format) + " file under a name the loaders read as " +
+           (named_safetensors ? "safetensors" : "a torch.save file") + " (they choose the reader by the name)");
+  if (s.format == file_format::torch_zip) {
+    if (!s.module_class.empty()) refuse("a pickled nn.Module as a shard, not a {key: tensor} dict");
+    if (!s.state_dict || !s.state_dict->empty())
+      refuse("a shard that is not a flat {key: tensor} dict: the loaders would take its top-level entries as keys");
+    if (!s.entries.empty())
+      refuse("a shard holding non-tensor entries ('" + path_to_string(s.entries.front().path) +
+             "', ...): no shard writer writes them");
+  }
+}
+
+std::shared_ptr<const tensor_record> shifted(const std::shared_ptr<const tensor_record>& t, size_t base);
+
+// A record moved into the merged checkpoint: its storage indices (its own, its quantizer's
+// channel tensors', its components') follow the storages appended before it.
+void shift_storages(tensor_record& t, size_t base) {
+  if (t.storage) *t.storage += base;
+  if (t.quant && (t.quant->scales || t.quant->zero_points)) {
+    auto q = std::make_shared<quantization>(*t.quant);
+    q->scales = shifted(q->scales, base);
+    q->zero_points = shifted(q->zero_points, base);
+    t.quant = std::move(q);
+  }
+  if (t.kind && !t.kind->components.empty()) {
+    auto k = std::make_shared<tensor_kind>(*t.kind);
+    for (auto& part : k->components) part.second = shifted(part.second, base);
+    t.kind = std::move(k);
+  }
+}
+
+std::shared_ptr<const tensor_record> shifted(const std::shared_ptr<const tensor_record>& t, size_t base) {
+  if (!t) return t;
+  auto copy = std::make_shared<tensor_record>(*t);
+  shift_storages(*copy, base);
+  return copy;
+}
+
+void append_shard(checkpoint& set, checkpoint&& shard, const std::string& name, std::set<std::string>& globals,
+                  std::set<std::string>& unsafe) {
+  const uint32_t file = uint32_t(set.files.size());
+  const size_t storage_base = set.storages.size(), tensor_base = set.tensors.size();
+  set.files.push_back(std::move(shard.files.front()));
+  for (storage_record& s : shard.storages) {
+    s.file = file;
+    set.storages.push_back(std::move(s));
+  }
+  for (tensor_record& t : shard.tensors) {
+    if (storage_base) shift_storages(t, storage_base);
+    set.tensors.push_back(std::move(t));
+  }
+  for (tensor_alias& a : shard.aliases) {
+    a.tensor += tensor_base;
+    set.aliases.push_back(std::move(a));
+  }
+  for (size_t k = 0; k < shard.keys.size(); ++k) set.keys.add(shard.keys.key(k), shard.keys.tensor(k) + tensor_base);
+  globals.insert(shard.globals.begin(), shard.globals.end());
+  unsafe.insert(shard.unsafe_globals.begin(), shard.unsafe_globals.end());
+  for (const std::string& r : shard.unknown_records) set.unknown_records.push_back(name + ": " + r);
+}
+
+// Errors of the cross-check refuse the set in one line, naming the index: the index is
+// what says where each tensor is, and each message names the shards it is about.
+[[noreturn]] void refuse_findings(const std::vector<const hf::finding*>& errors, const std::string& shown_index) {
+  std::string line = errors.front()->message;
+  if (errors.size() > 1)
+    line += " (and " + std::to_string(errors.size() - 1) + " more problem" + (errors.size() > 2 ? "s" : "") + ")";
+  throw error(errc::corrupt, line).with_file(shown_index);
+}
+
+std::vector<const hf::finding*> errors_of(const hf::cross_check_result& r, bool missing_shards_only = false) {
+  std::vector<const hf::finding*> out;
+  for (const hf::finding& f : r.findings)
+    if (f.error && (!missing_shards_only || f.kind == hf::finding::what::missing_shard)) out.push_back(&f);
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::string> hf_set_files(const file_opener& fs, const std::string& index) {
+  const read_index_result r = read_index(fs, index);
+  const std::string dir = parent_of(index);
+  std::vector<std::string> out{fs.display(index)};
+  for (const std::string& shard : r.idx.shards)
+    if (fs.stat(join(dir, shard)).kind == file_kind::regular) out.push_back(fs.display(join(dir, shard)));
+  return out;
+}
+
+checkpoint open_hf_set(const file_opener& fs, const std::string& index, const open_options& options) {
+  const std::string shown_index = fs.display(index);
+  read_index_result r = read_index(fs, index);
+  const hf::index& idx = r.idx;
+  const std::string dir = parent_of(index);
+
+  // Every shard the index names must exist before any is read: the loaders stop there too.
+  std::vector<hf::shard_contents> contents(idx.shards.size());
+  bool all_present = true;
+  for (size_t i = 0; i < idx.shards.size(); ++i) {
+    contents[i].name = idx.shards[i];
+    contents[i].present = fs.stat(join(dir, idx.shards[i])).kind != file_kind::missing;
+    all_present = all_present && contents[i].present;
+  }
+  if (!all_present) {
+    const hf::cross_check_result missing = hf::cross_check(idx, contents);
+    refuse_findings(errors_of(missing, true), shown_index);
+  }
+
+  // Each shard as a checkpoint of its own: every single-file check applies to it, and its
+  // errors name it and the byte.
+  std::vector<checkpoint> shards;
+  shards.reserve(idx.shards.size());
+  uint64_t tensors = 0;
+  for (size_t i = 0; i < idx.shards.size(); ++i) {
+    const std::string relative = join(dir, idx.shards[i]);
+    std::unique_ptr<byte_source> src;
+    try {
+      src = fs.open(relative);
+    } catch (error& e) {
+      e.with_file(fs.display(relative));
+      throw;
+    }
+    shards.push_back(open_checkpoint(std::move(src), options));
+    const checkpoint& s = shards.back();
+    check_shard(s, idx.shards[i], fs.display(relative));
+    if (s.format != shards.front().format)
+      throw error(errc::unsupported, "a set mixing shard formats (" + std::string(format_name(shards.front().format)) +
+                                         " and " + format_name(s.format) + "): no writer writes one")
+          .with_file(fs.display(relative));
+    if (s.byteorder != shards.front().byteorder)
+      throw error(errc::unsupported, "a set mixing byte orders (" + shards.front().byteorder + " and " + s.byteorder +
+                                         "): no writer writes one")
+          .with_file(fs.display(relative));
+    tensors += s.tensors.size();
+    if (tensors > options.max_tensors)
+      throw error(errc::limit, "the shards hold more than " + std::to_string(options.max_tensors) +
+                                   " tensors (raise with --max-tensors)")
+          .with_file(shown_index);
+    for (size_t k = 0; k < s.keys.size(); ++k) contents[i].keys.emplace_back(s.keys.key(k));
+    for (const storage_record& st : s.storages) contents[i].bytes += st.nbytes;
+  }
+
+  // Files beside the index that look like its shards: only their presence matters (no
+  // loader opens them), so they are listed, never read.
+  for (const std::string& name : hf::orphan_candidates(idx, fs.list(dir)))
+    if (fs.stat(join(dir, name)).kind == file_kind::regular) contents.push_back({name, true, {}, 0});
+
+  const hf::cross_check_result check = hf::cross_check(idx, contents);
+  if (check.errors()) refuse_findings(errors_of(check), shown_index);
+
+  checkpoint c;
+  c.path = shown_index;
+  c.index_path = shown_index;
+  c.layout = checkpoint_layout::hf_shard_set;
+  c.format = shards.front().format;
+  c.byteorder = shards.front().byteorder;
+  c.storage_alignment = shards.front().storage_alignment;
+  c.index_bytes_read = r.bytes_read;
+  for (const std::string& note : idx.notes) c.warnings.push_back("index " + note);
+  for (const hf::finding& f : check.findings) c.warnings.push_back(f.message);
+  size_t storages = 0, text = 0;
+  for (const checkpoint& s : shards) {
+    storages += s.storages.size();
+    for (size_t k = 0; k < s.keys.size(); ++k) text += s.keys.key(k).size();
+  }
+  c.files.reserve(shards.size());
+  c.storages.reserve(storages);
+  c.tensors.reserve(size_t(tensors));
+  c.keys.reserve(size_t(tensors), text);
+  std::set<std::string> globals, unsafe;
+  for (size_t i = 0; i < shards.size(); ++i) append_shard(c, std::move(shards[i]), idx.shards[i], globals, unsafe);
+  c.globals.assign(globals.begin(), globals.end());
+  c.unsafe_globals.assign(unsafe.begin(), unsafe.end());
+  // The loaders take each shard's top-level dict whole: the state dict is the root.
+  c.state_dict = value_path{};
+  c.keys.shrink_to_fit();
+  return c;
+}
+
+}  // namespace ckpt::detail
