@@ -96,9 +96,14 @@ std::vector<ckpt::key_op> ops_in_order(const rekey_options& o, const ckpt::check
 }
 
 int run_rekey(const rekey_options& given) {
-  // A directory stands for the one model file it holds; shard sets and DCP are refused here.
+  // A directory stands for the one model file it holds; DCP directories are refused here.
   rekey_options o = given;
   o.input = ckpt::resolve_checkpoint_path(given.input);
+  if (is_file_set(o.input))
+    throw ckpt::error(ckpt::errc::unsupported,
+                      "rekey of a torch.distributed.checkpoint directory is not supported yet (inspect, verify and "
+                      "materialize read it)")
+        .with_file(o.input);
   bool has_output = o.output_opt->count() > 0;
   if (!o.dry_run && !has_output) throw ckpt::error(ckpt::errc::usage, "rekey needs -o OUT (or --dry-run)");
   if (o.dry_run && !o.save_map.empty())

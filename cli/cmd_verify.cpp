@@ -21,11 +21,11 @@ struct verify_options {
 };
 
 int run_verify(const verify_options& given) {
-  // A directory stands for the one model file it holds; shard sets and DCP are refused here.
+  // A directory stands for the one model file it holds, or is a DCP checkpoint.
   verify_options o = given;
   o.file = ckpt::resolve_checkpoint_path(given.file);
   ckpt::output_set inputs;  // no outputs: it refuses a FIFO and sees the file change
-  inputs.add_input(o.file);
+  add_checkpoint_inputs(inputs, o.file);
   progress_bar bar("verify");
   ckpt::verify_report r = ckpt::verify_file(o.file, o.reader, [&bar](uint64_t d, uint64_t t) { bar.update(d, t); });
   bar.finish();
@@ -62,7 +62,7 @@ verb setup_verify(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "verify", "Check a checkpoint: every zip record's CRC-32, every tensor view against its storage, every "
                 "safetensors range, and unsafe globals (exit 0 if all is well, 1 if not)");
-  cmd->add_option("FILE", o->file, "torch.save, TorchScript, safetensors or legacy torch file")->required();
+  cmd->add_option("FILE", o->file, "torch.save, TorchScript, safetensors or legacy torch file, or a torch.distributed.checkpoint directory")->required();
   cmd->add_flag("--json", o->json, "Print the result as JSON");
   add_reader_flags(*cmd, o->reader);
   return {cmd, [o] { return run_verify(*o); }};

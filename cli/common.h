@@ -7,11 +7,20 @@
 #include <string>
 
 #include "ckpt/checkpoint.h"
+#include "ckpt/output_set.h"
 
 namespace cli {
 
 /// Adds --max-pickle-bytes, --max-depth, ... bound to `opts`, and --verify-crc.
 void add_reader_flags(CLI::App& cmd, ckpt::open_options& opts);
+
+/// Declares the files a resolved checkpoint path reads as inputs of `set`: the file, or for
+/// a directory (a DCP checkpoint) its `.metadata` and every `.distcp` file. Returns the
+/// fingerprint of the file, or of `.metadata` (whose mode outputs copy).
+ckpt::file_fingerprint add_checkpoint_inputs(ckpt::output_set& set, const std::string& resolved,
+                                             const std::string& hint = {});
+/// True when a resolved checkpoint path is a directory: a checkpoint of several files.
+bool is_file_set(const std::string& resolved);
 
 /// "1.5 KiB", "12.0 MiB".
 std::string human_bytes(uint64_t n);

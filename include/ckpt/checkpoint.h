@@ -42,6 +42,10 @@ struct storage_record {
   uint32_t crc32 = 0;                  // from the zip central directory (0 if unknown)
   uint32_t file = 0;                   // index into checkpoint::files: where file_offset is
   size_t tensor_count = 0;
+  // True when [file_offset, file_offset + nbytes) is not the data but a whole archive that
+  // holds it: a DCP chunk opened from metadata alone (open_options::read_chunk_archives
+  // false). Such bytes are never read as a tensor's data (read_plan refuses them).
+  bool archive_range = false;
 };
 
 struct tensor_record;
@@ -145,6 +149,11 @@ struct open_options {
   uint64_t max_tensors = 1'000'000;
   /// Verify the CRC-32 of every zip record (reads all the data).
   bool verify_crc = false;
+  /// torch.distributed.checkpoint directories: open every chunk's embedded torch.save
+  /// archive, check it against `.metadata`, and point storages at the chunk's raw data.
+  /// False reads `.metadata` alone (inspect): storages then carry the archive's byte range
+  /// with storage_record::archive_range set, and tensor strides are the contiguous ones.
+  bool read_chunk_archives = true;
 };
 
 /// One file of a checkpoint, with the parsed structures its bytes hold. A checkpoint of one
@@ -158,6 +167,11 @@ struct source_file {
   std::unique_ptr<pickle::document> pickle;        // torch-zip, torchscript, torch-legacy
   std::vector<std::unique_ptr<pickle::document>> extra_pickles;  // TorchScript constants.pkl
   std::optional<safetensors::header> st_header;    // safetensors
+  /// An archive embedded in another file of the set (a DCP chunk inside a `.distcp`): that
+  /// file's index in checkpoint::files and the archive's first byte in it (`size` is the
+  /// archive's length; its bytes are not counted twice in file_size()). nullopt for a file.
+  std::optional<uint32_t> within;
+  uint64_t offset_within = 0;
 };
 
 /// How a checkpoint's files make one state dict (formats.md §1.1).
@@ -183,6 +197,8 @@ struct checkpoint {
   std::vector<std::string> warnings;
   /// The files, in the order storage_record::file numbers them; never empty once opened.
   std::vector<source_file> files;
+  /// Bytes read from index_path (which is not one of `files`), counted in bytes_read().
+  uint64_t index_bytes_read = 0;
 
   std::vector<storage_record> storages;
   std::vector<tensor_record> tensors;
@@ -218,7 +234,7 @@ struct checkpoint {
   /// torch.load accepts but that is not positive or not below 2^63.
   uint64_t storage_alignment = 64;
 
-  /// Bytes of all files.
+  /// Bytes of all files (an embedded archive's are its container's).
   uint64_t file_size() const;
   /// The only file, for operations that read or rewrite one file as a whole (rekey's
   /// writers, TorchScript through LibTorch, CRC checks of one archive). Throws
@@ -245,9 +261,10 @@ class file_opener;
 
 /// The one file a checkpoint path names, decided from names before any byte is read:
 /// `path` itself, or, for a directory, the model.safetensors or pytorch_model.bin it holds
-/// alone. Throws errc::unsupported for a Hugging Face shard set (an `*.index.json`, or a
-/// directory holding one) and a torch.distributed.checkpoint directory, which no reader
-/// handles yet; errc::usage for a directory that holds no checkpoint or several.
+/// alone; a torch.distributed.checkpoint directory is returned as it is (open_checkpoint
+/// reads it as a set). Throws errc::unsupported for a Hugging Face shard set (an
+/// `*.index.json`, or a directory holding one), which no reader handles yet; errc::usage
+/// for a directory that holds no checkpoint or several.
 std::string resolve_checkpoint_path(const std::string& path);
 
 /// Opens `path` (resolve_checkpoint_path first), detects its format by content, and reads

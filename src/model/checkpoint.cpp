@@ -1,5 +1,7 @@
 #include "ckpt/checkpoint.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <set>
 #include <unordered_map>
@@ -14,6 +16,7 @@
 #include "base/pointer_map.h"
 #include "formats/tensor_collector.h"
 #include "model/layout.h"
+#include "model/open_dcp.h"
 #include "pickle/pickle_accessors.h"
 #include "base/text.h"
 
@@ -506,12 +509,13 @@ std::string tensor_kind::description() const {
 
 uint64_t checkpoint::file_size() const {
   uint64_t n = 0;
-  for (const auto& f : files) n += f.size;
+  for (const auto& f : files)
+    if (!f.within) n += f.size;
   return n;
 }
 
 uint64_t checkpoint::bytes_read() const {
-  uint64_t n = 0;
+  uint64_t n = index_bytes_read;
   for (const auto& f : files) n += f.source ? f.source->bytes_read() : 0;
   return n;
 }
@@ -571,8 +575,21 @@ checkpoint open_checkpoint(std::unique_ptr<byte_source> src, const open_options&
 
 checkpoint open_checkpoint(const std::string& path, const open_options& options) {
   std::unique_ptr<byte_source> src;
+  std::string file;
   try {
-    src = std::make_unique<file_source>(resolve_checkpoint_path(path));
+    file = resolve_checkpoint_path(path);
+  } catch (error& e) {
+    e.with_file(path);
+    throw;
+  }
+  // What resolves to a directory is a layout of several files (formats.md §1.1).
+  struct stat st;
+  if (::stat(file.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+    const disk_opener fs(file);
+    return open_checkpoint("", options, fs);
+  }
+  try {
+    src = std::make_unique<file_source>(file);
   } catch (error& e) {
     e.with_file(path);
     throw;
@@ -583,7 +600,10 @@ checkpoint open_checkpoint(const std::string& path, const open_options& options)
 checkpoint open_checkpoint(const std::string& path, const open_options& options, const file_opener& fs) {
   std::unique_ptr<byte_source> src;
   try {
-    src = fs.open(detail::resolve_layout(fs, path));
+    const detail::layout l = detail::detect_layout(fs, path);
+    detail::refuse_unread_layout(fs, path, l);
+    if (l.kind == detail::layout_kind::dcp) return detail::open_dcp(fs, l.file, options);
+    src = fs.open(l.file);
   } catch (error& e) {
     e.with_file(fs.display(path));
     throw;
