@@ -9,6 +9,7 @@
 #include "base/text.h"
 #include "base/text_escape.h"
 #include "ckpt/dcp.h"
+#include "ckpt/report.h"
 #include "ckpt/wrappers.h"
 #include "common.h"
 #include "inspect_text.h"
@@ -68,7 +69,8 @@ void print_set_text(std::ostream& out, const ckpt::checkpoint& c, const text_opt
   for (const auto& f : c.files)
     if (!f.within) out << "  file " << display_name(f.path) << ": " << human_bytes(f.size) << "\n";
   if (own_files != c.files.size())
-    out << "  (" << c.files.size() - own_files << " archives inside them opened: one per chunk or value)\n";
+    out << "  (" << c.files.size() - own_files << (c.files.size() - own_files == 1 ? " archive" : " archives")
+        << " inside them opened: one per chunk or value read)\n";
 
   // Keys, as the filter keeps them.
   std::vector<size_t> shown;
@@ -87,8 +89,8 @@ void print_set_text(std::ostream& out, const ckpt::checkpoint& c, const text_opt
   }
   out << "state dict: " << c.keys.size() << " tensors";
   if (c.layout == ckpt::checkpoint_layout::dcp)
-    out << " (" << assembled << " assembled from chunks), " << c.tensors.size() << " chunk"
-        << (c.tensors.size() == 1 ? "" : "s") << " read";
+    out << " (" << assembled << " assembled from chunks), from " << c.tensors.size() << " chunk"
+        << (c.tensors.size() == 1 ? "" : "s");
   out << "\n";
 
   auto wrappers = ckpt::count_wrappers(ckpt::tensor_keys(c));

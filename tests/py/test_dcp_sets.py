@@ -163,7 +163,7 @@ def test_text_report(dcp_dirs):
     rc, out, err = run_ckptool("inspect", d)
     assert rc == 0, err
     assert "dcp (torch.distributed.checkpoint, version 1.0.0)" in out
-    assert "model.layer.weight" in out and "(5, 4)" in out and "2 chunks" in out
+    assert "model.layer.weight" in out and "[5, 4]" in out and "2 chunks" in out
     rc, out, err = run_ckptool("inspect", "--chunks", "--filter", "model.layer.weight", d)
     assert rc == 0, err
     assert "offsets (3, 0), sizes (2, 4) in __1_0.distcp, data at bytes [" in out
