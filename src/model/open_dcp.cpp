@@ -179,6 +179,11 @@ class dcp_reader {
 
   uint32_t adopt(checkpoint& a, const dcp::storage_item& s) {
     source_file f = std::move(a.files.at(0));
+    // What the archive's pickle said is in its records now; its tree is a few KB per chunk,
+    // which for a hundred thousand chunks is memory no verb needs. The zip stays: verify
+    // checks its records' CRCs.
+    f.pickle.reset();
+    f.extra_pickles.clear();
     const data_file& d = files_.at(s.relative_path);
     f.path = c_.files[d.index].path;
     f.within = d.index;
@@ -227,6 +232,7 @@ class dcp_reader {
         mismatch(s, in + "holds " + std::to_string(a.storages.size()) + " storages, not the one the tensor needs");
       storage_record as = a.storages[0];
       t = r;
+      t.node = nullptr;  // the archive's pickle is released below (adopt)
       st.nbytes = as.nbytes;
       st.crc32 = as.crc32;
       st.record = as.record;
