@@ -61,7 +61,8 @@ void print_set_text(std::ostream& out, const ckpt::checkpoint& c, const text_opt
   size_t own_files = 0;
   for (const auto& f : c.files) own_files += !f.within;
   out << display_name(c.path) << ": " << ckpt::layout_name(c.layout);
-  if (c.layout == ckpt::checkpoint_layout::dcp) out << " (torch.distributed.checkpoint";
+  if (c.layout == ckpt::checkpoint_layout::dcp)
+    out << " (torch.distributed.checkpoint" << (c.lightning ? ", with Lightning's meta.pt" : "");
   if (!c.writer.empty()) out << ", version " << escape_controls(c.writer);
   if (c.layout == ckpt::checkpoint_layout::dcp) out << ")";
   out << ", " << human_bytes(c.file_size()) << " in " << own_files << (own_files == 1 ? " file" : " files") << "\n";
@@ -87,7 +88,7 @@ void print_set_text(std::ostream& out, const ckpt::checkpoint& c, const text_opt
     row[0] += 1;
     row[1] += key_bytes(c, k);
   }
-  out << "state dict: " << c.keys.size() << " tensors";
+  out << "state dict: " << c.keys.size() << (c.keys.size() == 1 ? " tensor" : " tensors");
   if (c.layout == ckpt::checkpoint_layout::dcp)
     out << " (" << assembled << " assembled from chunks), from " << c.tensors.size() << " chunk"
         << (c.tensors.size() == 1 ? "" : "s");

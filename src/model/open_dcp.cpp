@@ -108,6 +108,7 @@ class dcp_reader {
       else
         read_bytes_item(it);
     }
+    read_lightning_meta();
     std::sort(c_.globals.begin(), c_.globals.end());
     c_.globals.erase(std::unique(c_.globals.begin(), c_.globals.end()), c_.globals.end());
     c_.unsafe_globals.assign(unsafe_.begin(), unsafe_.end());
@@ -331,6 +332,28 @@ class dcp_reader {
     }
     c_.entries.push_back(std::move(e));
     adopt(a, s);
+  }
+
+  // Lightning's FSDP strategy saves the model and optimizer with DCP and everything else
+  // (epoch, loops, hyper-parameters) with torch.save into meta.pt beside them
+  // (lightning/fabric/strategies/fsdp.py save_checkpoint, _METADATA_FILENAME). Its
+  // entries are shown under "meta.pt"; it is read by the single-file reader, nothing run.
+  void read_lightning_meta() {
+    const std::string rel = join(dir_, "meta.pt");
+    if (fs_.stat(rel).kind != file_kind::regular) return;
+    checkpoint m = open_checkpoint(fs_.open(rel), o_);
+    for (auto& e : m.entries) {
+      e.path.insert(e.path.begin(), std::string("meta.pt"));
+      c_.entries.push_back(std::move(e));
+    }
+    for (const auto& g : m.globals) c_.globals.push_back(g);
+    for (const auto& g : m.unsafe_globals) unsafe_.insert(g);
+    c_.lightning = true;
+    source_file f = std::move(m.files.at(0));
+    f.path = fs_.display(rel);
+    f.pickle.reset();
+    f.extra_pickles.clear();
+    c_.files.push_back(std::move(f));
   }
 
   const file_opener& fs_;

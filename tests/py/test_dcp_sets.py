@@ -305,3 +305,20 @@ def test_unknown_transform_is_refused(plain_dir, tmp_path):
 def test_rekey_is_refused(plain_dir, tmp_path):
     rc, out, err = run_ckptool("rekey", plain_dir, "--strip-compiled", "-o", tmp_path / "out")
     assert rc == 3 and "not supported" in err, out + err
+
+
+def test_lightning_meta_pt_entries(tmp_path):
+    """Lightning's FSDP strategy writes the model and optimizer with DCP and the rest of its
+    checkpoint with torch.save into meta.pt beside them (fabric/strategies/fsdp.py
+    save_checkpoint); here the same two writers, called as it calls them."""
+    d = tmp_path / "lightning"
+    dcp.save({"model": {"w": torch.ones(2, 3)}}, checkpoint_id=str(d))
+    torch.save({"epoch": 3, "global_step": 120, "hyper_parameters": {"lr": 0.1}}, d / "meta.pt")
+    doc = inspect_json(d)
+    assert doc["lightning"] is True
+    entries = {tuple(e["path"]): e["value"] for e in doc["entries"]}
+    assert entries[("meta.pt", "epoch")] == "3" and entries[("meta.pt", "global_step")] == "120"
+    assert [k["key"] for k in doc["keys"]] == ["model.w"]
+    assert str(d / "meta.pt") in [f["path"] for f in doc["files"]]
+    rc, out, err = run_ckptool("verify", d)
+    assert rc == 0, out + err
