@@ -39,8 +39,7 @@ dim_list contiguous_stride(const std::vector<int64_t>& shape) {
 
 // planner_data's path for a key when the writer flattened a nested state dict; the key
 // itself otherwise.
-value_path item_path(const dcp::metadata& md, const std::map<std::string, const dcp::planner_path*>& planned,
-                     const std::string& fqn) {
+value_path item_path(const std::map<std::string, const dcp::planner_path*>& planned, const std::string& fqn) {
   auto it = planned.find(fqn);
   if (it == planned.end()) return {fqn};
   value_path p;
@@ -50,7 +49,6 @@ value_path item_path(const dcp::metadata& md, const std::map<std::string, const 
     else
       p.emplace_back(e.key);
   }
-  (void)md;
   return p.empty() ? value_path{fqn} : p;
 }
 
@@ -170,9 +168,7 @@ class dcp_reader {
                                      all + "; it undoes only stream.zstd/1)", s.offset);
       throw e.with_file(c_.files[files_.at(s.relative_path).index].path);
     }
-    open_options sub = o_;
-    sub.max_tensors = std::max<uint64_t>(1, o_.max_tensors);
-    checkpoint a = open_checkpoint(item_source(s), sub);
+    checkpoint a = open_checkpoint(item_source(s), o_);
     for (const auto& g : a.globals) c_.globals.push_back(g);
     for (const auto& g : a.unsafe_globals) unsafe_.insert(g);
     return a;
@@ -260,7 +256,7 @@ class dcp_reader {
 
   void read_tensor(const dcp::item& it) {
     const dcp::tensor_meta& tm = it.tensor;
-    const value_path path = item_path(md_, planned_, it.fqn);
+    const value_path path = item_path(planned_, it.fqn);
     // Distinct boxes (a replicated box is listed once per replica at most), non-empty ones
     // as pieces; an empty box holds no element, but its archive is still read and checked.
     std::vector<const dcp::chunk*> boxes;
@@ -312,7 +308,7 @@ class dcp_reader {
   void read_bytes_item(const dcp::item& it) {
     const dcp::storage_item& s = storage_of(it.fqn, nullptr);
     entry_summary e;
-    e.path = item_path(md_, planned_, it.fqn);
+    e.path = item_path(planned_, it.fqn);
     checkpoint a = open_item(s);
     const pickle::value* root = a.files[0].pickle ? a.files[0].pickle->root : nullptr;
     if (!root) {
