@@ -124,6 +124,23 @@ TEST_CASE("dcp reader: keys, pieces and the bytes each chunk's storage points at
   CHECK(c.file_size() == d.rank0.size() + d.rank1.size());
 }
 
+TEST_CASE("dcp reader: the writer's own .metadata reads as its re-pickled twin does") {
+  dir_files d;
+  const ckpt::checkpoint twin = open(d);
+  d.metadata = fixture("small/.metadata");  // as dcp.save wrote it (storage_meta included)
+  const ckpt::checkpoint own = open(d);
+  REQUIRE(own.keys.size() == twin.keys.size());
+  for (size_t k = 0; k < own.keys.size(); ++k) {
+    CHECK(own.keys.key(k) == twin.keys.key(k));
+    CHECK(own.keys.piece_count(k) == twin.keys.piece_count(k));
+  }
+  REQUIRE(own.storages.size() == twin.storages.size());
+  for (size_t i = 0; i < own.storages.size(); ++i) {
+    CHECK(own.storages[i].file_offset == twin.storages[i].file_offset);
+    CHECK(own.storages[i].nbytes == twin.storages[i].nbytes);
+  }
+}
+
 TEST_CASE("dcp reader: from metadata alone, storages are archive ranges never read as data") {
   const dir_files d;
   const ckpt::checkpoint c = open(d, false);
