@@ -37,11 +37,13 @@ struct inspect_options {
 ckpt::checkpoint* g_kept_checkpoint = nullptr;
 
 int run_inspect(const inspect_options& given) {
-  // A directory stands for the one model file it holds, or its shard index; DCP is refused here.
+  // A directory stands for the one model file it holds, or its shard index, or is a DCP checkpoint.
   inspect_options o = given;
   o.file = ckpt::resolve_checkpoint_path(given.file);
   ckpt::output_set inputs;  // no outputs: it refuses a FIFO and sees the file change
-  for (const std::string& f : ckpt::checkpoint_input_files(o.file)) inputs.add_input(f);
+  add_checkpoint_inputs(inputs, o.file);
+  // Metadata only, unless --chunks asks where each chunk's data lies.
+  o.reader.read_chunk_archives = o.text.chunks;
   auto owned = std::make_unique<ckpt::checkpoint>(ckpt::open_checkpoint(o.file, o.reader));
   g_kept_checkpoint = owned.release();
   const ckpt::checkpoint& c = *g_kept_checkpoint;
@@ -162,10 +164,13 @@ verb setup_inspect(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "inspect", "Show what a checkpoint holds (tensors, dtypes, shapes, wrappers, entries, unsafe globals), "
                  "reading metadata only");
-  cmd->add_option("FILE", opts->file, "torch.save, TorchScript, safetensors or legacy torch file")->required();
+  cmd->add_option("FILE", opts->file, "torch.save, TorchScript, safetensors or legacy torch file, or a torch.distributed.checkpoint directory")->required();
   cmd->add_flag("--json", opts->json, "Print one JSON document (schema: man ckptool-inspect)");
   cmd->add_flag("--tree", opts->text.tree, "Group keys into a module tree with element counts");
   cmd->add_option("--filter", opts->text.filter, "Only keys matching this shell glob, e.g. '*.attn.*'");
+  cmd->add_flag("--chunks", opts->text.chunks,
+                "torch.distributed.checkpoint: open every chunk's archive (checked against .metadata) and list "
+                "each tensor's chunks with the byte range of their data");
   cmd->add_option("--input", opts->inputs,
                   "TorchScript: run the method on a meta tensor of this shape (repeat per argument), "
                   "e.g. 4x5:int64")

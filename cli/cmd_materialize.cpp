@@ -46,7 +46,7 @@ void print_list(std::ostream& out, const char* title, const std::vector<std::str
 }
 
 int run_materialize(materialize_options& o) {
-  // A directory stands for the one model file it holds, or its shard index; DCP is refused here.
+  // A directory stands for the one model file it holds, or its shard index, or is a DCP checkpoint.
   o.checkpoint = ckpt::resolve_checkpoint_path(o.checkpoint);
   o.req.strict = !o.no_strict;
   for (const auto& s : o.inputs) o.req.run_inputs.push_back(parse_input_spec(s));
@@ -54,10 +54,7 @@ int run_materialize(materialize_options& o) {
   if ((!o.req.run_inputs.empty() || !o.req.run_args.empty()) && o.req.run_method.empty()) o.req.run_method = "forward";
   // Everything read and everything written, declared before anything is read or written.
   ckpt::output_set set;
-  // A shard set's every shard is an input: -o may name none of them.
-  const std::vector<std::string> files = ckpt::checkpoint_input_files(o.checkpoint);
-  ckpt::file_fingerprint in = set.add_input(files.front());
-  for (size_t i = 1; i < files.size(); ++i) set.add_input(files[i]);
+  ckpt::file_fingerprint in = add_checkpoint_inputs(set, o.checkpoint);
   if (!o.req.model.empty()) set.add_input(o.req.model);
   // The output keeps the checkpoint's permission bits: a private checkpoint stays private.
   if (o.output_opt->count()) {

@@ -251,7 +251,7 @@ std::pair<std::string, std::string> parent_and_name(std::string dir) {
   return {slash == 0 ? "/" : dir.substr(0, slash), dir.substr(slash + 1)};
 }
 
-// rekey DIR -o OUTDIR: a torch.distributed.checkpoint directory (formats.md §9.6), written
+// rekey DIR -o OUTDIR: a torch.distributed.checkpoint directory (formats.md §9.7), written
 // as a set (ckpt/output_dir.h): the .distcp files copied byte for byte, .metadata last.
 int run_rekey_dcp(const rekey_options& o, const std::string& dir) {
   const bool has_output = o.output_opt->count() > 0;
@@ -382,7 +382,7 @@ int run_rekey_dcp(const rekey_options& o, const std::string& dir) {
 }
 
 int run_rekey(const rekey_options& given) {
-  // A directory stands for the one model file it holds, or for the shard set it holds.
+  // A directory stands for the one model file it holds, the shard set it holds, or is a DCP checkpoint.
   rekey_options o = given;
   const ckpt::detail::layout l = layout_of(given.input);
   if (l.kind == ckpt::detail::layout_kind::hf_index) return run_rekey_set(o, l.file);

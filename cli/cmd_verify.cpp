@@ -23,7 +23,7 @@ struct verify_options {
 };
 
 int run_verify(const verify_options& given) {
-  // A directory stands for the one model file it holds, or its shard index; DCP is refused here.
+  // A directory stands for the one model file it holds, or its shard index, or is a DCP checkpoint.
   verify_options o = given;
   o.file = ckpt::resolve_checkpoint_path(given.file);
   ckpt::output_set inputs;  // no outputs: it refuses a FIFO and sees the file change
@@ -75,7 +75,7 @@ verb setup_verify(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "verify", "Check a checkpoint: every zip record's CRC-32, every tensor view against its storage, every "
                 "safetensors range, and unsafe globals (exit 0 if all is well, 1 if not)");
-  cmd->add_option("FILE", o->file, "torch.save, TorchScript, safetensors or legacy torch file")->required();
+  cmd->add_option("FILE", o->file, "torch.save, TorchScript, safetensors or legacy torch file, or a torch.distributed.checkpoint directory")->required();
   cmd->add_flag("--json", o->json, "Print the result as JSON");
   add_reader_flags(*cmd, o->reader);
   return {cmd, [o] { return run_verify(*o); }};

@@ -1,10 +1,13 @@
 #include "common.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <iostream>
 
+#include "ckpt/file_opener.h"
+#include "model/layout.h"
 #include "validators.h"
 
 namespace cli {
@@ -34,6 +37,19 @@ void add_reader_flags(CLI::App& cmd, ckpt::open_options& opts) {
   limit("--max-tensors", opts.max_tensors,
         "Most tensors in a checkpoint (torch zip, legacy, TorchScript data, safetensors)", kMaxCountLimit);
   cmd.add_flag("--verify-crc", opts.verify_crc, "Check the CRC-32 of every zip record that has one recorded (reads all data)");
+}
+
+bool is_file_set(const std::string& resolved) {
+  struct stat st;
+  return ::stat(resolved.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+ckpt::file_fingerprint add_checkpoint_inputs(ckpt::output_set& set, const std::string& resolved,
+                                             const std::string& hint) {
+  const std::vector<std::string> files = ckpt::checkpoint_input_files(resolved);
+  const ckpt::file_fingerprint first = set.add_input(files.front(), hint);
+  for (size_t i = 1; i < files.size(); ++i) set.add_input(files[i]);
+  return first;
 }
 
 std::string human_bytes(uint64_t n) {

@@ -15,6 +15,7 @@ namespace cli {
 struct text_options {
   std::string filter;  // glob over keys; empty = all
   bool tree = false;   // module tree instead of the flat table
+  bool chunks = false;  // a set's keys with the pieces they are assembled from
 };
 
 /// Whether `key` passes the --filter glob (shell-style, '*' also matches '.').
@@ -22,6 +23,10 @@ bool key_matches(const std::string& glob, const std::string& key);
 
 void print_inspect_text(std::ostream& out, const ckpt::checkpoint& c, const ckpt::torchscript_info* ts,
                         const text_options& options);
+
+/// The text form for a checkpoint of several files (inspect_set_text.cpp); called by
+/// print_inspect_text for every layout but a single file.
+void print_set_text(std::ostream& out, const ckpt::checkpoint& c, const text_options& options);
 
 void print_meta_outputs(std::ostream& out, const std::string& method,
                         const std::vector<ckpt::meta_output>& outputs);

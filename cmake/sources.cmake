@@ -32,6 +32,7 @@ set(CKPT_CORE_SOURCES
   ${CKPT_ROOT}/src/pickle/weights_only_globals.cpp
   ${CKPT_ROOT}/src/formats/dcp_coverage.cpp
   ${CKPT_ROOT}/src/formats/dcp_metadata.cpp
+  ${CKPT_ROOT}/src/formats/dcp_transforms.cpp
   ${CKPT_ROOT}/src/formats/dcp_vocabulary.cpp
   ${CKPT_ROOT}/src/formats/format_detect.cpp
   ${CKPT_ROOT}/src/formats/hf_index.cpp
@@ -47,6 +48,7 @@ set(CKPT_CORE_SOURCES
   ${CKPT_ROOT}/src/model/checkpoint.cpp
   ${CKPT_ROOT}/src/model/layout.cpp
   ${CKPT_ROOT}/src/model/open_hf_set.cpp
+  ${CKPT_ROOT}/src/model/open_dcp.cpp
   ${CKPT_ROOT}/src/model/key_table.cpp
   ${CKPT_ROOT}/src/model/read_plan.cpp
   ${CKPT_ROOT}/src/rekey/dcp_byte_items.cpp
@@ -106,6 +108,7 @@ set(CKPTOOL_CLI_SOURCES
   ${CKPT_ROOT}/cli/cmd_verify.cpp
   ${CKPT_ROOT}/cli/common.cpp
   ${CKPT_ROOT}/cli/input_spec.cpp
+  ${CKPT_ROOT}/cli/inspect_set_text.cpp
   ${CKPT_ROOT}/cli/inspect_text.cpp
   ${CKPT_ROOT}/cli/load_guard.cpp
   ${CKPT_ROOT}/cli/main.cpp
@@ -153,6 +156,7 @@ set(CKPT_SHARED_HEADERS
   ${CKPT_ROOT}/src/base/string_index.h
   ${CKPT_ROOT}/src/base/text.h
   ${CKPT_ROOT}/src/base/text_escape.h
+  ${CKPT_ROOT}/src/formats/dcp_transforms.h
   ${CKPT_ROOT}/src/formats/format_detect.h
   ${CKPT_ROOT}/src/formats/legacy_reader.h
   ${CKPT_ROOT}/src/formats/pickled_module.h
@@ -163,6 +167,7 @@ set(CKPT_SHARED_HEADERS
   ${CKPT_ROOT}/src/io/temp_registry.h
   ${CKPT_ROOT}/src/model/layout.h
   ${CKPT_ROOT}/src/model/open_hf_set.h
+  ${CKPT_ROOT}/src/model/open_dcp.h
   ${CKPT_ROOT}/src/model/read_plan.h
   ${CKPT_ROOT}/src/pickle/pickle_accessors.h
   ${CKPT_ROOT}/src/pickle/pickle_keys.h

@@ -42,6 +42,10 @@ struct storage_record {
   uint32_t crc32 = 0;                  // from the zip central directory (0 if unknown)
   uint32_t file = 0;                   // index into checkpoint::files: where file_offset is
   size_t tensor_count = 0;
+  // True when [file_offset, file_offset + nbytes) is not the data but a whole archive that
+  // holds it: a DCP chunk opened from metadata alone (open_options::read_chunk_archives
+  // false). Such bytes are never read as a tensor's data (read_plan refuses them).
+  bool archive_range = false;
 };
 
 struct tensor_record;
@@ -145,6 +149,11 @@ struct open_options {
   uint64_t max_tensors = 1'000'000;
   /// Verify the CRC-32 of every zip record (reads all the data).
   bool verify_crc = false;
+  /// torch.distributed.checkpoint directories: open every chunk's embedded torch.save
+  /// archive, check it against `.metadata`, and point storages at the chunk's raw data.
+  /// False reads `.metadata` alone (inspect): storages then carry the archive's byte range
+  /// with storage_record::archive_range set, and tensor strides are the contiguous ones.
+  bool read_chunk_archives = true;
 };
 
 /// One file of a checkpoint, with the parsed structures its bytes hold. A checkpoint of one
@@ -159,6 +168,11 @@ struct source_file {
   std::vector<std::unique_ptr<pickle::document>> extra_pickles;  // TorchScript constants.pkl
   std::optional<safetensors::header> st_header;    // safetensors
   size_t tensors = 0;                              // tensor records read from this file
+  /// An archive embedded in another file of the set (a DCP chunk inside a `.distcp`): that
+  /// file's index in checkpoint::files and the archive's first byte in it (`size` is the
+  /// archive's length; its bytes are not counted twice in file_size()). nullopt for a file.
+  std::optional<uint32_t> within;
+  uint64_t offset_within = 0;
 };
 
 /// How a checkpoint's files make one state dict (formats.md §1.1).
@@ -185,7 +199,8 @@ struct checkpoint {
   /// The files, in the order storage_record::file numbers them; never empty once opened.
   /// A shard set's are its shards, in the order the loaders open them (sorted names).
   std::vector<source_file> files;
-  /// Bytes read from files that hold no storage (a shard set's index): part of bytes_read().
+  /// Bytes read from files that hold no storage (a shard set's index, a DCP `.metadata`):
+  /// part of bytes_read().
   uint64_t index_bytes_read = 0;
 
   std::vector<storage_record> storages;
@@ -222,7 +237,7 @@ struct checkpoint {
   /// torch.load accepts but that is not positive or not below 2^63.
   uint64_t storage_alignment = 64;
 
-  /// Bytes of all files.
+  /// Bytes of all files (an embedded archive's are its container's).
   uint64_t file_size() const;
   /// The only file, for operations that read or rewrite one file as a whole (rekey's
   /// writers, TorchScript through LibTorch, CRC checks of one archive). Throws
@@ -249,14 +264,14 @@ class file_opener;
 
 /// The one file a checkpoint path names, decided from names before any byte is read:
 /// `path` itself, or, for a directory, the model.safetensors or pytorch_model.bin it holds
-/// alone, or the one Hugging Face shard index it holds (a shard set is named by its index).
-/// Throws errc::unsupported for a torch.distributed.checkpoint directory, which no reader
-/// handles yet; errc::usage for a directory that holds no checkpoint or several.
+/// alone, or the one Hugging Face shard index it holds (a shard set is named by its index);
+/// a torch.distributed.checkpoint directory is returned as it is (open_checkpoint reads it
+/// as a set). Throws errc::usage for a directory that holds no checkpoint or several.
 std::string resolve_checkpoint_path(const std::string& path);
 
-/// Every file that opening `path` reads, as messages name them: the one file, or a shard
+/// Every file that opening `path` reads, as messages name them: the one file, a shard
 /// set's index and the shards it names that exist (a missing one is open_checkpoint's to
-/// report). Reads the index, no shard. For a command's output_set, which must know every
+/// report), or a DCP directory's `.metadata`, `*.distcp` files and Lightning's meta.pt. Reads the index, no shard. For a command's output_set, which must know every
 /// input (a shard is no more an output than the index is) before anything is written.
 std::vector<std::string> checkpoint_input_files(const std::string& path);
 

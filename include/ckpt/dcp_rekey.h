@@ -1,4 +1,4 @@
-// `rekey` across a torch.distributed.checkpoint directory (docs/formats.md §9.6): the keys
+// `rekey` across a torch.distributed.checkpoint directory (docs/formats.md §9.7): the keys
 // in `.metadata` are renamed where they appear (state_dict_metadata, every MetadataIndex.fqn
 // in storage_data, planner_data's keys and nesting paths); every other file, `.distcp` data
 // included, is copied byte for byte, never re-encoded.

@@ -1,5 +1,7 @@
 #include "ckpt/checkpoint.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <set>
 #include <unordered_map>
@@ -15,6 +17,7 @@
 #include "formats/tensor_collector.h"
 #include "model/layout.h"
 #include "model/open_hf_set.h"
+#include "model/open_dcp.h"
 #include "pickle/pickle_accessors.h"
 #include "base/text.h"
 
@@ -507,7 +510,8 @@ std::string tensor_kind::description() const {
 
 uint64_t checkpoint::file_size() const {
   uint64_t n = 0;
-  for (const auto& f : files) n += f.size;
+  for (const auto& f : files)
+    if (!f.within) n += f.size;
   return n;
 }
 
@@ -573,10 +577,22 @@ checkpoint open_checkpoint(std::unique_ptr<byte_source> src, const open_options&
 
 checkpoint open_checkpoint(const std::string& path, const open_options& options) {
   std::unique_ptr<byte_source> src;
+  std::string file;
   try {
-    const std::string file = resolve_checkpoint_path(path);
+    file = resolve_checkpoint_path(path);
     if (const auto [dir, name] = detail::parent_and_name(file); detail::is_shard_index_name(name))
       return detail::open_hf_set(disk_opener(dir), name, options);
+  } catch (error& e) {
+    e.with_file(path);
+    throw;
+  }
+  // What resolves to a directory is a layout of several files (formats.md §1.1).
+  struct stat st;
+  if (::stat(file.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+    const disk_opener fs(file);
+    return open_checkpoint("", options, fs);
+  }
+  try {
     src = std::make_unique<file_source>(file);
   } catch (error& e) {
     e.with_file(path);
@@ -590,7 +606,7 @@ checkpoint open_checkpoint(const std::string& path, const open_options& options,
   try {
     const detail::layout l = detail::detect_layout(fs, path);
     if (l.kind == detail::layout_kind::hf_index) return detail::open_hf_set(fs, l.file, options);
-    detail::refuse_unread_layout(fs, path, l);
+    if (l.kind == detail::layout_kind::dcp) return detail::open_dcp(fs, l.file, options);
     src = fs.open(l.file);
   } catch (error& e) {
     e.with_file(fs.display(path));
@@ -601,6 +617,17 @@ checkpoint open_checkpoint(const std::string& path, const open_options& options,
 
 std::vector<std::string> checkpoint_input_files(const std::string& path) {
   const std::string file = resolve_checkpoint_path(path);
+  struct stat st;
+  if (::stat(file.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+    // A DCP directory: `.metadata` first (its mode is what outputs copy), then its data
+    // files, and Lightning's meta.pt, which the reader also opens.
+    const disk_opener fs(file);
+    const detail::layout l = detail::detect_layout(fs, "");
+    std::vector<std::string> out{fs.display(".metadata")};
+    for (const auto& part : l.parts) out.push_back(fs.display(part));
+    if (fs.stat("meta.pt").kind == file_kind::regular) out.push_back(fs.display("meta.pt"));
+    return out;
+  }
   const auto [dir, name] = detail::parent_and_name(file);
   if (!detail::is_shard_index_name(name)) return {file};
   return detail::hf_set_files(disk_opener(dir), name);

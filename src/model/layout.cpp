@@ -83,22 +83,8 @@ layout detect_layout(const file_opener& fs, const std::string& path) {
                            "pytorch_model.bin)");
 }
 
-void refuse_unread_layout(const file_opener& fs, const std::string& path, const layout& l) {
-  switch (l.kind) {
-    case layout_kind::single_file:
-      return;
-    case layout_kind::hf_index:
-      return;  // open_hf_set.cpp
-    case layout_kind::dcp:
-      refuse(fs, path, "a torch.distributed.checkpoint directory (.metadata and " + std::to_string(l.parts.size()) +
-                             " .distcp file" + (l.parts.size() == 1 ? "" : "s") + ") is not read yet");
-  }
-}
-
 std::string resolve_layout(const file_opener& fs, const std::string& path) {
-  const layout l = detect_layout(fs, path);
-  refuse_unread_layout(fs, path, l);
-  return l.file;
+  return detect_layout(fs, path).file;
 }
 
 std::pair<std::string, std::string> parent_and_name(const std::string& path) {

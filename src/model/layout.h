@@ -37,11 +37,7 @@ bool is_shard_index_name(const std::string& name);
 /// (errc::usage, "not a regular file: a directory ..."), naming what it holds.
 layout detect_layout(const file_opener& fs, const std::string& path);
 
-/// Throws errc::unsupported, naming `path` (what the user gave), for layouts no reader
-/// handles yet (DCP: issue 14).
-void refuse_unread_layout(const file_opener& fs, const std::string& path, const layout& l);
-
-/// detect_layout, then refuse_unread_layout: the one file to open (a shard set's index).
+/// detect_layout's file: the one file to open (a shard set's index), or a DCP directory.
 std::string resolve_layout(const file_opener& fs, const std::string& path);
 
 /// A path as (its directory, its last component): "d/x.json" -> ("d", "x.json"),

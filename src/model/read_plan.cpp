@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "ckpt/error.h"
+
 namespace ckpt::detail {
 
 read_plan plan_reads(const checkpoint& c, const std::vector<bool>& needed, const read_plan_options& o) {
@@ -16,6 +18,12 @@ read_plan plan_reads(const checkpoint& c, const std::vector<bool>& needed, const
     plan.storages.push_back(i);
     const storage_record& s = c.storages[i];
     if (s.file >= c.files.size()) throw std::invalid_argument("plan_reads: a storage names a file the checkpoint lacks");
+    // The range of an archive that holds the data is not the data (a DCP chunk opened from
+    // metadata alone): reading it as a tensor would be a wrong result.
+    if (s.archive_range)
+      throw error(errc::unsupported, "storage " + s.key + " was read from metadata alone (its chunk archive was not "
+                                     "opened): it has no data range to read")
+          .with_file(c.files[s.file].path);
     if (s.file_offset && s.nbytes) order.push_back(i);
   }
   // File order: sequential reads are what the page cache, read-ahead and disks like best.

@@ -1,4 +1,4 @@
-// BYTE_IO values of a DCP directory being rekeyed (docs/formats.md §9.6): `torch.save` blobs
+// BYTE_IO values of a DCP directory being rekeyed (docs/formats.md §9.7): `torch.save` blobs
 // of any Python value, which rekey copies unopened and dcp.load unpickles as they are. One
 // that holds a renamed key's name as a string would still name the old key after the copy.
 #pragma once

@@ -1,4 +1,4 @@
-// The `.metadata` half of a DCP rekey (docs/formats.md §9.6): the pickle is decoded twice,
+// The `.metadata` half of a DCP rekey (docs/formats.md §9.7): the pickle is decoded twice,
 // once into the checked struct (decode_metadata) and once into the value tree, and only the
 // tree is edited and written back, so fields and forms the struct does not model are kept
 // as they were.

@@ -1,4 +1,4 @@
-// Where a renamed DCP key's planner_data path goes (docs/formats.md §9.6). flatten_state_dict
+// Where a renamed DCP key's planner_data path goes (docs/formats.md §9.7). flatten_state_dict
 // keys every leaf by its nesting path joined with dots, so a rename of the dotted key must be
 // carried back into the path's elements, and that is exact only when the edit stays inside
 // one mapping key or removes one whole level.

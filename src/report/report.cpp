@@ -1,5 +1,6 @@
 #include "ckpt/report.h"
 
+#include <algorithm>
 #include <array>
 #include <map>
 #include <string>
@@ -129,6 +130,10 @@ void write_tensor(detail::json_writer& w, const checkpoint& c, const tensor_reco
 
 void write_storage(detail::json_writer& w, const storage_record& s) {
   w.begin_object();
+  if (s.archive_range) {
+    w.key("archive_range");
+    w.boolean(true);
+  }
   w.key("device");
   w.string(s.location);
   w.key("dtype");
@@ -147,6 +152,61 @@ void write_storage(detail::json_writer& w, const storage_record& s) {
   w.key("tensors");
   w.number(uint64_t(s.tensor_count));
   w.end_object();
+}
+
+// A set's state dict: each key with its dtype, global shape and pieces (the box each piece
+// fills and the byte range it comes from).
+void write_keys(detail::json_writer& w, const checkpoint& c, const std::function<bool(const tensor_record&)>& keep) {
+  w.begin_array();
+  for (size_t k = 0; k < c.keys.size(); ++k) {
+    const size_t n = c.keys.piece_count(k);
+    if (keep) {
+      bool any = n == 0;
+      for (size_t p = 0; p < n && !any; ++p) any = keep(c.tensors[c.keys.piece(k, p).tensor]);
+      if (!any) continue;
+    }
+    w.begin_object();
+    w.key("dtype");
+    w.string(name(c.keys.type(k, c.tensors)));
+    w.key("key");
+    w.string(c.keys.key(k));
+    w.key("pieces");
+    w.begin_array();
+    for (size_t p = 0; p < n; ++p) {
+      const tensor_piece piece = c.keys.piece(k, p);
+      const tensor_record& t = c.tensors[piece.tensor];
+      w.begin_object();
+      if (t.storage) {
+        const storage_record& s = c.storages[*t.storage];
+        w.key("data");
+        w.boolean(!s.archive_range);
+        w.key("file");
+        w.number(uint64_t(s.file));
+        w.key("nbytes");
+        w.number(s.nbytes);
+        w.key("offset");
+        if (s.file_offset)
+          w.number(*s.file_offset);
+        else
+          w.null();
+      }
+      w.key("offsets");
+      std::vector<int64_t> offsets = piece.offsets;
+      offsets.resize(t.shape.size(), 0);
+      write_ints(w, offsets);
+      w.key("sizes");
+      write_ints(w, std::vector<int64_t>(t.shape.begin(), t.shape.end()));
+      w.key("tensor");
+      w.number(uint64_t(piece.tensor));
+      w.end_object();
+    }
+    w.end_array();
+    w.key("shape");
+    const dim_list& shape = c.keys.shape(k, c.tensors);
+    write_ints(w, std::vector<int64_t>(shape.begin(), shape.end()));
+    w.end_object();
+  }
+  w.end_array();
 }
 
 nlohmann::json totals_json(const checkpoint& c, const std::function<bool(const tensor_record&)>& keep) {
@@ -214,12 +274,20 @@ void write_inspect_json(const checkpoint& c, const inspect_json_options& options
       w.begin_object();
       w.key("format");
       w.string(format_name(f.format));
+      if (f.within) {
+        w.key("offset");
+        w.number(f.offset_within);
+      }
       w.key("path");
       w.string(f.path);
       w.key("size");
       w.number(f.size);
       w.key("tensors");
       w.number(uint64_t(f.tensors));
+      if (f.within) {
+        w.key("within");
+        w.number(uint64_t(*f.within));
+      }
       w.end_object();
     }
     w.end_array();
@@ -233,6 +301,15 @@ void write_inspect_json(const checkpoint& c, const inspect_json_options& options
       w.string(c.index_path);
   };
   members["warnings"] = [&] { write_strings(w, c.warnings); };
+  if (c.layout != checkpoint_layout::single_file) {
+    members["writer"] = [&] {
+      if (c.writer.empty())
+        w.null();
+      else
+        w.string(c.writer);
+    };
+    members["keys"] = [&] { write_keys(w, c, options.keep_tensor); };
+  }
   members["io"] = [&] {
     w.begin_object();
     w.key("bytes_read");

@@ -21,10 +21,12 @@ verify_report verify_file(const std::string& path, const open_options& options,
     r.problems.push_back(std::string(errc_name(e.kind())) + ": " + e.one_line());
     return r;
   }
-  r.format = format_name(c.format);
+  r.format = c.layout == checkpoint_layout::single_file ? format_name(c.format)
+                                                        : std::string(layout_name(c.layout)) + " of " + format_name(c.format);
   r.layout = layout_name(c.layout);
   r.files = c.files.size();
-  r.tensors = c.tensors.size();
+  // A set's tensors are its keys (a DCP tensor is several chunk records).
+  r.tensors = c.layout == checkpoint_layout::single_file ? c.tensors.size() : c.keys.size();
   // What a loader tolerates (formats.md §10.3): told, not failed.
   r.notes = c.warnings;
   r.unsafe_globals = c.unsafe_globals;
@@ -57,7 +59,9 @@ verify_report verify_file(const std::string& path, const open_options& options,
   for (uint32_t fi = 0; fi < c.files.size(); ++fi) {
     const source_file& f = c.files[fi];
     if (!f.zip) continue;
-    const std::string in_file = several ? " of " + f.path : std::string();
+    std::string in_file = several ? " of " + f.path : std::string();
+    // An archive embedded in a file of the set (a DCP chunk) is named by where it starts.
+    if (f.within) in_file += " (the archive at byte " + std::to_string(f.offset_within) + ")";
     for (const auto& e : f.zip->entries()) {
       const uint64_t before = done;
       const zip::crc_result crc = f.zip->record_crc(e, [&](uint64_t n) {
@@ -74,12 +78,12 @@ verify_report verify_file(const std::string& path, const open_options& options,
       if (crc.outcome == zip::crc_outcome::mismatch) {
         char crcs[48];
         std::snprintf(crcs, sizeof crcs, "recorded %08x, data has %08x", e.crc32, crc.computed);
-        r.problems.push_back("CRC-32 mismatch in " + std::string(e.name) + in_file + " at byte " + std::to_string(e.data_offset) +
-                             ": " + crcs);
+        r.problems.push_back("CRC-32 mismatch in " + std::string(e.name) + in_file + " at byte " +
+                             std::to_string(f.source->origin_offset() + e.data_offset) + ": " + crcs);
       }
     }
     // Records under data/ that no tensor refers to: harmless to torch.load, but odd.
-    if (f.format == file_format::torch_zip) {
+    if (f.format == file_format::torch_zip && !f.within) {
       std::set<std::string, std::less<>> used;
       for (const auto& s : c.storages)
         if (s.file == fi) used.insert("data/" + s.key);
@@ -93,6 +97,11 @@ verify_report verify_file(const std::string& path, const open_options& options,
     if (r.records_without_crc)
       r.notes.push_back(std::to_string(r.records_without_crc) +
                         " records have no CRC recorded (saved with CRC computation off); their data was not checked");
+    if (c.layout == checkpoint_layout::dcp) {
+      size_t keys = c.keys.size(), chunks = c.tensors.size();
+      r.notes.push_back("torch.distributed.checkpoint: " + std::to_string(keys) + " tensors from " + std::to_string(chunks) +
+                        " chunks, each chunk's archive checked against .metadata, chunks tiling every tensor exactly");
+    }
   } else if (c.format == file_format::safetensors) {
     r.notes.push_back("safetensors has no checksums; header, dtypes and byte ranges are valid");
   } else {

@@ -3,9 +3,9 @@ directory or a shard index, and a DCP chunk read in place inside its .distcp fil
 
 Every fixture is written by the real writer: torch.distributed.checkpoint.save,
 huggingface_hub.save_torch_state_dict (the sharding transformers' save_pretrained uses),
-safetensors.torch.save_file and torch.save. DCP directories have no reader yet (issue
-14): they must be refused as such (exit 3), not as "not a regular file" (exit 2) or
-"unrecognized format". Shard sets are read as one checkpoint (test_hf_sets.py).
+safetensors.torch.save_file and torch.save. Shard sets and DCP directories are read as one
+checkpoint (test_hf_sets.py, test_dcp_sets.py); directories that are neither are refused
+as "not a regular file" (exit 2), naming what they hold.
 """
 
 from __future__ import annotations
@@ -46,17 +46,18 @@ def refused(args, message: str, kind: str = "unsupported", code: int = 3) -> Non
     assert (rc, err) == (code, f"ckptool: {kind}: {message}\n"), (rc, out, err)
 
 
-def test_dcp_directory_is_refused_as_not_read_yet(tmp_path):
+def test_dcp_directory_is_read_as_a_set(tmp_path):
+    """Every verb reads a DCP directory (test_dcp_sets.py checks what they say; rekey writes
+    a directory, test_dcp_rekey.py); rekey to a file path that exists is refused."""
     d = tmp_path / "run"
     dcp_save(d, state())
     assert (d / ".metadata").is_file()
-    n = len(list(d.glob("*.distcp")))
-    files = f"{n} .distcp file" + ("" if n == 1 else "s")
     for verb in (["inspect"], ["verify"], ["materialize", "--device", "meta"]):
-        refused([*verb, d], f"{d}: a torch.distributed.checkpoint directory (.metadata and {files}) is not read yet")
-    refused(["rekey", d, "-o", tmp_path / "out.pt", "--strip-compiled"],
-            f"{d}: a torch.distributed.checkpoint directory (.metadata and {files}) is not read yet")
-    assert not (tmp_path / "out.pt").exists()
+        rc, out, err = run_ckptool(*verb, d)
+        assert rc == 0, (verb, out, err)
+    rc, out, err = run_ckptool("rekey", d, "-o", tmp_path / "out", "--add-prefix", "m.")
+    assert rc == 0, (out, err)
+    assert (tmp_path / "out" / ".metadata").is_file()
 
 
 def test_hugging_face_shard_set_is_opened_by_its_directory_or_index(tmp_path):

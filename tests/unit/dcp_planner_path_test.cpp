@@ -1,5 +1,5 @@
 // ckpt::dcp::rename_path as a pure function: the planner_data paths flatten_state_dict makes
-// (docs/formats.md §9.6), each rename that fits them exactly, and each that does not.
+// (docs/formats.md §9.7), each rename that fits them exactly, and each that does not.
 #include <doctest/doctest.h>
 
 #include <string>

@@ -390,10 +390,11 @@ TEST_CASE("open_checkpoint decides the layout before sniffing") {
     CHECK(hf->kind == errc::corrupt);
     CHECK(hf->line == "mem/shards/model.safetensors.index.json: index \"weight_map\" names no tensors");
   }
+  // A DCP directory is read as one (model/open_dcp.cpp): here its .metadata is no pickle.
   auto dcp = failure_of([&] { (void)ckpt::open_checkpoint("run", {}, m); });
   REQUIRE(dcp);
-  CHECK(dcp->kind == errc::unsupported);
-  CHECK(dcp->line == "mem/run: a torch.distributed.checkpoint directory (.metadata and 1 .distcp file) is not read yet");
+  CHECK(dcp->kind == errc::corrupt);
+  CHECK(dcp->file == "mem/run/.metadata");
   // A .distcp named directly is still a file: sniffed as today.
   auto part = failure_of([&] { (void)ckpt::open_checkpoint("run/__0_0.distcp", {}, m); });
   CHECK_FALSE(part);

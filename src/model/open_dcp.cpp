@@ -1,0 +1,373 @@
+// What the reader relies on (docs/formats.md §9): `.metadata` says which chunks make each
+// tensor and where each chunk's bytes are; those bytes are a whole torch.save archive of
+// the chunk (filesystem.py _write_item calls torch.save on the item's stream), which
+// FileSystemReader.read_data loads with torch.load(weights_only=True). We open that
+// archive with the torch-zip reader over a slice of the `.distcp` file, check it is the
+// chunk the metadata describes, and point the chunk's storage at its data record in the
+// `.distcp` itself (records are stored, never deflated, so the bytes are the data).
+#include "model/open_dcp.h"
+
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <set>
+#include <tuple>
+
+#include "ckpt/dcp.h"
+#include "ckpt/error.h"
+#include "base/text.h"
+#include "formats/dcp_transforms.h"
+#include "io/slice_source.h"
+
+namespace ckpt::detail {
+namespace {
+
+std::string join(const std::string& dir, const std::string& name) { return dir.empty() ? name : dir + "/" + name; }
+
+int64_t volume(const std::vector<int64_t>& sizes) {
+  int64_t n = 1;
+  for (int64_t s : sizes) n *= s;  // bounded: check_coverage refused shapes past INT64_MAX
+  return n;
+}
+
+dim_list contiguous_stride(const std::vector<int64_t>& shape) {
+  dim_list stride;
+  stride.assign(shape.size(), 1);
+  for (size_t i = shape.size(); i-- > 1;) stride[i - 1] = stride[i] * std::max<int64_t>(shape[i], 1);
+  return stride;
+}
+
+// planner_data's path for a key when the writer flattened a nested state dict; the key
+// itself otherwise.
+value_path item_path(const std::map<std::string, const dcp::planner_path*>& planned, const std::string& fqn) {
+  auto it = planned.find(fqn);
+  if (it == planned.end()) return {fqn};
+  value_path p;
+  for (const auto& e : it->second->path) {
+    if (e.is_index)
+      p.emplace_back(e.index);
+    else
+      p.emplace_back(e.key);
+  }
+  return p.empty() ? value_path{fqn} : p;
+}
+
+struct data_file {
+  uint32_t index;                              // in checkpoint::files
+  std::shared_ptr<const byte_source> source;   // shared by the slices of its items
+};
+
+class dcp_reader {
+ public:
+  dcp_reader(const file_opener& fs, const std::string& dir, const open_options& o) : fs_(fs), dir_(dir), o_(o) {}
+
+  checkpoint read() {
+    c_.path = fs_.display(dir_);
+    c_.layout = checkpoint_layout::dcp;
+    c_.format = file_format::torch_zip;
+    const std::string meta = join(dir_, ".metadata");
+    c_.index_path = fs_.display(meta);
+    {
+      std::unique_ptr<byte_source> src = fs_.open(meta);
+      try {
+        dcp::decode_options d;
+        d.lim = o_.pickle_limits;
+        md_ = dcp::decode_metadata(*src, d);
+        dcp::check_metadata(md_);
+      } catch (error& e) {
+        src->locate(e);
+        c_.index_bytes_read = src->bytes_read();
+        throw;
+      }
+      c_.index_bytes_read = src->bytes_read();
+    }
+    c_.writer = md_.version ? *md_.version : std::string();
+    c_.globals = md_.globals;
+    if (md_.planner_data_opaque)
+      c_.warnings.push_back("planner_data is of a form this reader does not decode (a custom planner's): keys are "
+                            "listed as .metadata names them");
+    for (const auto& f : md_.unknown_fields)
+      c_.warnings.push_back(".metadata has a field this reader does not know: " + f + " (kept unread)");
+    for (const auto& p : md_.planner_data) planned_[p.fqn] = &p;
+    for (const auto& s : md_.storage_data) where_[{s.fqn, s.offsets.has_value(), s.offsets.value_or(std::vector<int64_t>{})}] = &s;
+    open_data_files();
+
+    size_t chunks = 0;
+    for (const auto& it : md_.items)
+      if (it.is_tensor) chunks += it.tensor.chunks.size();
+    if (chunks > o_.max_tensors)
+      throw error(errc::limit, std::to_string(chunks) + " chunks, over the tensor limit (raise with --max-tensors)")
+          .with_file(c_.index_path);
+    c_.tensors.reserve(chunks);
+    c_.storages.reserve(chunks);
+    for (const auto& it : md_.items) {
+      if (it.is_tensor)
+        read_tensor(it);
+      else
+        read_bytes_item(it);
+    }
+    read_lightning_meta();
+    std::sort(c_.globals.begin(), c_.globals.end());
+    c_.globals.erase(std::unique(c_.globals.begin(), c_.globals.end()), c_.globals.end());
+    c_.unsafe_globals.assign(unsafe_.begin(), unsafe_.end());
+    c_.state_dict = value_path{};
+    c_.keys.shrink_to_fit();
+    return std::move(c_);
+  }
+
+ private:
+  // Every file storage_data names, opened once, in name order.
+  void open_data_files() {
+    std::set<std::string> names;
+    for (const auto& s : md_.storage_data) names.insert(s.relative_path);
+    for (const auto& name : names) {
+      const std::string rel = join(dir_, checked_relative_path(name));
+      std::shared_ptr<const byte_source> whole = fs_.open(rel);
+      source_file f;
+      f.path = fs_.display(rel);
+      f.format = file_format::torch_zip;
+      f.size = whole->size();
+      // The set's own view of the file; slices for its items share the open file.
+      f.source = std::make_unique<slice_source>(whole, 0, whole->size());
+      files_[name] = {uint32_t(c_.files.size()), whole};
+      c_.files.push_back(std::move(f));
+    }
+  }
+
+  // The item's bytes as a source: a slice of its file, or those bytes with the stream
+  // transforms undone, in memory.
+  std::unique_ptr<byte_source> item_source(const dcp::storage_item& s) {
+    const data_file& f = files_.at(s.relative_path);
+    auto slice = std::make_unique<slice_source>(f.source, s.offset, s.length);
+    if (s.transform_descriptors.empty()) return slice;
+    const uint64_t budget = o_.zip_limits.max_inflated_total > inflated_ ? o_.zip_limits.max_inflated_total - inflated_ : 0;
+    std::vector<uint8_t> bytes =
+        undo_dcp_transforms(*slice, s.transform_descriptors, std::min(o_.zip_limits.max_record_bytes, budget));
+    inflated_ += bytes.size();
+    return std::make_unique<memory_source>(std::move(bytes), c_.files[f.index].path + " (item at byte " +
+                                                                 std::to_string(s.offset) + ", after " +
+                                                                 s.transform_descriptors.front() + ")");
+  }
+
+  const dcp::storage_item& storage_of(const std::string& fqn, const std::vector<int64_t>* offsets) {
+    return *where_.at({fqn, offsets != nullptr, offsets ? *offsets : std::vector<int64_t>{}});
+  }
+
+  [[noreturn]] void mismatch(const dcp::storage_item& s, const std::string& what) {
+    const data_file& f = files_.at(s.relative_path);
+    throw error(errc::corrupt, what, s.offset).with_file(c_.files[f.index].path);
+  }
+
+  // Opens the item's embedded archive with the single-file reader; the caller checks what
+  // it holds. The source file joins the set (verify checks its CRCs).
+  checkpoint open_item(const dcp::storage_item& s) {
+    if (!known_dcp_transforms(s.transform_descriptors)) {
+      std::string all;
+      for (const auto& d : s.transform_descriptors) all += (all.empty() ? "" : ", ") + d;
+      error e(errc::unsupported, "item '" + s.fqn + "' was written through stream transforms this build cannot undo (" +
+                                     all + "; it undoes only stream.zstd/1)", s.offset);
+      throw e.with_file(c_.files[files_.at(s.relative_path).index].path);
+    }
+    checkpoint a = open_checkpoint(item_source(s), o_);
+    for (const auto& g : a.globals) c_.globals.push_back(g);
+    for (const auto& g : a.unsafe_globals) unsafe_.insert(g);
+    return a;
+  }
+
+  uint32_t adopt(checkpoint& a, const dcp::storage_item& s) {
+    source_file f = std::move(a.files.at(0));
+    // What the archive's pickle said is in its records now; its tree is a few KB per chunk,
+    // which for a hundred thousand chunks is memory no verb needs. The zip stays: verify
+    // checks its records' CRCs.
+    f.pickle.reset();
+    f.extra_pickles.clear();
+    const data_file& d = files_.at(s.relative_path);
+    f.path = c_.files[d.index].path;
+    f.within = d.index;
+    f.offset_within = s.offset;
+    f.size = s.length;
+    c_.files.push_back(std::move(f));
+    return uint32_t(c_.files.size() - 1);
+  }
+
+  // One chunk: its tensor record and storage, checked against the metadata.
+  size_t read_chunk(const dcp::item& it, const dcp::chunk& ch, const value_path& path) {
+    const dcp::storage_item& s = storage_of(it.fqn, &ch.offsets);
+    const data_file& d = files_.at(s.relative_path);
+    const std::string box = "chunk at offsets " + dcp::format_shape(ch.offsets) + ", sizes " + dcp::format_shape(ch.sizes);
+    tensor_record t;
+    storage_record st;
+    st.key = it.fqn + "@" + dcp::format_shape(ch.offsets);
+    st.type = it.tensor.type;
+    st.location = "cpu";
+    st.tensor_count = 1;
+    if (!o_.read_chunk_archives) {
+      // The range must lie in the file even when it is not opened: a slice checks it.
+      slice_source check(d.source, s.offset, s.length);
+      (void)check;
+      st.file = d.index;
+      st.file_offset = s.offset;
+      st.nbytes = s.length;
+      st.archive_range = true;
+      t.shape = ch.sizes;
+      t.stride = contiguous_stride(ch.sizes);
+    } else {
+      checkpoint a = open_item(s);
+      const std::string in = "tensor '" + it.fqn + "', " + box + ": its archive ";
+      if (a.format != file_format::torch_zip) mismatch(s, in + "is a " + std::string(format_name(a.format)) + " file, not a torch.save archive");
+      if (a.tensors.size() != 1 || !a.tensors[0].path.empty())
+        mismatch(s, in + "holds " + std::to_string(a.tensors.size()) + " tensors" +
+                        (a.tensors.size() == 1 ? " below its root" : "") + ", not one tensor at its root");
+      const tensor_record& r = a.tensors[0];
+      if (r.kind || r.quant || !r.storage)
+        mismatch(s, in + "holds a " + std::string(r.kind ? r.kind->layout : r.quant ? "quantized" : "meta") +
+                        " tensor, not a plain one");
+      if (r.type != it.tensor.type || std::vector<int64_t>(r.shape.begin(), r.shape.end()) != ch.sizes)
+        mismatch(s, in + "holds " + std::string(name(r.type)) + " " + text::shape(r.shape) + ", the metadata says " +
+                        name(it.tensor.type) + " " + dcp::format_shape(ch.sizes));
+      if (a.storages.size() != 1 || a.storages[0].nbytes < r.nbytes())
+        mismatch(s, in + "holds " + std::to_string(a.storages.size()) + " storages, not the one the tensor needs");
+      storage_record as = a.storages[0];
+      t = r;
+      t.node = nullptr;  // the archive's pickle is released below (adopt)
+      st.nbytes = as.nbytes;
+      st.crc32 = as.crc32;
+      st.record = as.record;
+      st.location = as.location;
+      const uint32_t fi = adopt(a, s);
+      if (s.transform_descriptors.empty()) {
+        // Stored records: the data is these bytes of the .distcp file itself.
+        st.file = d.index;
+        st.file_offset = s.offset + *as.file_offset;
+      } else {
+        st.file = fi;
+        st.file_offset = as.file_offset;
+      }
+    }
+    t.path = path;
+    t.type = it.tensor.type;
+    t.requires_grad = it.tensor.requires_grad;
+    t.location = st.location;
+    t.storage = c_.storages.size();
+    c_.storages.push_back(std::move(st));
+    c_.tensors.push_back(std::move(t));
+    return c_.tensors.size() - 1;
+  }
+
+  void read_tensor(const dcp::item& it) {
+    const dcp::tensor_meta& tm = it.tensor;
+    const value_path path = item_path(planned_, it.fqn);
+    // Distinct boxes (a replicated box is listed once per replica at most), non-empty ones
+    // as pieces; an empty box holds no element, but its archive is still read and checked.
+    std::vector<const dcp::chunk*> boxes;
+    for (const auto& ch : tm.chunks) {
+      const bool seen = std::any_of(boxes.begin(), boxes.end(), [&](const dcp::chunk* b) {
+        return b->offsets == ch.offsets && b->sizes == ch.sizes;
+      });
+      if (!seen) boxes.push_back(&ch);
+    }
+    const int64_t whole = volume(tm.size);
+    const dcp::chunk* entire = nullptr;
+    for (const dcp::chunk* b : boxes)
+      if (b->sizes == tm.size) entire = b;
+    if (entire) {
+      // One chunk holds the whole tensor (a plain tensor, a replicated DTensor): a plain key.
+      size_t tensor = 0;
+      for (const dcp::chunk* b : boxes) {
+        if (b != entire && volume(b->sizes) != 0) continue;  // coverage: only empty ones remain
+        if (b == entire)
+          tensor = read_chunk(it, *b, path);
+        else if (o_.read_chunk_archives)
+          check_only(it, *b);
+      }
+      c_.keys.add(it.fqn, tensor);
+      return;
+    }
+    std::vector<tensor_piece> pieces;
+    for (const dcp::chunk* b : boxes) {
+      if (volume(b->sizes) == 0 && whole != 0) {
+        if (o_.read_chunk_archives) check_only(it, *b);
+        continue;
+      }
+      pieces.push_back({read_chunk(it, *b, path), b->offsets});
+    }
+    c_.keys.add(it.fqn, tm.type, tm.size, std::move(pieces));
+  }
+
+  // An empty chunk: nothing of it is loaded, but a broken archive is still a broken file.
+  void check_only(const dcp::item& it, const dcp::chunk& ch) {
+    const size_t tensors = c_.tensors.size(), storages = c_.storages.size();
+    read_chunk(it, ch, {it.fqn});
+    c_.tensors.resize(tensors);
+    c_.storages.resize(storages);
+  }
+
+  // A BYTE_IO item: a torch.save of any Python value, which PyTorch loads with
+  // weights_only=False. Decoded by our pickle machine (nothing runs) to show it, and to
+  // name the globals that load would import.
+  void read_bytes_item(const dcp::item& it) {
+    const dcp::storage_item& s = storage_of(it.fqn, nullptr);
+    entry_summary e;
+    e.path = item_path(planned_, it.fqn);
+    checkpoint a = open_item(s);
+    const pickle::value* root = a.files[0].pickle ? a.files[0].pickle->root : nullptr;
+    if (!root) {
+      e.type = "bytes";
+      e.value = "a " + std::string(format_name(a.format)) + " file of " + std::to_string(s.length) + " bytes";
+    } else {
+      e.type = root->type == pickle::kind::object && root->callable_global() ? root->callable_global()->global_name()
+                                                                               : text::python_type_name(root->type);
+      e.value = a.tensors.empty() ? pickle::repr(root, 120)
+                                  : std::to_string(a.tensors.size()) + (a.tensors.size() == 1 ? " tensor" : " tensors") +
+                                        " inside (not loaded: a BYTE_IO item)";
+    }
+    if (!a.unsafe_globals.empty()) {
+      std::string names;
+      for (const auto& g : a.unsafe_globals) names += (names.empty() ? "" : ", ") + g;
+      e.value += "  [unsafe: " + names + "]";
+    }
+    c_.entries.push_back(std::move(e));
+    adopt(a, s);
+  }
+
+  // Lightning's FSDP strategy saves the model and optimizer with DCP and everything else
+  // (epoch, loops, hyper-parameters) with torch.save into meta.pt beside them
+  // (lightning/fabric/strategies/fsdp.py save_checkpoint, _METADATA_FILENAME). Its
+  // entries are shown under "meta.pt"; it is read by the single-file reader, nothing run.
+  void read_lightning_meta() {
+    const std::string rel = join(dir_, "meta.pt");
+    if (fs_.stat(rel).kind != file_kind::regular) return;
+    checkpoint m = open_checkpoint(fs_.open(rel), o_);
+    for (auto& e : m.entries) {
+      e.path.insert(e.path.begin(), std::string("meta.pt"));
+      c_.entries.push_back(std::move(e));
+    }
+    for (const auto& g : m.globals) c_.globals.push_back(g);
+    for (const auto& g : m.unsafe_globals) unsafe_.insert(g);
+    c_.lightning = true;
+    source_file f = std::move(m.files.at(0));
+    f.path = fs_.display(rel);
+    f.pickle.reset();
+    f.extra_pickles.clear();
+    c_.files.push_back(std::move(f));
+  }
+
+  const file_opener& fs_;
+  std::string dir_;
+  const open_options& o_;
+  checkpoint c_;
+  dcp::metadata md_;
+  std::map<std::string, const dcp::planner_path*> planned_;
+  std::map<std::tuple<std::string, bool, std::vector<int64_t>>, const dcp::storage_item*> where_;
+  std::map<std::string, data_file> files_;
+  std::set<std::string> unsafe_;
+  uint64_t inflated_ = 0;
+};
+
+}  // namespace
+
+checkpoint open_dcp(const file_opener& fs, const std::string& dir, const open_options& options) {
+  return dcp_reader(fs, dir, options).read();
+}
+
+}  // namespace ckpt::detail
