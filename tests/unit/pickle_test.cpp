@@ -329,6 +329,16 @@ TEST_CASE("pickle: globals, calls and BUILD") {
   REQUIRE(b->items[kDictItems]);
   CHECK(repr(b->items[kDictItems]) == "{'k': 6}");
   CHECK(repr(b) == "m.C().extend([5]).update({'k': 6}).__setstate__({'x': 1})");
+  // An object's element array holds the slots up to the last one filled: callable and args
+  // for a plain call (a million tensor rebuild calls), grown when an opcode fills another.
+  CHECK(P(P2 + G("m", "C") + ")" + "R" + STOP).root->items.size() == kArgs + 1);
+  document appended_doc = P(P2 + G("m", "C") + ")" + "R" + K(5) + "a" + STOP);
+  const value* appended = appended_doc.root;
+  REQUIRE(appended->items.size() == kListItems + 1);
+  CHECK(!appended->items[kKwargs]);
+  CHECK(repr(appended) == "m.C().extend([5])");
+  CHECK(ex.root->items.size() == kKwargs + 1);
+  CHECK(b->items.size() == kObjectSlots);
   CHECK_FAILS(P2 + G("m", "C") + ")" + "R" + "N" + "b" + "N" + "b" + STOP, errc::unsupported,
               "second BUILD");
   // On a plain value, BUILD with an empty state does nothing (load_build); else it fails.
