@@ -169,6 +169,7 @@ set(CKPT_SHARED_HEADERS
   ${CKPT_ROOT}/src/model/open_hf_set.h
   ${CKPT_ROOT}/src/model/open_dcp.h
   ${CKPT_ROOT}/src/model/read_plan.h
+  ${CKPT_ROOT}/src/pickle/node_marks.h
   ${CKPT_ROOT}/src/pickle/pickle_accessors.h
   ${CKPT_ROOT}/src/pickle/pickle_keys.h
   ${CKPT_ROOT}/src/pickle/pickle_names.h

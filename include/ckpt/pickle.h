@@ -54,11 +54,15 @@ enum object_slot : size_t {
   kObjectSlots = 5,
 };
 
-// 64 bytes (tests/unit/pickle_test.cpp measures it): the machine's memory is about this
+// 48 bytes (tests/unit/pickle_test.cpp measures it): the machine's memory is about this
 // per decoded value, plus the text and elements it holds, which is what limits::max_values
-// multiplies.
+// multiplies. `text` and `items` share their 16 bytes (no node has both; the one not in
+// use reads as empty): a torch.save tensor is 7 nodes, so this was 112 bytes a tensor.
 struct value {
-  value() : offset(0) {}
+  value() : offset(0), items() {}
+  value(const value&) = delete;
+  value& operator=(const value&) = delete;
+  ~value() { items.~item_list(); }  // frees what the shared bytes own, text or elements
 
   kind type = kind::none;
   bool flag = false;      // boolean: the value; dict: true for collections.OrderedDict;
@@ -72,12 +76,14 @@ struct value {
     int64_t integer = 0;  // integer (the reader keeps nesting heights here while it runs)
     double floating;      // floating
   };
-  // str: UTF-8 (lone surrogates kept as WTF-8, as CPython's surrogatepass would);
-  // bytes/bytearray: raw bytes; big_integer: two's complement, little-endian, minimal.
-  node_text text;
-  // tuple/list/set/frozenset: elements; dict: k0, v0, k1, v1, ... in insertion order;
-  // global, object, persistent_id: see above.
-  item_list items;
+  union {
+    // tuple/list/set/frozenset: elements; dict: k0, v0, k1, v1, ... in insertion order;
+    // global, object, persistent_id: see above.
+    item_list items;
+    // str: UTF-8 (lone surrogates kept as WTF-8, as CPython's surrogatepass would);
+    // bytes/bytearray: raw bytes; big_integer: two's complement, little-endian, minimal.
+    node_text text;
+  };
   value* state = nullptr;  // BUILD state (objects, OrderedDict)
   // Its number in the document that made it (1, 2, ...; see document::node), so that a
   // walk over millions of nodes can keep per-node facts in plain arrays; 0 for a node made
@@ -111,7 +117,7 @@ struct limits {
   // Values decoded: every node made plus every element put in a container. None, True,
   // False, the ints -5..256 and the empty tuple are made once and cost nothing after.
   // This is what bounds the reader's memory: a value costs at most about 80 bytes (a node
-  // is 64 bytes in its block of the document; an element 8-16 bytes; a new dict key with
+  // is 48 bytes in its block of the document; an element 8-16 bytes; a new dict key with
   // its index and hash entries about 60 per value it counts; text is bounded by the input's
   // size), so the default keeps the machine under about 3.6 GiB whatever the input
   // (measured with 72-byte nodes: 50 M popped dicts, 75 bytes each). A torch.save checkpoint needs 30 values per 1-D tensor, 34 per 2-D one:

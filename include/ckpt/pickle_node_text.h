@@ -7,6 +7,11 @@
 // document::keep) and the node only points at it. Text assigned later (a renamed key, a
 // node built by hand) is copied and owned by the node. Either way it reads like a
 // std::string_view and converts to std::string where one is needed.
+//
+// A node's text and its element list (item_list) share their 16 bytes: no node has both,
+// and 16 bytes a node were 112 a tensor. Whichever holds them says so in the last word
+// (payload::kText), and the other then reads as empty: a str node has no elements, a list
+// has no text, exactly as when each had bytes of its own.
 #pragma once
 
 #include <cstdint>
@@ -19,11 +24,30 @@
 
 namespace ckpt::pickle {
 
+// The 16 bytes a node_text and an item_list share: a pointer, a 32-bit size, a 32-bit word
+// saying what they hold.
+namespace payload {
+constexpr uint32_t kText = uint32_t(1) << 31;   // text (else an element list, or nothing)
+constexpr uint32_t kOwned = uint32_t(1) << 30;  // text malloc'd by the node
+// An element list's capacity is the word itself: 0 for a borrowed (or no) array, else the
+// size of the array the list malloc'd, below kOwned.
+constexpr uint32_t kMaxCapacity = kOwned - 1;
+constexpr uint64_t kMaxText = UINT32_MAX;
+/// Frees what `meta` says the node owns at `data`.
+inline void release(const void* data, uint32_t meta) {
+  if (meta & kText) {
+    if (meta & kOwned) std::free(const_cast<void*>(data));
+  } else if (meta != 0) {
+    std::free(const_cast<void*>(data));
+  }
+}
+}  // namespace payload
+
 class node_text {
  public:
-  node_text() : size_(0), owned_(0) {}
-  node_text(const node_text& o) : size_(0), owned_(0) { copy_in(o.view()); }
-  node_text(node_text&& o) noexcept : data_(o.data_), size_(o.size_), owned_(o.owned_) { o.forget(); }
+  node_text() = default;
+  node_text(const node_text& o) { copy_in(o.view()); }
+  node_text(node_text&& o) noexcept : data_(o.data_), size_(o.size_), meta_(o.meta_) { o.forget(); }
   node_text& operator=(const node_text& o) {
     if (this != &o) assign(o.view());
     return *this;
@@ -33,7 +57,7 @@ class node_text {
       release();
       data_ = o.data_;
       size_ = o.size_;
-      owned_ = o.owned_;
+      meta_ = o.meta_;
       o.forget();
     }
     return *this;
@@ -55,14 +79,16 @@ class node_text {
   /// Points at bytes that someone else keeps, unchanged, for as long as this node lives
   /// (the document's arena).
   void borrow(std::string_view s) {
+    if (s.size() > payload::kMaxText) throw std::bad_alloc();
     release();
+    if (s.empty()) return;
     data_ = s.data();
-    size_ = s.size();
-    owned_ = 0;
+    size_ = uint32_t(s.size());
+    meta_ = payload::kText;
   }
   /// Copies `s` into storage of its own.
   void assign(std::string_view s) {
-    if (owned_ && s.data() >= data_ && s.data() < data_ + size_) {  // a piece of itself
+    if (owned() && s.data() >= data_ && s.data() < data_ + size_) {  // a piece of itself
       node_text copy;
       copy.copy_in(s);
       *this = std::move(copy);
@@ -72,15 +98,15 @@ class node_text {
     copy_in(s);
   }
 
-  size_t size() const { return size_t(size_); }
+  size_t size() const { return holds_text() ? size_t(size_) : 0; }
   size_t length() const { return size(); }
-  bool empty() const { return size_ == 0; }
-  const char* data() const { return data_ ? data_ : ""; }
+  bool empty() const { return size() == 0; }
+  const char* data() const { return holds_text() && data_ ? data_ : ""; }
   const char* begin() const { return data(); }
   const char* end() const { return data() + size(); }
-  char operator[](size_t i) const { return data_[i]; }
-  char front() const { return data_[0]; }
-  char back() const { return data_[size() - 1]; }
+  char operator[](size_t i) const { return data()[i]; }
+  char front() const { return data()[0]; }
+  char back() const { return data()[size() - 1]; }
   size_t find(char c, size_t from = 0) const { return view().find(c, from); }
   size_t find(std::string_view s, size_t from = 0) const { return view().find(s, from); }
   std::string_view substr(size_t pos, size_t n = std::string_view::npos) const { return view().substr(pos, n); }
@@ -107,31 +133,34 @@ class node_text {
   friend std::ostream& operator<<(std::ostream& os, const node_text& t) { return os << t.view(); }
 
  private:
+  bool holds_text() const { return (meta_ & payload::kText) != 0; }
+  bool owned() const { return holds_text() && (meta_ & payload::kOwned); }
   void copy_in(std::string_view s) {
-    data_ = nullptr;
-    size_ = 0;
-    owned_ = 0;
+    forget();
     if (s.empty()) return;
+    if (s.size() > payload::kMaxText) throw std::bad_alloc();
     char* p = static_cast<char*>(std::malloc(s.size()));
     if (!p) throw std::bad_alloc();
     std::memcpy(p, s.data(), s.size());
     data_ = p;
-    size_ = s.size();
-    owned_ = 1;
+    size_ = uint32_t(s.size());
+    meta_ = payload::kText | payload::kOwned;
   }
+  // Frees what the shared 16 bytes own, text or elements.
   void release() {
-    if (owned_) std::free(const_cast<char*>(data_));
+    payload::release(data_, meta_);
     forget();
   }
   void forget() {
     data_ = nullptr;
     size_ = 0;
-    owned_ = 0;
+    meta_ = 0;
   }
 
+  // The same layout as item_list's (pointer, size, word), which shares these bytes.
   const char* data_ = nullptr;
-  uint64_t size_ : 63;
-  uint64_t owned_ : 1;
+  uint32_t size_ = 0;
+  uint32_t meta_ = 0;
 };
 
 }  // namespace ckpt::pickle

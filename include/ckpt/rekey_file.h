@@ -32,11 +32,12 @@ struct rekey_request {
   /// output differs only by the pickle). Called often; keep it cheap.
   std::function<void(uint64_t done, uint64_t total)> progress;
   /// Lets rekey_file free what it no longer needs as it goes: the input's tensor, alias,
-  /// storage and entry lists before the output's pickle is made, and the input's pickle
-  /// document after, so the output is read back without both documents in memory at once
-  /// (for a million tensors these are most of the peak). Afterwards its file's pickle is
-  /// null, every pointer into it is cleared (state_dict_node), and c.tensors, c.aliases,
-  /// c.storages, c.entries and c.keys are empty: c keeps its zip records and where its
+  /// storage and entry lists before the output's pickle is made, the input's pickle
+  /// document after, and (a file output) the input's archive once the output is compared
+  /// with it, so the output's pickle is read back beside neither (for a million tensors
+  /// these are most of the peak). Afterwards its file's pickle is null, every pointer into
+  /// it is cleared (state_dict_node), c.tensors, c.aliases, c.storages, c.entries and c.keys
+  /// are empty, and its file's zip is null unless the output is a stream: c keeps where its
   /// state dict was.
   bool release_input = false;
 };

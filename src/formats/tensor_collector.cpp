@@ -31,7 +31,7 @@ bool is_rebuild(const value* g, std::string_view name) {
 // A tensor's object node must not have been mutated by the pickle: SETITEM(S) or APPEND(S)
 // on a tensor is the shape of CVE-2026-24747 (an out-of-bounds write in weights_only).
 void reject_mutation(const value* call) {
-  if (call->items[pickle::kListItems] || call->items[pickle::kDictItems])
+  if (object_slot_of(call, pickle::kListItems) || object_slot_of(call, pickle::kDictItems))
     bad(call, "pickle mutates a tensor with APPEND/SETITEM (CVE-2026-24747 pattern)");
 }
 
@@ -120,8 +120,8 @@ struct walk_frame {
       } else if (state) {
         out[n++] = {seq::named, state, "__state__"};
       }
-      if (const value* items = v->items[pickle::kDictItems]) out[n++] = {seq::dict, items, nullptr};
-      if (const value* items = v->items[pickle::kListItems]) out[n++] = {seq::list, items, nullptr};
+      if (const value* items = object_slot_of(v, pickle::kDictItems)) out[n++] = {seq::dict, items, nullptr};
+      if (const value* items = object_slot_of(v, pickle::kListItems)) out[n++] = {seq::list, items, nullptr};
       if (const value* args = v->items[pickle::kArgs]; args && args->items.size() > 0)
         out[n++] = {seq::named, args, "__args__"};
     } else {

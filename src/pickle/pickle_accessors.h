@@ -59,6 +59,12 @@ inline std::string as_str(const pickle::value* v, const char* what) {
   return v->text;
 }
 
+/// Slot `slot` of object node `call`, or nullptr: an object's element array holds only the
+/// slots up to the last one an opcode filled (callable and args always).
+inline const pickle::value* object_slot_of(const pickle::value* call, size_t slot) {
+  return slot < call->items.size() ? call->items[slot] : nullptr;
+}
+
 inline const pickle::value* tuple_args(const pickle::value* call, size_t min, size_t max, const char* fn) {
   const pickle::value* args = call->items[pickle::kArgs];
   if (!args || args->type != pickle::kind::tuple) bad(call, std::string(fn) + ": arguments must be a tuple");

@@ -348,11 +348,10 @@ class machine {
   value* make_object(object_op how, value* callable, value* args) {
     value* v = make(kind::object);
     v->op = how;
-    charge(kObjectSlots);
-    value* slots[kObjectSlots] = {};
-    slots[kCallable] = callable;
-    slots[kArgs] = args;
-    set_items(v, slots, kObjectSlots);
+    charge(kObjectSlots);  // the bound counts every slot an object may come to fill
+    // Only the slots every object fills: the others are added when an opcode first needs
+    // them (a million tensor rebuild calls use none of them: 24 bytes each saved).
+    set_items(v, {callable, args});
     link(v, callable);
     link(v, args);
     return v;
@@ -366,6 +365,7 @@ class machine {
   // The list/dict that records APPEND/SETITEM calls on an object. Its height is folded
   // into the object's by grow_owner(), so filling it is not a mutation "after nesting".
   value* object_slot(value* obj, size_t slot, kind k) {
+    if (obj->items.size() <= slot) obj->items.resize(slot + 1, nullptr);
     if (!obj->items[slot]) {
       obj->items[slot] = make(k);
       grow(obj, 2);
@@ -1185,6 +1185,7 @@ void machine::step() {
       if (v->type != kind::object && !kwargs->items.empty())
         v = make_object(object_op::newobj_ex, cls, args);
       if (v->type == kind::object) {
+        if (v->items.size() <= kKwargs) v->items.resize(kKwargs + 1, nullptr);
         v->items[kKwargs] = kwargs;
         link(v, kwargs);
       }

@@ -6,7 +6,7 @@
 
 #include "ckpt/pickle.h"
 
-static_assert(sizeof(ckpt::pickle::value) == 64, "see limits::max_values before growing a node");
+static_assert(sizeof(ckpt::pickle::value) == 48, "see limits::max_values before growing a node");
 
 namespace ckpt::pickle {
 

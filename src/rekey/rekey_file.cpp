@@ -11,8 +11,8 @@
 #include "ckpt/error.h"
 #include "ckpt/pickle_writer.h"
 #include "ckpt/zip_writer.h"
-#include "base/pointer_map.h"
 #include "base/string_index.h"
+#include "pickle/node_marks.h"
 
 namespace ckpt {
 namespace {
@@ -35,6 +35,7 @@ renamer from_ops(const std::vector<key_op>& ops) {
 
 std::vector<std::string> str_keys(const value* d) {
   std::vector<std::string> keys;
+  keys.reserve(d->dict_size());
   for (size_t i = 0; i < d->dict_size(); ++i)
     if (d->dict_key(i)->type == kind::str) keys.push_back(d->dict_key(i)->text);
   return keys;
@@ -73,6 +74,22 @@ class reference_counts {
 // position, as consume_prefix_in_state_dict_if_present does; `may_collide` asks for that check.
 template <class F>
 size_t rename_keys_indexed(pickle::document& doc, const reference_counts& refs, value* d, F&& f, bool may_collide) {
+  if (!may_collide) {
+    // Every pair stays where it is: keys are renamed or replaced in place, without a second
+    // array of a million pairs.
+    size_t changed = 0, str_index = 0;
+    for (size_t i = 0; i < d->dict_size(); ++i) {
+      value*& k = d->items[2 * i];
+      if (k->type != kind::str) continue;
+      const auto& renamed = f(str_index++, k->text.view());
+      const std::string_view name = renamed;
+      if (name == k->text) continue;
+      ++changed;
+      if (refs.shared(k)) k = doc.make(kind::str, k->offset);
+      k->text.borrow(doc.keep(name));
+    }
+    return changed;
+  }
   std::vector<value*> items;
   items.reserve(d->items.size());
   // Views of node texts, which stay put for the document's lifetime.
@@ -154,8 +171,8 @@ value* metadata_of(value* state_dict) {
 class mirror_finder {
  public:
   mirror_finder(const std::function<bool(std::string_view)>& is_sd_key, const value* skip_a, const value* skip_b,
-                const detail::pointer_map<bool>& tensors, size_t nodes)
-      : is_sd_key_(is_sd_key), skip_a_(skip_a), skip_b_(skip_b), tensors_(tensors), seen_(nodes / 8) {}
+                const detail::node_marks& tensors, const pickle::document& doc)
+      : is_sd_key_(is_sd_key), skip_a_(skip_a), skip_b_(skip_b), tensors_(tensors), seen_(doc) {}
 
   std::vector<std::pair<value*, std::string>> run(value* root) {
     find(root, 0);
@@ -166,7 +183,7 @@ class mirror_finder {
   void find(value* v, int depth) {
     if (!v || depth > 200) return;
     if (v->type != kind::dict && v->type != kind::list && v->type != kind::tuple && v->type != kind::object) return;
-    if (tensors_.contains(v) || !seen_.insert(v, true)) return;
+    if (tensors_.contains(v) || !seen_.insert(v)) return;
     switch (v->type) {
       case kind::dict: {
         if (v != skip_a_ && v != skip_b_ && v->dict_size() > 0) {
@@ -214,8 +231,8 @@ class mirror_finder {
   const std::function<bool(std::string_view)>& is_sd_key_;
   const value* skip_a_;
   const value* skip_b_;
-  const detail::pointer_map<bool>& tensors_;
-  detail::pointer_map<bool> seen_;
+  const detail::node_marks& tensors_;
+  detail::node_marks seen_;
   std::string path_;
   std::vector<std::pair<value*, std::string>> out_;
 };
@@ -309,9 +326,9 @@ void verify_output(const output_file& written, const checkpoint& in, const std::
 }
 
 // The pickle made must decode to a state dict, where the input had it, that holds the new
-// keys in order. Checked on the bytes in memory, before the archive is written and while
-// no other tree is alive (the input's was released): for a million tensors a decoded tree
-// is most of rekey's memory, and two at once were its peak.
+// keys in order. Checked on the bytes in memory while no other tree is alive (the input's
+// was released): for a million tensors a decoded tree is most of rekey's memory, and two at
+// once were its peak.
 void check_pickle_reads_back(const std::vector<uint8_t>& pkl, const checkpoint& in, const rekey_plan& plan,
                              const open_options& reader) {
   pickle::parse_options po;
@@ -403,34 +420,45 @@ constexpr uint64_t kSmallRecord = 64 << 10;
 void write_torch_zip(checkpoint& c, const rekey_request& req, rekey_result& result) {
   const pickle::document& doc = *only_file(c).pickle;
   std::vector<uint8_t> pkl = pickle::write(doc.root, 2, &doc, expected_pickle_size(c, result));
-  pkl.shrink_to_fit();  // it lives to the end; should the estimate fall short, growth left slack
+  // It lives to the end. Should the estimate have fallen short, growth left up to half of it
+  // slack, which is given back; a 1/64 over-estimate is not worth a second copy of 80 MB.
+  if (pkl.capacity() - pkl.size() > pkl.size() / 32) pkl.shrink_to_fit();
   if (req.release_input) release_pickle(c);  // the tree is written; nothing reads it again
-  check_pickle_reads_back(pkl, c, result.plan, req.reader);
-  const file_source& src = file_of(c);
   output_file& out = *req.output;
-  zip::writer w(out.fd(), only_file(c).zip->prefix(), output_alignment(c));
-  w.reserve(only_file(c).zip->entries().size());
-  w.on_bytes_out([&](uint64_t bytes_out) {
-    out.start_writeback(bytes_out);
-    if (req.progress) req.progress(bytes_out, only_file(c).size);
-  });
-  zip::source_window window(src.fd());
-  // Records in their original order; only data.pkl changes.
-  for (const zip::entry& e : only_file(c).zip->entries()) {
-    if (e.record == "data.pkl") {
-      w.add_record("data.pkl", pkl);
-    } else if (e.method == 0 && e.compressed_size <= kSmallRecord) {
-      w.add_record_known_crc(e.record, window.bytes(e.data_offset, size_t(e.compressed_size)),
-                             size_t(e.compressed_size), e.crc32);
-    } else if (e.method == 0) {
-      w.add_record_copy(e.record, src.fd(), e.data_offset, e.compressed_size, e.crc32);
-    } else {
-      w.add_record(e.record, only_file(c).zip->read_record(e));
+  // A stream cannot be read back, nor taken back once written: its pickle is decoded first.
+  // A file is decoded last, once the input's archive is compared with it and freed (with
+  // release_input): for a million tensors the decoded pickle and the archive's entries
+  // together were rekey's peak. Nothing is committed before this returns either way.
+  if (out.is_stream()) check_pickle_reads_back(pkl, c, result.plan, req.reader);
+  const file_source& src = file_of(c);
+  {
+    zip::writer w(out.fd(), only_file(c).zip->prefix(), output_alignment(c));
+    w.reserve(only_file(c).zip->entries().size());
+    w.on_bytes_out([&](uint64_t bytes_out) {
+      out.start_writeback(bytes_out);
+      if (req.progress) req.progress(bytes_out, only_file(c).size);
+    });
+    zip::source_window window(src.fd());
+    // Records in their original order; only data.pkl changes.
+    for (const zip::entry& e : only_file(c).zip->entries()) {
+      if (e.record == "data.pkl") {
+        w.add_record("data.pkl", pkl);
+      } else if (e.method == 0 && e.compressed_size <= kSmallRecord) {
+        w.add_record_known_crc(e.record, window.bytes(e.data_offset, size_t(e.compressed_size)),
+                               size_t(e.compressed_size), e.crc32);
+      } else if (e.method == 0) {
+        w.add_record_copy(e.record, src.fd(), e.data_offset, e.compressed_size, e.crc32);
+      } else {
+        w.add_record(e.record, only_file(c).zip->read_record(e));
+      }
     }
+    w.finish();
+    result.bytes_written = w.offset();
   }
-  w.finish();
-  result.bytes_written = w.offset();
-  if (!out.is_stream()) verify_torch_output(out.temp_path(), c, pkl, req.reader);
+  if (out.is_stream()) return;
+  verify_torch_output(out.temp_path(), c, pkl, req.reader);
+  if (req.release_input) only_file(c).zip.reset();
+  check_pickle_reads_back(pkl, c, result.plan, req.reader);
 }
 
 void write_safetensors(checkpoint& c, const rekey_request& req, rekey_result& result, const renamer& rename,
@@ -508,12 +536,19 @@ rekey_result rekey_file(checkpoint& c, const rekey_request& req) {
   }
 
   renamer rename = from_ops(req.ops);
+  if (c.format != file_format::safetensors && !c.state_dict_node)
+    throw error(errc::unsupported, "no state dict found to rekey (inspect shows where the tensors are)").with_file(c.path);
+  // Which nodes are tensors, for the mirror search below (a bit a node); then, when the
+  // caller lets go of c, its tensor records are freed before the keys are copied and the
+  // plan, the rename and the write add theirs: open's records and these never coexist.
+  std::unique_ptr<detail::node_marks> tensor_nodes;
+  if (c.format != file_format::safetensors) {
+    tensor_nodes = std::make_unique<detail::node_marks>(*only_file(c).pickle);
+    for (const auto& t : c.tensors) tensor_nodes->insert(t.node);
+    if (req.release_input && !req.dry_run) release_records(c);
+  }
+  // From the state dict's pickle (or a safetensors key table), which release_records keeps.
   std::vector<std::string> old_keys = rekey_keys(c);
-  // Which nodes are tensors, for the mirror search below; then, when the caller lets go of
-  // c, its tensor records are freed before the plan, the rename and the write add theirs.
-  detail::pointer_map<bool> tensor_nodes(c.tensors.size());
-  for (const auto& t : c.tensors) tensor_nodes.insert(t.node, true);
-  if (req.release_input && !req.dry_run && c.format != file_format::safetensors) release_records(c);
   result.plan = plan_rekey(std::move(old_keys), req.ops);  // it keeps them (as mapping[i].first)
   if (!result.plan.emptied.empty())
     throw error(errc::check_failed, std::to_string(result.plan.emptied.size()) +
@@ -542,7 +577,8 @@ rekey_result rekey_file(checkpoint& c, const rekey_request& req) {
       return sd_index.find(k, old_key) != detail::string_index::npos;
     };
     std::vector<std::pair<value*, std::string>> mirrors =
-        mirror_finder(is_sd_key, sd, meta, tensor_nodes, doc.node_count()).run(doc.root);
+        mirror_finder(is_sd_key, sd, meta, *tensor_nodes, doc).run(doc.root);
+    tensor_nodes.reset();
     if (!req.dry_run) {
       // The plan already holds every state-dict key's new name, in the dict's order.
       const reference_counts refs(doc);

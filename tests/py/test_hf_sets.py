@@ -10,7 +10,7 @@ huggingface_hub's save_torch_state_dict, safetensors and .bin), judged by the re
 * verify: every shard's checks plus the cross-check.
 * materialize: -o equals the saved model's state_dict() bit for bit; --dtype, --mmap,
   --device meta, --check-finite, --model key alignment; -o may not name a shard.
-* rekey refuses a set (another helper's work), writing nothing.
+* rekey of a set: test_rekey_sets.py.
 """
 from __future__ import annotations
 
@@ -364,14 +364,3 @@ def test_materialize_output_may_not_be_a_shard(sets, tmp_path):
     rc, out, err = run_ckptool("materialize", d, "--device", "cpu", "-o", shard)
     assert rc == 2 and err.startswith(f"ckptool: usage: {shard}: output '{shard}' is the input '{shard}'"), err
     assert shard.read_bytes() == before
-
-
-# --- rekey: not over sets yet ----------------------------------------------------------
-
-def test_rekey_refuses_a_set_and_writes_nothing(sets, tmp_path):
-    s = sets["gpt2_pretrained"]
-    out = tmp_path / "out.safetensors"
-    for path in (s.directory, s.index):
-        rc, stdout, err = run_ckptool("rekey", path, "-o", out, "--add-prefix", "model.")
-        assert rc == 3 and err.startswith(f"ckptool: unsupported: {s.index}: rekey of a Hugging Face shard set"), err
-        assert not out.exists()

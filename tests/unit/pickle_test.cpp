@@ -329,6 +329,16 @@ TEST_CASE("pickle: globals, calls and BUILD") {
   REQUIRE(b->items[kDictItems]);
   CHECK(repr(b->items[kDictItems]) == "{'k': 6}");
   CHECK(repr(b) == "m.C().extend([5]).update({'k': 6}).__setstate__({'x': 1})");
+  // An object's element array holds the slots up to the last one filled: callable and args
+  // for a plain call (a million tensor rebuild calls), grown when an opcode fills another.
+  CHECK(P(P2 + G("m", "C") + ")" + "R" + STOP).root->items.size() == kArgs + 1);
+  document appended_doc = P(P2 + G("m", "C") + ")" + "R" + K(5) + "a" + STOP);
+  const value* appended = appended_doc.root;
+  REQUIRE(appended->items.size() == kListItems + 1);
+  CHECK(!appended->items[kKwargs]);
+  CHECK(repr(appended) == "m.C().extend([5])");
+  CHECK(ex.root->items.size() == kKwargs + 1);
+  CHECK(b->items.size() == kObjectSlots);
   CHECK_FAILS(P2 + G("m", "C") + ")" + "R" + "N" + "b" + "N" + "b" + STOP, errc::unsupported,
               "second BUILD");
   // On a plain value, BUILD with an empty state does nothing (load_build); else it fails.
@@ -805,11 +815,22 @@ TEST_CASE("pickle: a 20,000-tensor state dict parses quickly") {
 }  // TEST_SUITE
 
 TEST_CASE("pickle: bytes per value (issue 11 item 12)") {
-  // A node is 64 bytes (it was 96, plus a separately allocated vector per container, then
-  // 72 with a std::string of its own); limits::max_values multiplies this.
-  CHECK(sizeof(value) == 64);
+  // A node is 48 bytes (it was 96, plus a separately allocated vector per container, then
+  // 72 with a std::string of its own, then 64 with text and elements apart); limits::max_values
+  // multiplies this.
+  CHECK(sizeof(value) == 48);
   CHECK(sizeof(item_list) == 16);
   CHECK(sizeof(node_text) == 16);
+  // Text and elements share their bytes: each reads as empty on a node holding the other.
+  document both = P(P2 + "(" + U("abc") + "]" + K(1) + "a" + "t" + STOP);
+  const value* str = both.root->items[0];
+  const value* list = both.root->items[1];
+  CHECK(str->text == "abc");
+  CHECK(str->items.empty());
+  CHECK(str->items.begin() == str->items.end());
+  CHECK(list->items.size() == 1);
+  CHECK(list->text.empty());
+  CHECK(list->text.view() == "");
 
   // What CPython shares is one node however often it appears: 1-byte opcodes make none.
   std::string s = P2 + "](";
