@@ -25,7 +25,8 @@ void print_inspect_text(std::ostream& out, const ckpt::checkpoint& c, const ckpt
                         const text_options& options);
 
 /// The text form for a checkpoint of several files (inspect_set_text.cpp); called by
-/// print_inspect_text for every layout but a single file.
+/// print_inspect_text for a DCP directory: keys with global shapes and their chunks (a shard
+/// set is printed as one file is, with its layout and files table).
 void print_set_text(std::ostream& out, const ckpt::checkpoint& c, const text_options& options);
 
 void print_meta_outputs(std::ostream& out, const std::string& method,
