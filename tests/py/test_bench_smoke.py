@@ -30,7 +30,7 @@ def test_bench_quick_tiny(tmp_path):
     assert "| scen | fixture | cache | tool | t median |" in text
     for scen in ("| S1 |", "| S3 |", "| S4 |", "| S5 |"):
         assert scen in text, f"no {scen} row in the report:\n{text}"
-    assert "Targets (issue 6):" in text
+    assert "Targets (issues 6 and 14):" in text
     assert "samples failed" not in p.stdout, p.stdout[-3000:]
     assert raw.exists()
     # the scratch directory is removed at the end
