@@ -17,7 +17,7 @@ namespace ckpt {
 
 struct verify_report {
   std::string format;                    // empty when the file could not be opened
-  std::string layout;                    // "file", "hf-shard-set"; empty as format
+  std::string layout;                    // "file", "hf-shard-set", "dcp"; empty as format
   size_t files = 0;                      // files read (a shard set's shards)
   size_t tensors = 0;
   size_t records_checked = 0;            // zip records whose CRC was compared

@@ -1,5 +1,6 @@
 #include "ckpt/verify.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <set>
 
@@ -21,10 +22,11 @@ verify_report verify_file(const std::string& path, const open_options& options,
     r.problems.push_back(std::string(errc_name(e.kind())) + ": " + e.one_line());
     return r;
   }
-  r.format = c.layout == checkpoint_layout::single_file ? format_name(c.format)
-                                                        : std::string(layout_name(c.layout)) + " of " + format_name(c.format);
+  // The files' format; the layout is its own field (the text says "dcp of N files").
+  r.format = format_name(c.format);
   r.layout = layout_name(c.layout);
-  r.files = c.files.size();
+  // Files on disk: a DCP chunk's archive inside a .distcp file is not one more file.
+  r.files = size_t(std::count_if(c.files.begin(), c.files.end(), [](const source_file& f) { return !f.within; }));
   // A set's tensors are its keys (a DCP tensor is several chunk records).
   r.tensors = c.layout == checkpoint_layout::single_file ? c.tensors.size() : c.keys.size();
   // What a loader tolerates (formats.md §10.3): told, not failed.
