@@ -137,14 +137,38 @@ void print_mapping(std::ostream& report, const ckpt::rekey_plan& plan, bool all)
   for (auto& [from, to] : shown) report << "  " << std::left << std::setw(int(width)) << from << "  ->  " << to << "\n";
 }
 
-// rekey INDEX|DIR -o OUTDIR: a Hugging Face shard set, written as a set (ckpt/output_dir.h).
-int run_rekey_set(const rekey_options& o, const std::string& index) {
-  bool has_output = o.output_opt->count() > 0;
+// The arguments a set's rekey refuses whatever its layout: a set goes to a directory.
+void check_set_arguments(const rekey_options& o, const char* what) {
+  const bool has_output = o.output_opt->count() > 0;
   if (!o.dry_run && !has_output) throw ckpt::error(ckpt::errc::usage, "rekey needs -o OUTDIR (or --dry-run)");
   if (has_output && o.output == "-")
-    throw ckpt::error(ckpt::errc::usage, "a shard set is written to a directory, not to standard output");
+    throw ckpt::error(ckpt::errc::usage, std::string(what) + " is written to a directory, not to standard output");
   if (o.dry_run && !o.save_map.empty())
     throw ckpt::error(ckpt::errc::usage, "--dry-run writes nothing, so it cannot --save-map (--json shows the mapping)");
+}
+
+// --save-map for a set: one more file of map_set, committed after the set, with the
+// permission bits of `mode_of` (the index or .metadata), as a single file's map keeps its
+// input's; never a file inside OUTDIR, which holds the set only.
+ckpt::output_file* open_set_map(const rekey_options& o, ckpt::output_set& map_set, const std::string& mode_of) {
+  if (o.save_map.empty()) return nullptr;
+  for (const auto& path : o.map->results()) map_set.add_input(path);
+  struct stat in_st;
+  const mode_t mode = ::stat(mode_of.c_str(), &in_st) == 0 ? (in_st.st_mode & 0777) : 0644;
+  ckpt::output_file* map_out = &map_set.add_output(o.save_map, mode);
+  struct stat out_st, map_dir_st;
+  const std::string map_dir = ckpt::detail::parent_and_name(o.save_map).first;
+  if (::stat(o.output.c_str(), &out_st) == 0 && ::stat(map_dir.empty() ? "." : map_dir.c_str(), &map_dir_st) == 0 &&
+      out_st.st_dev == map_dir_st.st_dev && out_st.st_ino == map_dir_st.st_ino)
+    throw ckpt::error(ckpt::errc::usage, "--save-map names a file inside the output directory, which holds the set "
+                                         "only; nothing written")
+        .with_file(o.save_map);
+  return map_out;
+}
+
+// rekey INDEX|DIR -o OUTDIR: a Hugging Face shard set, written as a set (ckpt/output_dir.h).
+int run_rekey_set(const rekey_options& o, const std::string& index) {
+  check_set_arguments(o, "a shard set");
   if (o.keep_unsafe && o.drop_unsafe) throw ckpt::error(ckpt::errc::usage, "--keep-unsafe and --drop-unsafe exclude each other");
 
   ckpt::rekey_set_request req;
@@ -154,25 +178,8 @@ int run_rekey_set(const rekey_options& o, const std::string& index) {
   req.reader = o.reader;
   req.unsafe = o.keep_unsafe ? ckpt::unsafe_policy::keep : o.drop_unsafe ? ckpt::unsafe_policy::drop : ckpt::unsafe_policy::refuse;
 
-  // --save-map is one more file, committed after the set; never a file inside OUTDIR.
   ckpt::output_set map_set;
-  ckpt::output_file* map_out = nullptr;
-  if (!o.save_map.empty()) {
-    for (const CLI::Option* opt : {o.map})
-      for (const auto& path : opt->results()) map_set.add_input(path);
-    // The map keeps the index's permission bits, as a single file's map keeps its input's.
-    struct stat index_st;
-    const mode_t mode = ::stat(index.c_str(), &index_st) == 0 ? (index_st.st_mode & 0777) : 0644;
-    map_out = &map_set.add_output(o.save_map, mode);
-    struct stat out_st, map_dir_st;
-    const size_t slash = o.save_map.rfind('/');
-    const std::string map_dir = slash == std::string::npos ? "." : slash == 0 ? "/" : o.save_map.substr(0, slash);
-    if (::stat(o.output.c_str(), &out_st) == 0 && ::stat(map_dir.c_str(), &map_dir_st) == 0 &&
-        out_st.st_dev == map_dir_st.st_dev && out_st.st_ino == map_dir_st.st_ino)
-      throw ckpt::error(ckpt::errc::usage, "--save-map names a file inside the output directory, which holds the set "
-                                           "only; nothing written")
-          .with_file(o.save_map);
-  }
+  ckpt::output_file* map_out = open_set_map(o, map_set, index);
 
   std::unique_ptr<ckpt::output_dir> out;
   if (!o.dry_run) out = std::make_unique<ckpt::output_dir>(o.output, ckpt::set_layout::hf_index, o.force);
@@ -243,23 +250,10 @@ int run_rekey_set(const rekey_options& o, const std::string& index) {
   return 0;
 }
 
-// The directory and the name below it that a disk_opener reaches `dir` by.
-std::pair<std::string, std::string> parent_and_name(std::string dir) {
-  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
-  const size_t slash = dir.rfind('/');
-  if (slash == std::string::npos) return {"", dir};
-  return {slash == 0 ? "/" : dir.substr(0, slash), dir.substr(slash + 1)};
-}
-
 // rekey DIR -o OUTDIR: a torch.distributed.checkpoint directory (formats.md §9.7), written
 // as a set (ckpt/output_dir.h): the .distcp files copied byte for byte, .metadata last.
 int run_rekey_dcp(const rekey_options& o, const std::string& dir) {
-  const bool has_output = o.output_opt->count() > 0;
-  if (!o.dry_run && !has_output) throw ckpt::error(ckpt::errc::usage, "rekey needs -o OUTDIR (or --dry-run)");
-  if (has_output && o.output == "-")
-    throw ckpt::error(ckpt::errc::usage, "a DCP checkpoint is written to a directory, not to standard output");
-  if (o.dry_run && !o.save_map.empty())
-    throw ckpt::error(ckpt::errc::usage, "--dry-run writes nothing, so it cannot --save-map (--json shows the mapping)");
+  check_set_arguments(o, "a DCP checkpoint");
   // .metadata may name nothing but DCP's own dataclasses: there is no unsafe entry to keep
   // or drop, only a file to refuse.
   if (o.keep_unsafe || o.drop_unsafe)
@@ -273,7 +267,10 @@ int run_rekey_dcp(const rekey_options& o, const std::string& dir) {
   const std::vector<ckpt::key_op> ops = ops_in_order(o, no_match);
   if (ops.empty()) throw ckpt::error(ckpt::errc::usage, "no operation given (see ckptool rekey --help)");
 
-  const auto [parent, name] = parent_and_name(dir);
+  // A disk_opener reaches the directory as a name below its parent ("run/" is "run").
+  std::string trimmed = dir;
+  while (trimmed.size() > 1 && trimmed.back() == '/') trimmed.pop_back();
+  const auto [parent, name] = ckpt::detail::parent_and_name(trimmed);
   const ckpt::disk_opener fs(parent);
   ckpt::dcp_rekey_options opt;
   opt.lim = o.reader.pickle_limits;
@@ -298,21 +295,9 @@ int run_rekey_dcp(const rekey_options& o, const std::string& dir) {
     out = std::make_unique<ckpt::output_dir>(o.output, ckpt::set_layout::dcp, o.force);
     out->add_input_dir(dir);
     for (const auto& f : files) out->add_input(dir + "/" + f);
-    if (!o.save_map.empty()) {
+    if (!o.save_map.empty())
       for (const auto& f : files) map_set.add_input(dir + "/" + f);
-      for (const auto& path : o.map->results()) map_set.add_input(path);
-      struct stat md_st;
-      const mode_t mode = ::stat((dir + "/.metadata").c_str(), &md_st) == 0 ? (md_st.st_mode & 0777) : 0644;
-      map_out = &map_set.add_output(o.save_map, mode);
-      struct stat out_st, map_dir_st;
-      const size_t slash = o.save_map.rfind('/');
-      const std::string map_dir = slash == std::string::npos ? "." : slash == 0 ? "/" : o.save_map.substr(0, slash);
-      if (::stat(o.output.c_str(), &out_st) == 0 && ::stat(map_dir.c_str(), &map_dir_st) == 0 &&
-          out_st.st_dev == map_dir_st.st_dev && out_st.st_ino == map_dir_st.st_ino)
-        throw ckpt::error(ckpt::errc::usage, "--save-map names a file inside the output directory, which holds the "
-                                             "checkpoint only; nothing written")
-            .with_file(o.save_map);
-    }
+    map_out = open_set_map(o, map_set, dir + "/.metadata");
     out->open(files, ".metadata");
     progress_bar bar("rekey");
     opt.dry_run = false;

@@ -516,3 +516,18 @@ def test_cli_unsafe_flags_and_match_refused(dcp_dirs, tmp_path):
     assert p.returncode == 2 and not (tmp_path / "o").exists(), p.stderr
     p = ck_rekey("--match", src, src, "-o", tmp_path / "o")
     assert p.returncode == 3 and "not supported yet" in p.stderr and not (tmp_path / "o").exists(), p.stderr
+
+
+def test_cli_save_map_beside_the_set_never_inside(dcp_dirs, tmp_path):
+    src = need(dcp_dirs, "compiled2")
+    out, saved = tmp_path / "plain", tmp_path / "map.json"
+    p = ck_rekey("--strip-compiled", src, "-o", out, "--save-map", saved)
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(saved.read_text())
+    assert "model._orig_mod.0.weight" in json.dumps(doc)
+    assert saved.stat().st_mode & 0o777 == (src / ".metadata").stat().st_mode & 0o777
+    # Inside OUTDIR it would become a file of the set: refused, nothing written.
+    out.mkdir(exist_ok=True)
+    p = ck_rekey("--strip-compiled", "--force", src, "-o", out, "--save-map", out / "map.json")
+    assert p.returncode == 2 and "inside the output directory" in p.stderr, p.stderr
+    assert not (out / "map.json").exists()
