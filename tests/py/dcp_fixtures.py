@@ -271,20 +271,27 @@ def build(out_dir, names=None, timeout: float = 240.0) -> dict[str, Path]:
         groups.setdefault(SCENARIOS[name][0], []).append((name, str(target)))
     for world, jobs in groups.items():
         env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-        # A new session, so a timeout kills every rank the child spawned, not just the child.
-        p = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--child", json.dumps([world, jobs])],
-                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
         names_here = ", ".join(n for n, _ in jobs)
-        try:
-            log, _ = p.communicate(timeout=timeout * len(jobs))
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, 9)
-            p.communicate()
-            log = None
-        failed = [n for n, t in jobs if log is None or p.returncode != 0 or not metadata_files(Path(t))]
+        # A crash of the ranks is tried once more: the port free_port() found may be taken by
+        # another test's ranks (ctest runs the DCP test files side by side) before gloo binds
+        # it, and gloo then aborts. A timeout is not retried.
+        for _ in range(2):
+            # A new session, so a timeout kills every rank the child spawned, not just the child.
+            p = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--child", json.dumps([world, jobs])],
+                                 env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+            try:
+                log, _ = p.communicate(timeout=timeout * len(jobs))
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, 9)
+                p.communicate()
+                log = None
+            failed = [n for n, t in jobs if log is None or p.returncode != 0 or not metadata_files(Path(t))]
+            if failed:
+                for _, t in jobs:
+                    shutil.rmtree(t, ignore_errors=True)
+            if not failed or log is None:
+                break
         if failed:
-            for _, t in jobs:
-                shutil.rmtree(t, ignore_errors=True)
             if log is None:
                 raise RuntimeError(f"DCP scenarios {names_here} did not finish within {timeout * len(jobs)} s")
             raise RuntimeError(f"DCP scenarios {names_here} failed ({p.returncode}; missing: {', '.join(failed)}):\n"
