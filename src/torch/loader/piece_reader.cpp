@@ -1,8 +1,8 @@
 // The CPU path for the pieces of assembled tensors (assembly.h): the read plan of the
 // piece storages, executed by a few threads. A read that is one piece whose box is
 // contiguous in its tensor (a dim-0 shard, a whole tensor) goes straight into the tensor,
-// its pages faulted in by one call first (as cpu_loader does: a fault per page inside the
-// read costs about a third more);
+// its pages faulted in by one call first, as cpu_loader does (faults taken a page at a time
+// inside the read were 12% of the CPU profile of a 2 GiB DCP load);
 // any other read goes into a bounce buffer of at most kBounceBytes, then its runs are
 // copied into the strided box. Each byte is read once, and memory beyond the tensors is
 // bounded by a bounce buffer per thread.
