@@ -35,9 +35,9 @@ HERE = Path(__file__).resolve().parent
 
 # name -> (world size, one-line description). The bodies are the functions scenario_<name>.
 SCENARIOS = {
-    "shard2": (2, "DTensor Shard(0) uneven, Shard(1), Replicate, zero-size chunk, 0-dim, "
-                  "plain tensors, nested optimizer-like state, non-tensor values"),
-    "grid4": (4, "2x2 mesh: Shard(0)+Shard(1) grid, Replicate+Shard (HSDP), zero-size chunks"),
+    "shard2": (2, "DTensor Shard(0) uneven (one over a megabyte), Shard(1), Replicate, zero-size chunk, "
+                  "0-dim, plain tensors, nested optimizer-like state, non-tensor values"),
+    "grid4": (4, "2x2 mesh: Shard(0)+Shard(1) grids (one over a megabyte), Replicate+Shard (HSDP), zero-size chunks"),
     "threads2": (2, "FileSystemWriter(thread_count=3): several .distcp files per rank"),
     "perfile2": (2, "FileSystemWriter(single_file_per_rank=False): one file per item"),
     "fsdp2": (2, "FSDP2 fully_shard on CPU with an Adam step, a torch.compile'd submodule "
@@ -76,6 +76,10 @@ def scenario_shard2(out: Path, rank: int, world: int):
             # One row on two ranks: rank 1 holds a zero-size chunk.
             "tiny": distribute_tensor(torch.tensor([[1.5, 2.5, 3.5]]), mesh, [Shard(0)]),
             "plain": torch.tensor([1, 2, 3], dtype=torch.int64),
+            # Over a megabyte, so its tensor gets a mapping of its own (host_buffer.h);
+            # rows of 4000 bytes put the second piece's first byte mid-page.
+            "big": distribute_tensor(torch.randn(601, 1000, generator=torch.Generator().manual_seed(5)), mesh,
+                                     [Shard(0)]),
             "flags": torch.tensor([True, False]),
         },
         "optim": {"state": {"step": torch.tensor(7.0),
@@ -98,6 +102,9 @@ def scenario_grid4(out: Path, rank: int, world: int):
         "hsdp": distribute_tensor(torch.arange(5.0), mesh, [Replicate(), Shard(0)]),
         "tiny": distribute_tensor(torch.arange(1.0), mesh, [Shard(0), Replicate()]),
         "col": distribute_tensor(torch.arange(14, dtype=torch.int32).reshape(2, 7), mesh, [Replicate(), Shard(1)]),
+        # Over a megabyte: strided pieces landed in a mapping of its own.
+        "grid_big": distribute_tensor(torch.randn(301, 1003, generator=torch.Generator().manual_seed(6)), mesh,
+                                      [Shard(0), Shard(1)]),
         "rank_count": world,
     }
     dcp.save(sd, checkpoint_id=str(out))

@@ -58,3 +58,20 @@ TEST_CASE("an offset that is not 64-byte aligned keeps LibTorch's alignment, not
   b.bytes[0].fill_(9);
   CHECK(b.bytes[0].max().item<int64_t>() == 9);
 }
+
+TEST_CASE("a tensor of its own mapping: shape, dtype, phase in its page, writable, freed with it") {
+  at::Tensor t = allocate_host_tensor({3, 5, 70000}, at::kBFloat16, 4096 * 7 + 1216);
+  CHECK((t.scalar_type() == at::kBFloat16));
+  CHECK((t.sizes() == at::IntArrayRef{3, 5, 70000}));
+  CHECK(t.is_contiguous());
+  CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % kPageBytes == 1216);
+  // A phase that is not 64-byte aligned keeps LibTorch's alignment.
+  at::Tensor u = allocate_host_tensor({1 << 20}, at::kFloat, 100);
+  CHECK(reinterpret_cast<uintptr_t>(u.data_ptr()) % kPageBytes == 64);
+  t.fill_(2);
+  CHECK(t.eq(2).all().item<bool>());
+  at::Tensor flat = t.view(-1);
+  t.reset();
+  CHECK(flat.numel() == 3 * 5 * 70000);
+  CHECK(allocate_host_tensor({0, 4}, at::kFloat, 0).numel() == 0);
+}

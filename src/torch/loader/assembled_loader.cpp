@@ -7,9 +7,32 @@
 #include "model/assembly.h"
 #include "model/read_plan.h"
 #include "torch/aten_types.h"
+#include "torch/loader/host_buffer.h"
 #include "torch/loader/storage_loader.h"
 
 namespace ckpt::detail {
+namespace {
+
+// A CPU tensor of a megabyte and more is allocated as the single-file loader allocates such
+// a storage (host_buffer.h): fresh pages of its own, which piece_reader faults in a read at
+// a time rather than a page at a time inside the read. Its first byte is placed congruent
+// with the file for its largest contiguous piece, so that piece's pages are copied page to
+// page; the other pieces of a tensor generally cannot be congruent as well.
+at::Tensor empty_cpu_tensor(const checkpoint& c, const assembly& a, const assembled_tensor& t, c10::ScalarType st) {
+  if (t.nbytes < kOwnMappingBytes) return at::empty(t.shape, at::TensorOptions().dtype(st));
+  uint64_t phase = 0, largest = 0;
+  for (size_t s : t.storages) {
+    const box_landing& l = *a.landing(s);
+    if (!l.contiguous() || l.nbytes <= largest) continue;
+    largest = l.nbytes;
+    const storage_record& r = c.storages[s];
+    const uint64_t in_file = c.files[r.file].source->in_file().offset + *r.file_offset;
+    phase = (in_file + kPageBytes - l.offset % kPageBytes) % kPageBytes;
+  }
+  return allocate_host_tensor(t.shape, st, phase);
+}
+
+}  // namespace
 
 loaded_tensors load_with_pieces(const checkpoint& c, std::vector<bool> needed, const std::vector<size_t>& viewed,
                                 const std::vector<size_t>& assembled_keys, const load_options& o) {
@@ -56,7 +79,8 @@ loaded_tensors load_with_pieces(const checkpoint& c, std::vector<bool> needed, c
       continue;
     }
     // Empty, never initialized: every element is written by exactly one piece (plan_assembly).
-    whole[j] = at::empty(t.shape, at::TensorOptions().dtype(st).device(o.device));
+    whole[j] = o.device.is_cpu() ? empty_cpu_tensor(c, a, t, st)
+                                 : at::empty(t.shape, at::TensorOptions().dtype(st).device(o.device));
     if (targets.empty()) {
       targets.base.assign(c.storages.size(), nullptr);
       targets.boxes.assign(c.storages.size(), nullptr);

@@ -96,6 +96,14 @@ host_block allocate_host_block(const host_member* members, size_t count) {
   return out;
 }
 
+at::Tensor allocate_host_tensor(at::IntArrayRef shape, at::ScalarType type, uint64_t phase) {
+  uint64_t nbytes = c10::elementSize(type);
+  for (int64_t n : shape) nbytes *= uint64_t(n);
+  if (nbytes == 0) return at::empty(shape, at::TensorOptions().dtype(type));  // no mapping of no bytes
+  const host_member m{phase % kPageBytes, nbytes};
+  return allocate_host_block(&m, 1).bytes[0].view(type).view(shape);
+}
+
 void prefault_for_write(void* p, size_t n) {
   // One call faults the range in kernel space: cheaper than a fault per page from inside
   // the read. Failure (kernels before 5.14) just leaves the faults to the read.

@@ -40,6 +40,11 @@ struct host_block {
 
 host_block allocate_host_block(const host_member* members, size_t count);
 
+/// An uninitialized contiguous CPU tensor in a mapping of its own (fresh pages, as a
+/// storage of kOwnMappingBytes and more gets), its first byte `phase` bytes into its first
+/// page, rounded down to a multiple of 64 (LibTorch's alignment).
+at::Tensor allocate_host_tensor(at::IntArrayRef shape, at::ScalarType type, uint64_t phase);
+
 /// Faults in [p, p + n) for writing in one call where the kernel can
 /// (MADV_POPULATE_WRITE, Linux 5.14); a no-op elsewhere.
 void prefault_for_write(void* p, size_t n);

@@ -1,6 +1,8 @@
 // The CPU path for the pieces of assembled tensors (assembly.h): the read plan of the
 // piece storages, executed by a few threads. A read that is one piece whose box is
-// contiguous in its tensor (a dim-0 shard, a whole tensor) goes straight into the tensor;
+// contiguous in its tensor (a dim-0 shard, a whole tensor) goes straight into the tensor,
+// its pages faulted in by one call first, as cpu_loader does (faults taken a page at a time
+// inside the read were 12% of the CPU profile of a 2 GiB DCP load);
 // any other read goes into a bounce buffer of at most kBounceBytes, then its runs are
 // copied into the strided box. Each byte is read once, and memory beyond the tensors is
 // bounded by a bounce buffer per thread.
@@ -12,6 +14,7 @@
 #include <vector>
 
 #include "model/read_plan.h"
+#include "torch/loader/host_buffer.h"
 #include "torch/loader/storage_loader.h"
 
 namespace ckpt::detail {
@@ -64,7 +67,9 @@ void land_pieces_cpu(const checkpoint& c, const piece_targets& t, const load_opt
     const read_piece& first = plan.pieces[op.first_piece];
     const box_landing& box = *t.boxes[first.storage];
     if (op.piece_count == 1 && box.contiguous()) {
-      file.read_exact(op.offset, t.base[first.storage] + box.offset + first.storage_offset, size_t(op.nbytes));
+      uint8_t* dst = t.base[first.storage] + box.offset + first.storage_offset;
+      prefault_for_write(dst, size_t(op.nbytes));
+      file.read_exact(op.offset, dst, size_t(op.nbytes));
     } else {
       std::unique_ptr<uint8_t[]> bounce = pool.take();
       file.read_exact(op.offset, bounce.get(), size_t(op.nbytes));
