@@ -74,6 +74,7 @@ def formats(tmp_path_factory) -> dict:
     out = {"pt": d / "model.pt", "st": d / "model.safetensors", "hf": d / "hf", "dcp": d / "dcp"}
     torch.save(sd, out["pt"])
     save_file(sd, str(out["st"]))
+    out["hf"].mkdir()
     save_torch_state_dict(sd, str(out["hf"]), max_shard_size=200)  # several shards and an index
     assert len(list(out["hf"].glob("*.safetensors"))) > 1
     dcp.save(sd, checkpoint_id=str(out["dcp"]))
@@ -277,7 +278,8 @@ def test_tolerance_boundaries_match_torch_isclose(tmp_path, dtype):
     a = b + bound * torch.tensor([-1.0, 1.0])[torch.randint(0, 2, (n,), generator=g)] * \
         (1 + torch.randint(-2, 3, (n,), generator=g).double() * 1e-7)
     if dtype.is_complex:
-        a, b = torch.complex(a, a * 0.5), torch.complex(b, b * 0.5)
+        # The same magnitudes, turned: |b| and |a - b| are unchanged.
+        a, b = torch.complex(a * 0.6, a * 0.8), torch.complex(b * 0.6, b * 0.8)
     a, b = a.to(dtype), b.to(dtype)
     want_outside = int((~torch.isclose(a, b, rtol=rtol, atol=atol)).sum())
     assert 0 < want_outside < n
@@ -373,39 +375,39 @@ def test_strided_views_read_in_row_major_order(tmp_path):
 
 # --- DCP written by two ranks: tensors assembled from pieces ---------------------------
 
+SHARDED = HERE.parent / "data" / "diff" / "sharded"  # tests/data/diff/make.py
+
 
 @pytest.fixture(scope="module")
-def shard2(tmp_path_factory) -> Path:
-    import dcp_fixtures
-    reuse = os.environ.get("CKPTOOL_DCP_FIXTURES")
-    out = Path(reuse) if reuse else tmp_path_factory.mktemp("dcp")
-    built = dcp_fixtures.build(out, ["shard2"])
-    if "shard2" not in built:
-        pytest.skip("shard2: not written by this torch")
-    return built["shard2"]
-
-
-def test_assembled_dcp_against_dcp_to_torch_save(shard2, tmp_path):
+def sharded_full(tmp_path_factory) -> Path:
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-    dcp_to_torch_save(str(shard2), str(tmp_path / "full.pt"))
-    full = torch.load(tmp_path / "full.pt", weights_only=True)
-    # The DCP's keys are its flattened state-dict paths; the model part as a flat state dict.
-    model = {"model." + k: v for k, v in full["model"].items()}
-    save_file(model, str(tmp_path / "model.safetensors"))
-    rc, doc = diff_json(shard2, tmp_path / "model.safetensors", "--ignore-entries")
-    assert doc["only_in_b"] == []
-    assert all(t["values"] == "identical" for t in doc["tensors"] if t["key_a"] in model)
-    # layer2.weight is Shard(1): every row is two pieces. A changed element is found where
-    # torch puts it, through windows that cut rows.
-    w = model["model.layer2.weight"]
-    assert decoded(shard2, "model.layer2.weight", window=4) == as_pairs(w)
-    changed = dict(model)
-    changed["model.layer2.weight"] = w.clone()
-    changed["model.layer2.weight"][2, 4] = 100
-    save_file(changed, str(tmp_path / "changed.safetensors"))
-    rc, doc = diff_json(shard2, tmp_path / "changed.safetensors", "--ignore-entries")
-    t = tensor_entry(doc, "model.layer2.weight")
-    assert rc == 1 and t["outside_tolerance"] == 1 and t["first_outside"] == 2 * 6 + 4
+    out = tmp_path_factory.mktemp("sharded") / "full.pt"
+    dcp_to_torch_save(str(SHARDED), str(out))
+    return out
+
+
+def test_assembled_dcp_equals_dcp_to_torch_save(sharded_full):
+    rc, doc = diff_json(SHARDED, sharded_full)
+    assert rc == 0, doc
+    assert doc["values"]["identical"] == 5
+
+
+@pytest.mark.parametrize("key", ["col", "uneven", "cube", "row", "plain"])
+@pytest.mark.parametrize("window", [1, 4, 7, 1000])
+def test_assembled_elements_in_row_major_order(sharded_full, key, window):
+    # Shard(1) and Shard(2): every row is runs of two pieces; windows cut runs anywhere.
+    full = torch.load(sharded_full, weights_only=True)
+    assert decoded(SHARDED, key, window=window) == as_pairs(full[key])
+
+
+def test_assembled_difference_found_where_torch_puts_it(sharded_full, tmp_path):
+    full = torch.load(sharded_full, weights_only=True)
+    full["cube"][1, 2, 3] += 1
+    save_file(full, str(tmp_path / "changed.safetensors"))
+    rc, doc = diff_json(SHARDED, tmp_path / "changed.safetensors")
+    t = tensor_entry(doc, "cube")
+    assert rc == 1 and t["outside_tolerance"] == 1 and t["first_outside"] == 1 * 12 + 2 * 4 + 3
+    assert t["max_abs_error"] == 1
 
 
 # --- refusals ---------------------------------------------------------------------------

@@ -6,6 +6,7 @@
 // or, for a dtype without a numeric decode, its bytes as a hex string. Reads in windows of
 // WINDOW_ELEMENTS (default 1000), so window edges fall inside runs and pieces. Exit status:
 // 0, or the ckptool exit code of the error, whose one line goes to stderr.
+#include <cmath>
 #include <cstdio>
 #include <iostream>
 #include <string>
@@ -20,6 +21,7 @@
 namespace {
 
 std::string number(double v) {
+  if (std::isnan(v)) return "nan";  // its sign and payload are not a value
   char buf[40];
   std::snprintf(buf, sizeof buf, "%.17g", v);
   return buf;
