@@ -3,14 +3,17 @@
 #include <algorithm>
 #include <map>
 #include <memory>
+#include <set>
 #include <string_view>
 #include <unordered_map>
 
 #include "ckpt/error.h"
 #include "ckpt/rekey.h"
+#include "ckpt/wrappers.h"
 #include "diff/key_reader.h"
 #include "diff/value_compare.h"
 #include "model/assembly.h"
+#include "ckpt/pickle.h"
 
 namespace ckpt {
 namespace {
@@ -64,6 +67,23 @@ struct side {
   }
 };
 
+// rekey --match names a full pairing's edit by the segments it removes or adds; a partial
+// one (keys left over on both sides) is named the same way from its pairs.
+std::string describe_edit(const std::vector<std::pair<std::string, std::string>>& pairs) {
+  std::set<std::string> removed, added;
+  for (const auto& [ka, kb] : pairs) {
+    const auto sa = split_key(ka), sb = split_key(kb);
+    for (auto x : sa)
+      if (std::find(sb.begin(), sb.end(), x) == sb.end()) removed.insert(std::string(x) + ".");
+    for (auto x : sb)
+      if (std::find(sa.begin(), sa.end(), x) == sa.end()) added.insert(std::string(x) + ".");
+  }
+  std::string edit;
+  for (const auto& x : removed) edit += (edit.empty() ? "" : ", ") + ("remove '" + x + "'");
+  for (const auto& x : added) edit += (edit.empty() ? "" : ", ") + ("add '" + x + "'");
+  return edit;
+}
+
 struct pair_of {
   size_t a, b;
 };
@@ -101,7 +121,7 @@ std::vector<pair_of> pair_keys(const side& a, const side& b, diff_report& r) {
         a_paired[ia] = b_hit[ib] = true;
         r.renamed.emplace_back(ka, kb);
       }
-      r.rename_edit = m.edit;
+      r.rename_edit = m.ok ? m.edit : describe_edit(r.renamed);
       rest_a.erase(std::remove_if(rest_a.begin(), rest_a.end(), [&](size_t i) { return a_paired[i]; }), rest_a.end());
       rest_b.erase(std::remove_if(rest_b.begin(), rest_b.end(), [&](size_t i) { return b_hit[i]; }), rest_b.end());
     }
@@ -112,14 +132,51 @@ std::vector<pair_of> pair_keys(const side& a, const side& b, diff_report& r) {
   return pairs;
 }
 
+bool ends_cut(const std::string& value) { return value.size() >= 3 && value.compare(value.size() - 3, 3, "...") == 0; }
+
 // A rendering that ends in "..." was cut (pickle::repr's bound), and a summary of a
 // container holding tensors names no values: equal text proves neither equal.
-bool rendering_is_partial(const std::string& value) {
-  return (value.size() >= 3 && value.compare(value.size() - 3, 3, "...") == 0) ||
-         value.find(" inside") != std::string::npos;
+bool rendering_is_partial(const std::string& value) { return ends_cut(value) || value.find(" inside") != std::string::npos; }
+
+// Entries are summaries cut at 120 characters (checkpoint.cpp entry_value). Two long
+// hyper-parameter dicts that differ past the cut must not compare equal: while a single
+// file's pickle tree is alive, each cut entry is rendered again from its node, in full up
+// to kFullRendering characters. A DCP's values are read as summaries and stay so.
+constexpr size_t kFullRendering = 1u << 20;
+
+using renderings = std::map<std::string, std::string>;
+
+renderings full_renderings(const checkpoint& c) {
+  renderings out;
+  if (c.files.size() != 1 || !c.files[0].pickle || !c.files[0].pickle->root) return out;
+  for (const entry_summary& e : c.entries) {
+    if (!ends_cut(e.value)) continue;
+    const pickle::value* node = c.files[0].pickle->root;
+    for (const path_element& step : e.path) {
+      const pickle::value* next = nullptr;
+      if (node->type == pickle::kind::dict)
+        for (size_t i = 0; i < node->dict_size() && !next; ++i) {
+          const pickle::value* k = node->dict_key(i);
+          if (const auto* text = std::get_if<std::string>(&step)) {
+            if (k->type == pickle::kind::str && k->text == *text) next = node->dict_value(i);
+          } else if (k->type == pickle::kind::integer && k->integer == std::get<int64_t>(step)) {
+            next = node->dict_value(i);
+          }
+        }
+      node = next;
+      if (!node) break;
+    }
+    if (node) out[path_to_string(e.path)] = pickle::repr(node, kFullRendering);
+  }
+  return out;
 }
 
-void compare_entries(const checkpoint& a, const checkpoint& b, diff_report& r) {
+void compare_entries(const checkpoint& a, const checkpoint& b, const renderings& full_a, const renderings& full_b,
+                     diff_report& r) {
+  auto full = [](const renderings& m, const std::string& path, const std::string& summary) {
+    auto it = m.find(path);
+    return it == m.end() ? summary : it->second;
+  };
   std::map<std::string, const entry_summary*> in_b;
   for (const entry_summary& e : b.entries) in_b.emplace(path_to_string(e.path), &e);
   std::map<std::string, bool> seen;
@@ -132,9 +189,10 @@ void compare_entries(const checkpoint& a, const checkpoint& b, diff_report& r) {
     }
     seen[path] = true;
     const entry_summary& other = *it->second;
-    if (e.type != other.type || e.value != other.value)
+    const std::string value_a = full(full_a, path, e.value), value_b = full(full_b, path, other.value);
+    if (e.type != other.type || value_a != value_b)
       r.entries.push_back({path, e, other});
-    else if (rendering_is_partial(e.value))
+    else if (rendering_is_partial(value_a))
       ++r.entries_elided;
   }
   for (const entry_summary& e : b.entries) {
@@ -170,7 +228,10 @@ bool diff_report::equivalent() const {
   return true;
 }
 
-diff_report diff_checkpoints(const checkpoint& ca, const checkpoint& cb, const diff_options& o) {
+namespace {
+
+diff_report diff_with(const checkpoint& ca, const checkpoint& cb, const renderings& full_a, const renderings& full_b,
+                      const diff_options& o) {
   diff_report r;
   r.path_a = ca.path;
   r.path_b = cb.path;
@@ -203,7 +264,7 @@ diff_report diff_checkpoints(const checkpoint& ca, const checkpoint& cb, const d
     }
     r.tensors.push_back(std::move(d));
   }
-  if (!o.ignore_entries) compare_entries(ca, cb, r);
+  if (!o.ignore_entries) compare_entries(ca, cb, full_a, full_b, r);
   if (o.metadata_only) return r;
 
   detail::compare_buffers buffers;
@@ -222,15 +283,23 @@ diff_report diff_checkpoints(const checkpoint& ca, const checkpoint& cb, const d
   return r;
 }
 
+}  // namespace
+
+diff_report diff_checkpoints(const checkpoint& a, const checkpoint& b, const diff_options& o) {
+  return diff_with(a, b, full_renderings(a), full_renderings(b), o);
+}
+
 diff_report diff_checkpoints(const std::string& pa, const std::string& pb, const diff_options& o,
                              const open_options& reader) {
   // One side open at a time would halve metadata memory, but pairing needs both key lists;
   // the pickle trees, most of that memory, are dropped as soon as each side is open.
   checkpoint a = open_checkpoint(pa, reader);
+  const renderings full_a = full_renderings(a);
   release_pickle(a);
   checkpoint b = open_checkpoint(pb, reader);
+  const renderings full_b = full_renderings(b);
   release_pickle(b);
-  return diff_checkpoints(a, b, o);
+  return diff_with(a, b, full_a, full_b, o);
 }
 
 }  // namespace ckpt

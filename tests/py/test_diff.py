@@ -211,6 +211,32 @@ def test_non_tensor_entry_changed(tmp_path):
     assert rc == 0
 
 
+def test_long_entries_differing_past_the_summary(tmp_path):
+    # inspect's rendering stops at 120 characters; a difference after that is still found.
+    sd = {"w": torch.ones(2)}
+    long_a = {"note": "x" * 300 + "a"}
+    long_b = {"note": "x" * 300 + "b"}
+    torch.save({"state_dict": sd, "hparams": long_a}, tmp_path / "a.pt")
+    torch.save({"state_dict": sd, "hparams": long_b}, tmp_path / "b.pt")
+    torch.save({"state_dict": sd, "hparams": dict(long_a)}, tmp_path / "c.pt")
+    rc, doc = diff_json(tmp_path / "a.pt", tmp_path / "b.pt")
+    assert rc == 1 and [e["path"] for e in doc["entries"]] == ["hparams"]
+    rc, doc = diff_json(tmp_path / "a.pt", tmp_path / "c.pt")
+    assert rc == 0 and doc["entries_compared_by_summary"] == 0
+
+
+def test_some_keys_paired_through_a_wrapper(tmp_path):
+    sd = state_dict()
+    other = {"_orig_mod." + k: v for k, v in sd.items() if k != "steps"}
+    other["counter"] = sd["steps"]
+    torch.save(sd, tmp_path / "a.pt")
+    torch.save(other, tmp_path / "b.pt")
+    rc, doc = diff_json(tmp_path / "a.pt", tmp_path / "b.pt")
+    assert rc == 1
+    assert doc["only_in_a"] == ["steps"] and doc["only_in_b"] == ["counter"]
+    assert doc["renamed"]["edit"] == "add '_orig_mod.'" and len(doc["renamed"]["pairs"]) == len(sd) - 1
+
+
 # --- NaN, -0.0 and tolerances, as torch.allclose decides --------------------------------
 
 
