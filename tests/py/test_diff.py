@@ -436,6 +436,29 @@ def test_assembled_difference_found_where_torch_puts_it(sharded_full, tmp_path):
     assert t["max_abs_error"] == 1
 
 
+class Scripted(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(3, 2)
+        self.register_buffer("buf", torch.arange(4.0))
+
+    def forward(self, x):
+        return self.lin(x) + self.buf.sum()
+
+
+def test_torchscript_weights_against_their_state_dict(tmp_path):
+    m = torch.jit.script(Scripted())
+    torch.jit.save(m, tmp_path / "m.pt")
+    sd = {k: v.detach().contiguous() for k, v in m.state_dict().items()}
+    save_file(sd, str(tmp_path / "sd.safetensors"))
+    rc, doc = diff_json(tmp_path / "m.pt", tmp_path / "sd.safetensors")
+    assert rc == 0 and doc["paired"] == 3, doc
+    sd["lin.bias"] = sd["lin.bias"] + 1
+    save_file(sd, str(tmp_path / "changed.safetensors"))
+    rc, doc = diff_json(tmp_path / "m.pt", tmp_path / "changed.safetensors")
+    assert rc == 1 and tensor_entry(doc, "lin.bias")["outside_tolerance"] == 2
+
+
 # --- refusals ---------------------------------------------------------------------------
 
 
