@@ -29,7 +29,8 @@ class judge {
  public:
   judge(const diff_options& o, dtype a, dtype b, tensor_diff& d)
       : o_(o), d_(d), ta_(a), tb_(b), float32_(in_float32(a, b)), same_type_(a == b),
-        numeric_(number_kind_of(a) != number_kind::none && number_kind_of(b) != number_kind::none) {}
+        numeric_(number_kind_of(a) != number_kind::none && number_kind_of(b) != number_kind::none),
+        complex_(number_kind_of(a) == number_kind::complex || number_kind_of(b) == number_kind::complex) {}
 
   bool numeric() const { return numeric_; }
 
@@ -67,14 +68,24 @@ class judge {
       outside(index);
       return;
     }
+    // Real values skip std::complex: its abs is hypot, which made the all-elements-differ
+    // path 3x slower.
     double error, allowed, magnitude;
-    if (float32_) {
+    if (float32_ && !complex_) {
       // As torch: the tolerances become float32 scalars, every step rounds to float32.
+      const float fa = float(a.re), fb = float(b.re);
+      error = std::fabs(fa - fb);
+      magnitude = std::fabs(fb);
+      allowed = float(o_.atol) + std::fabs(float(o_.rtol) * fb);
+    } else if (float32_) {
       const std::complex<float> fa(float(a.re), float(a.im)), fb(float(b.re), float(b.im));
-      const float bound = float(o_.atol) + std::abs(float(o_.rtol) * fb);
       error = std::abs(fa - fb);
       magnitude = std::abs(fb);
-      allowed = bound;
+      allowed = float(o_.atol) + std::abs(float(o_.rtol) * fb);
+    } else if (!complex_) {
+      error = std::fabs(a.re - b.re);
+      magnitude = std::fabs(b.re);
+      allowed = o_.atol + std::fabs(o_.rtol * b.re);
     } else {
       const std::complex<double> da(a.re, a.im), db(b.re, b.im);
       error = std::abs(da - db);
@@ -92,7 +103,7 @@ class judge {
   const diff_options& o_;
   tensor_diff& d_;
   dtype ta_, tb_;
-  bool float32_, same_type_, numeric_;
+  bool float32_, same_type_, numeric_, complex_;
 };
 
 }  // namespace
