@@ -27,7 +27,8 @@ struct diff_options {
   bool metadata_only = false;
   /// Non-tensor entries (epoch, hyper-parameters) are not compared.
   bool ignore_entries = false;
-  /// Bytes of each side read at a time (memory holds about 4 windows). 1 MiB: the copy
+  /// Bytes of each side read at a time (memory holds about 3 windows, and a non-contiguous
+  /// view's storage span, at most 256 MiB: src/diff/key_reader.h). 1 MiB: the copy
   /// from the page cache and the memcmp after it stay in the CPU's cache; 16 MiB windows
   /// cost 45% more CPU time on two 2 GiB files (docs/findings.md).
   uint64_t window_bytes = 1ull << 20;
