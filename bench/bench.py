@@ -350,7 +350,26 @@ def py(op: str, *a) -> Callable:
     return build
 
 
+def twin(fx: dict) -> str:
+    """The .safetensors file of a .pt fixture's state dict (gen_fixtures.py writes both)."""
+    return str(Path(fx["path"]).with_suffix(".safetensors"))
+
+
+def warm_twin(fx: dict) -> list:
+    """Warms the twin before a two-file sample (run_cases warms the fixture itself)."""
+    make_warm(twin(fx))
+    return []
+
+
 T = {
+    # Exit 1 is a result, not a failure: the twin lacks the .pt's tied lm_head.weight.
+    "ck_diff": Tool("ckptool diff FILE TWIN.safetensors", "cmd",
+                    lambda fx, ctx: warm_twin(fx) + ["sh", "-c", '"$0" diff --json "$1" "$2" > /dev/null; [ $? -le 1 ]',
+                                                     str(ctx.ckptool), fx["path"], twin(fx)],
+                    loads=False, note="reads both files; its peer is cat of both (the page-cache read rate)"),
+    "cat_both": Tool("cat FILE TWIN.safetensors > /dev/null", "cmd",
+                     lambda fx, ctx: warm_twin(fx) + ["sh", "-c", 'cat "$1" "$2" > /dev/null', "sh", fx["path"],
+                                                     twin(fx)], loads=False),
     "ck_mat_cpu": Tool("ckptool materialize --device cpu", "ck", ck("materialize", "--json", "--device", "cpu", "{f}"),
                        startup="materialize_cpu"),
     "ck_mat_mmap": Tool("ckptool materialize --mmap", "ck", ck("materialize", "--json", "--mmap", "{f}"),
@@ -780,6 +799,12 @@ def build_scenarios(ctx: Ctx, mode: str, gpu: bool, want: set, counts: list) -> 
             ("core", "S6", "dcp_big", "warm", "ck_mat_cpu", "ck", "S6 dcp"),
             ("core", "S6", "dcp_big", "warm", "dcp_load_full", "peer", "S6 dcp"),
             ("quick", "S6", "dcp_big", "warm", "dcp_to_torch_save_load", "peer", "S6 dcp"),
+        ])
+    if "s8" in want:
+        # Issue 15: diff of two 2 GiB checkpoints at >= 70% of the page-cache read rate.
+        block("S8 diff of a .pt and its safetensors twin, both warm", [
+            ("core", "S8", "llm_bf16.pt", "warm", "ck_diff", "ck", "S8 diff"),
+            ("core", "S8", "llm_bf16.pt", "warm", "cat_both", "peer", "S8 diff"),
         ])
     return blocks
 

@@ -30,6 +30,10 @@ set(CKPT_CORE_SOURCES
   ${CKPT_ROOT}/src/pickle/pickle_value.cpp
   ${CKPT_ROOT}/src/pickle/pickle_writer.cpp
   ${CKPT_ROOT}/src/pickle/weights_only_globals.cpp
+  ${CKPT_ROOT}/src/diff/diff.cpp
+  ${CKPT_ROOT}/src/diff/element_decode.cpp
+  ${CKPT_ROOT}/src/diff/key_reader.cpp
+  ${CKPT_ROOT}/src/diff/value_compare.cpp
   ${CKPT_ROOT}/src/formats/dcp_coverage.cpp
   ${CKPT_ROOT}/src/formats/dcp_metadata.cpp
   ${CKPT_ROOT}/src/formats/dcp_transforms.cpp
@@ -102,6 +106,7 @@ set(CKPT_CUDA_MODULE_ENTRY ${CKPT_ROOT}/src/plugin/cuda_plugin_entry.cpp)
 
 # The command-line executable: one file per verb plus its shared helpers.
 set(CKPTOOL_CLI_SOURCES
+  ${CKPT_ROOT}/cli/cmd_diff.cpp
   ${CKPT_ROOT}/cli/cmd_inspect.cpp
   ${CKPT_ROOT}/cli/cmd_materialize.cpp
   ${CKPT_ROOT}/cli/cmd_rekey.cpp
@@ -125,6 +130,7 @@ set(CKPT_SHARED_HEADERS
   ${CKPT_ROOT}/include/ckpt/checkpoint.h
   ${CKPT_ROOT}/include/ckpt/dcp.h
   ${CKPT_ROOT}/include/ckpt/dcp_rekey.h
+  ${CKPT_ROOT}/include/ckpt/diff.h
   ${CKPT_ROOT}/include/ckpt/dim_list.h
   ${CKPT_ROOT}/include/ckpt/dtype.h
   ${CKPT_ROOT}/include/ckpt/error.h
@@ -156,6 +162,9 @@ set(CKPT_SHARED_HEADERS
   ${CKPT_ROOT}/src/base/string_index.h
   ${CKPT_ROOT}/src/base/text.h
   ${CKPT_ROOT}/src/base/text_escape.h
+  ${CKPT_ROOT}/src/diff/element_decode.h
+  ${CKPT_ROOT}/src/diff/key_reader.h
+  ${CKPT_ROOT}/src/diff/value_compare.h
   ${CKPT_ROOT}/src/formats/dcp_transforms.h
   ${CKPT_ROOT}/src/formats/format_detect.h
   ${CKPT_ROOT}/src/formats/legacy_reader.h

@@ -1,0 +1,305 @@
+#include "ckpt/diff.h"
+
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <set>
+#include <string_view>
+#include <unordered_map>
+
+#include "ckpt/error.h"
+#include "ckpt/rekey.h"
+#include "ckpt/wrappers.h"
+#include "diff/key_reader.h"
+#include "diff/value_compare.h"
+#include "model/assembly.h"
+#include "ckpt/pickle.h"
+
+namespace ckpt {
+namespace {
+
+// One side's tensors as diff names them: the state dict's keys; for a checkpoint without
+// one (TorchScript, whose keys only LibTorch names, or a file with no dict of tensors),
+// every tensor record by its path in the file.
+struct side {
+  const checkpoint& c;
+  std::vector<std::string> names;
+  std::vector<size_t> ids;  // key index (by_key) or tensor record index
+  bool by_key = true;
+  detail::assembly assembled;
+  std::vector<int64_t> assembled_of_key;  // index into assembled.tensors, -1 when whole
+
+  explicit side(const checkpoint& cp) : c(cp) {
+    if (!c.keys.empty() || c.tensors.empty()) {
+      std::vector<size_t> all(c.keys.size());
+      for (size_t k = 0; k < c.keys.size(); ++k) {
+        names.emplace_back(c.keys.key(k));
+        ids.push_back(k);
+        all[k] = k;
+      }
+      assembled = detail::plan_assembly(c, all);
+      assembled_of_key.assign(c.keys.size(), -1);
+      for (size_t j = 0; j < assembled.tensors.size(); ++j) assembled_of_key[assembled.tensors[j].key] = int64_t(j);
+      return;
+    }
+    by_key = false;
+    const char separator = c.format == file_format::torchscript ? '.' : '/';
+    for (size_t t = 0; t < c.tensors.size(); ++t) {
+      names.push_back(path_to_string(c.tensors[t].path, separator));
+      ids.push_back(t);
+    }
+  }
+
+  dtype type(size_t i) const { return by_key ? c.keys.type(ids[i], c.tensors) : c.tensors[ids[i]].type; }
+  std::vector<int64_t> shape(size_t i) const {
+    const dim_list& d = by_key ? c.keys.shape(ids[i], c.tensors) : c.tensors[ids[i]].shape;
+    return std::vector<int64_t>(d.begin(), d.end());
+  }
+  detail::key_reader reader(size_t i) const {
+    if (by_key && assembled_of_key[ids[i]] >= 0)
+      return detail::key_reader(c, names[i], assembled, assembled.tensors[size_t(assembled_of_key[ids[i]])]);
+    return detail::key_reader(c, names[i], by_key ? c.keys.tensor(ids[i]) : ids[i]);
+  }
+  std::vector<keyed_tensor> keyed(const std::vector<size_t>& which) const {
+    std::vector<keyed_tensor> out;
+    for (size_t i : which) out.push_back({names[i], type(i), shape(i)});
+    return out;
+  }
+};
+
+// rekey --match names a full pairing's edit by the segments it removes or adds; a partial
+// one (keys left over on both sides) is named the same way from its pairs.
+std::string describe_edit(const std::vector<std::pair<std::string, std::string>>& pairs) {
+  std::set<std::string> removed, added;
+  for (const auto& [ka, kb] : pairs) {
+    const auto sa = split_key(ka), sb = split_key(kb);
+    for (auto x : sa)
+      if (std::find(sb.begin(), sb.end(), x) == sb.end()) removed.insert(std::string(x) + ".");
+    for (auto x : sb)
+      if (std::find(sa.begin(), sa.end(), x) == sa.end()) added.insert(std::string(x) + ".");
+  }
+  std::string edit;
+  for (const auto& x : removed) edit += (edit.empty() ? "" : ", ") + ("remove '" + x + "'");
+  for (const auto& x : added) edit += (edit.empty() ? "" : ", ") + ("add '" + x + "'");
+  return edit;
+}
+
+struct pair_of {
+  size_t a, b;
+};
+
+// Pairs by equal names, then the rest through rekey --match's solver (a wrapper segment
+// added or removed on one side). Fills r's only_in_* and renamed; returns the pairs in A's order.
+std::vector<pair_of> pair_keys(const side& a, const side& b, diff_report& r) {
+  std::unordered_map<std::string_view, size_t> in_b;
+  for (size_t i = 0; i < b.names.size(); ++i) in_b.emplace(b.names[i], i);
+  std::vector<pair_of> pairs;
+  std::vector<bool> b_hit(b.names.size(), false);
+  std::vector<size_t> rest_a, rest_b;
+  for (size_t i = 0; i < a.names.size(); ++i) {
+    auto it = in_b.find(a.names[i]);
+    if (it == in_b.end() || b_hit[it->second]) {
+      rest_a.push_back(i);
+      continue;
+    }
+    b_hit[it->second] = true;
+    pairs.push_back({i, it->second});
+  }
+  for (size_t i = 0; i < b.names.size(); ++i)
+    if (!b_hit[i]) rest_b.push_back(i);
+  if (!rest_a.empty() && !rest_b.empty()) {
+    const match_result m = match_keys(a.keyed(rest_a), b.keyed(rest_b));
+    // An ambiguous reduction pairs nothing: two keys that reduce alike are left unpaired.
+    if (m.ambiguity.empty() && !m.mapping.empty()) {
+      std::unordered_map<std::string_view, size_t> a_of, b_of;
+      for (size_t i : rest_a) a_of.emplace(a.names[i], i);
+      for (size_t i : rest_b) b_of.emplace(b.names[i], i);
+      std::vector<bool> a_paired(a.names.size(), false);
+      for (const auto& [ka, kb] : m.mapping) {
+        const size_t ia = a_of.at(ka), ib = b_of.at(kb);
+        pairs.push_back({ia, ib});
+        a_paired[ia] = b_hit[ib] = true;
+        r.renamed.emplace_back(ka, kb);
+      }
+      r.rename_edit = m.ok ? m.edit : describe_edit(r.renamed);
+      rest_a.erase(std::remove_if(rest_a.begin(), rest_a.end(), [&](size_t i) { return a_paired[i]; }), rest_a.end());
+      rest_b.erase(std::remove_if(rest_b.begin(), rest_b.end(), [&](size_t i) { return b_hit[i]; }), rest_b.end());
+    }
+  }
+  for (size_t i : rest_a) r.only_in_a.push_back(a.names[i]);
+  for (size_t i : rest_b) r.only_in_b.push_back(b.names[i]);
+  std::sort(pairs.begin(), pairs.end(), [](const pair_of& x, const pair_of& y) { return x.a < y.a; });
+  return pairs;
+}
+
+bool ends_cut(const std::string& value) { return value.size() >= 3 && value.compare(value.size() - 3, 3, "...") == 0; }
+
+// A rendering that ends in "..." was cut (pickle::repr's bound), and a summary of a
+// container holding tensors names no values: equal text proves neither equal.
+bool rendering_is_partial(const std::string& value) { return ends_cut(value) || value.find(" inside") != std::string::npos; }
+
+// Entries are summaries cut at 120 characters (checkpoint.cpp entry_value). Two long
+// hyper-parameter dicts that differ past the cut must not compare equal: while a single
+// file's pickle tree is alive, each cut entry is rendered again from its node, in full up
+// to kFullRendering characters. A DCP's values are read as summaries and stay so.
+constexpr size_t kFullRendering = 1u << 20;
+
+using renderings = std::map<std::string, std::string>;
+
+renderings full_renderings(const checkpoint& c) {
+  renderings out;
+  if (c.files.size() != 1 || !c.files[0].pickle || !c.files[0].pickle->root) return out;
+  for (const entry_summary& e : c.entries) {
+    if (!ends_cut(e.value)) continue;
+    const pickle::value* node = c.files[0].pickle->root;
+    for (const path_element& step : e.path) {
+      const pickle::value* next = nullptr;
+      if (node->type == pickle::kind::dict)
+        for (size_t i = 0; i < node->dict_size() && !next; ++i) {
+          const pickle::value* k = node->dict_key(i);
+          if (const auto* text = std::get_if<std::string>(&step)) {
+            if (k->type == pickle::kind::str && k->text == *text) next = node->dict_value(i);
+          } else if (k->type == pickle::kind::integer && k->integer == std::get<int64_t>(step)) {
+            next = node->dict_value(i);
+          }
+        }
+      node = next;
+      if (!node) break;
+    }
+    if (node) out[path_to_string(e.path)] = pickle::repr(node, kFullRendering);
+  }
+  return out;
+}
+
+void compare_entries(const checkpoint& a, const checkpoint& b, const renderings& full_a, const renderings& full_b,
+                     diff_report& r) {
+  auto full = [](const renderings& m, const std::string& path, const std::string& summary) {
+    auto it = m.find(path);
+    return it == m.end() ? summary : it->second;
+  };
+  std::map<std::string, const entry_summary*> in_b;
+  for (const entry_summary& e : b.entries) in_b.emplace(path_to_string(e.path), &e);
+  std::map<std::string, bool> seen;
+  for (const entry_summary& e : a.entries) {
+    const std::string path = path_to_string(e.path);
+    auto it = in_b.find(path);
+    if (it == in_b.end()) {
+      r.entries.push_back({path, e, std::nullopt});
+      continue;
+    }
+    seen[path] = true;
+    const entry_summary& other = *it->second;
+    const std::string value_a = full(full_a, path, e.value), value_b = full(full_b, path, other.value);
+    if (e.type != other.type || value_a != value_b)
+      r.entries.push_back({path, e, other});
+    else if (rendering_is_partial(value_a))
+      ++r.entries_elided;
+  }
+  for (const entry_summary& e : b.entries) {
+    const std::string path = path_to_string(e.path);
+    if (!seen.count(path)) r.entries.push_back({path, std::nullopt, e});
+  }
+}
+
+}  // namespace
+
+const char* verdict_name(value_verdict v) {
+  switch (v) {
+    case value_verdict::identical: return "identical";
+    case value_verdict::equal: return "equal";
+    case value_verdict::close: return "close";
+    case value_verdict::different: return "different";
+    case value_verdict::not_compared: return "not-compared";
+  }
+  return "not-compared";
+}
+
+bool tensor_diff::equivalent() const {
+  return !dtype_differs() && !shape_differs() &&
+         (values == value_verdict::identical || values == value_verdict::equal || values == value_verdict::close);
+}
+
+bool diff_report::equivalent() const {
+  if (!only_in_a.empty() || !only_in_b.empty() || !renamed.empty() || !entries.empty()) return false;
+  for (const tensor_diff& t : tensors) {
+    if (t.dtype_differs() || t.shape_differs()) return false;
+    if (!metadata_only && !t.equivalent()) return false;
+  }
+  return true;
+}
+
+namespace {
+
+diff_report diff_with(const checkpoint& ca, const checkpoint& cb, const renderings& full_a, const renderings& full_b,
+                      const diff_options& o) {
+  diff_report r;
+  r.path_a = ca.path;
+  r.path_b = cb.path;
+  r.format_a = format_name(ca.format);
+  r.format_b = format_name(cb.format);
+  r.layout_a = layout_name(ca.layout);
+  r.layout_b = layout_name(cb.layout);
+  r.metadata_only = o.metadata_only;
+  const side a(ca), b(cb);
+  r.keys_a = a.names.size();
+  r.keys_b = b.names.size();
+  const std::vector<pair_of> pairs = pair_keys(a, b, r);
+
+  uint64_t total = 0;
+  for (const pair_of& p : pairs) {
+    tensor_diff d;
+    d.key_a = a.names[p.a];
+    d.key_b = b.names[p.b];
+    d.type_a = a.type(p.a);
+    d.type_b = b.type(p.b);
+    d.shape_a = a.shape(p.a);
+    d.shape_b = b.shape(p.b);
+    if (!o.metadata_only && !d.shape_differs()) {
+      // Every pair's readers are made before any byte is read: data ckptool cannot read
+      // exactly is refused before a long comparison, not after it.
+      const detail::key_reader ra = a.reader(p.a), rb = b.reader(p.b);
+      total += ra.nbytes() + rb.nbytes();
+    } else {
+      d.not_compared_reason = o.metadata_only ? "--metadata-only" : "shapes differ";
+    }
+    r.tensors.push_back(std::move(d));
+  }
+  if (!o.ignore_entries) compare_entries(ca, cb, full_a, full_b, r);
+  if (o.metadata_only) return r;
+
+  detail::compare_buffers buffers;
+  uint64_t done = 0;
+  auto progress = [&](uint64_t n) {
+    done += n;
+    if (o.progress) o.progress(done, total);
+  };
+  for (size_t i = 0; i < pairs.size(); ++i) {
+    tensor_diff& d = r.tensors[i];
+    if (d.shape_differs()) continue;
+    detail::key_reader ra = a.reader(pairs[i].a), rb = b.reader(pairs[i].b);
+    detail::compare_values(ra, rb, o, buffers, d, progress);
+  }
+  r.bytes_compared = done;
+  return r;
+}
+
+}  // namespace
+
+diff_report diff_checkpoints(const checkpoint& a, const checkpoint& b, const diff_options& o) {
+  return diff_with(a, b, full_renderings(a), full_renderings(b), o);
+}
+
+diff_report diff_checkpoints(const std::string& pa, const std::string& pb, const diff_options& o,
+                             const open_options& reader) {
+  // One side open at a time would halve metadata memory, but pairing needs both key lists;
+  // the pickle trees, most of that memory, are dropped as soon as each side is open.
+  checkpoint a = open_checkpoint(pa, reader);
+  const renderings full_a = full_renderings(a);
+  release_pickle(a);
+  checkpoint b = open_checkpoint(pb, reader);
+  const renderings full_b = full_renderings(b);
+  release_pickle(b);
+  return diff_with(a, b, full_a, full_b, o);
+}
+
+}  // namespace ckpt

@@ -1,0 +1,35 @@
+// Internal: tensor elements as numbers, in the core library (no LibTorch), for diff's
+// comparisons. Each dtype's bit layout is docs/formats.md §12; the unit and Python tests
+// check every float16, bfloat16 and float8 bit pattern against torch's own conversion.
+#pragma once
+
+#include <cstdint>
+
+#include "ckpt/dtype.h"
+
+namespace ckpt::detail {
+
+/// How diff reads a dtype's elements.
+enum class number_kind {
+  none,     // bytes only: packed float4, quantized and bits dtypes have no plain value
+  integer,  // bool, signed and unsigned integers
+  real,     // floating point
+  complex,  // two floating-point parts, real first
+};
+number_kind number_kind_of(dtype t);
+
+struct element_value {
+  double re = 0;
+  double im = 0;  // 0 unless complex
+};
+
+/// The element of dtype `t` (little-endian, as every format ckptool reads stores it) at `p`.
+/// Exact for every dtype: each value is a double (int64 and uint64 above 2^53 round).
+/// Precondition: number_kind_of(t) != none.
+element_value decode_element(dtype t, const uint8_t* p);
+
+/// float16 / bfloat16 bits as a float (exact).
+float half_to_float(uint16_t bits);
+float bfloat16_to_float(uint16_t bits);
+
+}  // namespace ckpt::detail
