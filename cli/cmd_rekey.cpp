@@ -219,6 +219,12 @@ int run_rekey_set(const rekey_options& o, const std::string& index) {
     for (const auto& name : r.files) map_set.add_input(in_dir + name);
   }
   for (const auto& n : r.notes) spdlog::warn("{}", ckpt::escape_controls(n));
+  if (!r.left_behind.empty()) {
+    std::string names;
+    for (const auto& n : r.left_behind) names += (names.empty() ? "" : ", ") + ckpt::display_name(n);
+    spdlog::warn("rekey writes the shard set only; beside the index, not {}: {} (copy them to load OUTDIR with "
+                 "from_pretrained)", o.dry_run ? "to be written" : "written", names);
+  }
   for (const auto& op : r.plan.unused_ops) spdlog::warn("{} changed no key (a typo?)", ckpt::escape_controls(op));
   for (const auto& d : r.dropped) spdlog::warn("--drop-unsafe removed entry {}", ckpt::display_name(d));
   if (map_out) {
@@ -251,6 +257,7 @@ int run_rekey_set(const rekey_options& o, const std::string& index) {
     doc["metadata_renamed"] = r.metadata_renamed;
     doc["dropped"] = r.dropped;
     doc["notes"] = r.notes;
+    doc["left_behind"] = r.left_behind;
     doc["bytes_written"] = r.bytes_written;
     ckpt::write_json_with_pairs(doc, "mapping", r.plan.mapping, [&report](std::string_view s) { report << s; });
     report << "\n";
