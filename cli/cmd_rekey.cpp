@@ -135,8 +135,9 @@ ckpt::detail::layout layout_of(const std::string& path) {
   return l;
 }
 
-// The files --match reads, for the output policy's checks: every file of a target that is
-// a set (a shard set, a DCP directory), as a single target file is one.
+// The files --match reads, for a single output file's checks (no output may be one):
+// every file of a target that is a set (a shard set, a DCP directory), as a single target
+// file is one.
 template <typename Add>
 void declare_match_targets(const rekey_options& o, Add add) {
   for (const auto& path : o.match->results())
@@ -198,10 +199,7 @@ int run_rekey_set(const rekey_options& o, const std::string& index) {
   ckpt::output_file* map_out = open_set_map(o, map_set, index);
 
   std::unique_ptr<ckpt::output_dir> out;
-  if (!o.dry_run) {
-    out = std::make_unique<ckpt::output_dir>(o.output, ckpt::set_layout::hf_index, o.force);
-    declare_match_targets(o, [&](const std::string& f) { out->add_input(f); });
-  }
+  if (!o.dry_run) out = std::make_unique<ckpt::output_dir>(o.output, ckpt::set_layout::hf_index, o.force);
   progress_bar bar("rekey");
   if (bar.enabled() && !o.dry_run) req.progress = [&bar](uint64_t done, uint64_t total) { bar.update(done, total); };
   ckpt::rekey_set_result r;
@@ -328,7 +326,6 @@ int run_rekey_dcp(const rekey_options& o, const std::string& dir) {
     out = std::make_unique<ckpt::output_dir>(o.output, ckpt::set_layout::dcp, o.force);
     out->add_input_dir(dir);
     for (const auto& f : files) out->add_input(dir + "/" + f);
-    declare_match_targets(o, [&](const std::string& f) { out->add_input(f); });
     if (!o.save_map.empty())
       for (const auto& f : files) map_set.add_input(dir + "/" + f);
     map_out = open_set_map(o, map_set, dir + "/" + first_metadata);

@@ -373,6 +373,8 @@ class dcp_reader {
       const auto ch = std::find_if(it.tensor.chunks.begin(), it.tensor.chunks.end(), [&](const dcp::chunk& c) {
         return c.source == r.source && c.offsets == *r.offsets;
       });
+      // check_storage_index matched every entry of a file with a box of that file.
+      if (ch == it.tensor.chunks.end()) mismatch(r, "tensor '" + it.fqn + "': a storage entry with no box of its file");
       const chunk_print& kept = prints_.at({it.fqn, *r.offsets});
       const size_t tensors = c_.tensors.size(), storages = c_.storages.size();
       const tensor_record& t = c_.tensors[read_chunk(it, *ch, {it.fqn}, r)];

@@ -56,18 +56,16 @@ def test_input_dcp_matched_to_a_file(dcp_dirs, tmp_path):
     for k, st in exp["optim"].items():
         for s, t in st.items():
             target[f"optim.state.{k.removeprefix('_orig_mod.')}.{s}"] = t.contiguous()
-    (tmp_path / "target").mkdir()  # OUTDIR may not lie in an input's directory
-    target_file = tmp_path / "target" / "uncompiled.safetensors"
+    target_file = tmp_path / "uncompiled.safetensors"
     save_file(target, str(target_file))
     assert set(tensor_items(FileSystemReader(str(src)).read_metadata())) != set(target)
 
-    (tmp_path / "out").mkdir()
-    out = tmp_path / "out" / "matched"
+    out = tmp_path / "matched"
     rc, stdout, err = run_ckptool("rekey", src, "--match", target_file, "--json", "-o", out, timeout=120)
     assert rc == 0, err
     assert "remove '_orig_mod.'" in json.loads(stdout)["operations"][0], stdout
     assert set(tensor_items(FileSystemReader(str(out)).read_metadata())) == set(target)
-    stripped = tmp_path / "out" / "stripped"
+    stripped = tmp_path / "stripped"
     rc, _, err = run_ckptool("rekey", src, "--strip-compiled", "-o", stripped, timeout=120)
     assert rc == 0, err
     assert (out / ".metadata").read_bytes() == (stripped / ".metadata").read_bytes()
