@@ -42,10 +42,18 @@ struct rekey_options {
   CLI::Option *strip_compiled, *strip_wrappers, *strip_prefix, *add_prefix, *add_compiled, *rename, *map, *match;
 };
 
+// A checkpoint's keys, dtypes and shapes from its metadata: a DCP directory's chunk
+// archives are not opened (a key's global shape is in .metadata).
+std::vector<ckpt::keyed_tensor> listed_tensors(const std::string& path, ckpt::open_options reader) {
+  reader.read_chunk_archives = false;
+  return ckpt::keyed_tensors(ckpt::open_checkpoint(path, reader));
+}
+
 // --match TARGET: the TorchScript model's parameters and buffers, or another checkpoint's
-// state dict.
-std::vector<ckpt::keyed_tensor> target_tensors(const std::string& path, const ckpt::open_options& reader,
+// state dict (a file, a shard set, a DCP directory).
+std::vector<ckpt::keyed_tensor> target_tensors(const std::string& path, ckpt::open_options reader,
                                                const code_options& code) {
+  reader.read_chunk_archives = false;
   ckpt::checkpoint t = ckpt::open_checkpoint(path, reader);
   if (t.format != ckpt::file_format::torchscript) {
     if (!t.state_dict) throw ckpt::error(ckpt::errc::unsupported, "--match: no state dict found").with_file(path);
@@ -119,12 +127,21 @@ ckpt::detail::layout layout_of(const std::string& path) {
   if (!dir) {
     root = slash == std::string::npos ? "" : slash == 0 ? "/" : path.substr(0, slash);
     name = slash == std::string::npos ? path : path.substr(slash + 1);
-    if (name.empty() || name == "." || name == "..") return {ckpt::detail::layout_kind::single_file, path, {}};
+    if (name.empty() || name == "." || name == "..") return {ckpt::detail::layout_kind::single_file, path, {}, {}};
   }
   const ckpt::disk_opener fs(root);
   ckpt::detail::layout l = ckpt::detail::detect_layout(fs, name);
   l.file = l.file == name ? path : fs.display(l.file);
   return l;
+}
+
+// The files --match reads, for a single output file's checks (no output may be one):
+// every file of a target that is a set (a shard set, a DCP directory), as a single target
+// file is one.
+template <typename Add>
+void declare_match_targets(const rekey_options& o, Add add) {
+  for (const auto& path : o.match->results())
+    for (const auto& f : ckpt::checkpoint_input_files(path)) add(f);
 }
 
 void print_mapping(std::ostream& report, const ckpt::rekey_plan& plan, bool all) {
@@ -200,6 +217,12 @@ int run_rekey_set(const rekey_options& o, const std::string& index) {
     for (const auto& name : r.files) map_set.add_input(in_dir + name);
   }
   for (const auto& n : r.notes) spdlog::warn("{}", ckpt::escape_controls(n));
+  if (!r.left_behind.empty()) {
+    std::string names;
+    for (const auto& n : r.left_behind) names += (names.empty() ? "" : ", ") + ckpt::display_name(n);
+    spdlog::warn("rekey writes the shard set only; beside the index, not {}: {} (copy them to load OUTDIR with "
+                 "from_pretrained)", o.dry_run ? "to be written" : "written", names);
+  }
   for (const auto& op : r.plan.unused_ops) spdlog::warn("{} changed no key (a typo?)", ckpt::escape_controls(op));
   for (const auto& d : r.dropped) spdlog::warn("--drop-unsafe removed entry {}", ckpt::display_name(d));
   if (map_out) {
@@ -232,6 +255,7 @@ int run_rekey_set(const rekey_options& o, const std::string& index) {
     doc["metadata_renamed"] = r.metadata_renamed;
     doc["dropped"] = r.dropped;
     doc["notes"] = r.notes;
+    doc["left_behind"] = r.left_behind;
     doc["bytes_written"] = r.bytes_written;
     ckpt::write_json_with_pairs(doc, "mapping", r.plan.mapping, [&report](std::string_view s) { report << s; });
     report << "\n";
@@ -259,12 +283,9 @@ int run_rekey_dcp(const rekey_options& o, const std::string& dir) {
   if (o.keep_unsafe || o.drop_unsafe)
     throw ckpt::error(ckpt::errc::usage, "--keep-unsafe and --drop-unsafe apply to torch.save files, not to a DCP "
                                          "directory (a .metadata naming unsafe globals is refused)");
-  const match_source no_match{[]() -> std::vector<ckpt::keyed_tensor> {
-                                throw ckpt::error(ckpt::errc::unsupported,
-                                                  "--match over a DCP directory is not supported yet; use --map");
-                              },
-                              dir};
-  const std::vector<ckpt::key_op> ops = ops_in_order(o, no_match);
+  // --match aligns the tensor keys (.metadata's global shapes); BYTE_IO items follow the
+  // module moves the edit teaches, as other unpaired keys do.
+  const std::vector<ckpt::key_op> ops = ops_in_order(o, {[&] { return listed_tensors(dir, o.reader); }, dir});
   if (ops.empty()) throw ckpt::error(ckpt::errc::usage, "no operation given (see ckptool rekey --help)");
 
   // A disk_opener reaches the directory as a name below its parent ("run/" is "run").
@@ -286,7 +307,17 @@ int run_rekey_dcp(const rekey_options& o, const std::string& dir) {
   }
   std::vector<std::string> files = r.data_files;
   files.insert(files.end(), r.other_files.begin(), r.other_files.end());
-  files.push_back(".metadata");
+  files.insert(files.end(), r.metadata_files.begin(), r.metadata_files.end());
+  const std::string& first_metadata = r.metadata_files.front();
+  // N rank-local metadata files cannot be replaced in OUTDIR by one rename, as one
+  // .metadata is: such a set goes only to a new directory, renamed into place whole.
+  struct stat out_st;
+  if (!o.dry_run && first_metadata != ".metadata" && ::lstat(o.output.c_str(), &out_st) == 0)
+    throw ckpt::error(ckpt::errc::usage, "a DCP checkpoint with rank-local metadata (" +
+                                             std::to_string(r.metadata_files.size()) +
+                                             " __N.metadata files) is written only to a new directory, which appears "
+                                             "whole; this one exists; nothing written")
+        .with_file(o.output);
 
   ckpt::output_set map_set;
   ckpt::output_file* map_out = nullptr;
@@ -297,8 +328,8 @@ int run_rekey_dcp(const rekey_options& o, const std::string& dir) {
     for (const auto& f : files) out->add_input(dir + "/" + f);
     if (!o.save_map.empty())
       for (const auto& f : files) map_set.add_input(dir + "/" + f);
-    map_out = open_set_map(o, map_set, dir + "/.metadata");
-    out->open(files, ".metadata");
+    map_out = open_set_map(o, map_set, dir + "/" + first_metadata);
+    out->open(files, first_metadata);
     progress_bar bar("rekey");
     opt.dry_run = false;
     if (bar.enabled()) opt.progress = [&bar](uint64_t done, uint64_t total) { bar.update(done, total); };
@@ -356,7 +387,10 @@ int run_rekey_dcp(const rekey_options& o, const std::string& dir) {
     return 0;
   }
   print_mapping(report, r.plan, o.dry_run);
-  report << r.plan.changed << " of " << r.plan.mapping.size() << " keys renamed in .metadata (" << r.storage_renamed
+  report << r.plan.changed << " of " << r.plan.mapping.size() << " keys renamed in "
+         << (r.metadata_files.size() == 1 ? std::string(".metadata")
+                                          : std::to_string(r.metadata_files.size()) + " rank-local metadata files")
+         << " (" << r.storage_renamed
          << " chunk entries, " << r.planner_renamed << " planner entries)";
   if (o.dry_run)
     report << " (dry run: nothing written)\n";
@@ -382,8 +416,8 @@ int run_rekey(const rekey_options& given) {
   // Everything read and everything written, declared before anything is read or written.
   ckpt::output_set set;
   ckpt::file_fingerprint in = set.add_input(o.input, o.force ? "" : "pass --force to replace IN (only once the new file is complete)");
-  for (const CLI::Option* opt : {o.map, o.match})
-    for (const auto& path : opt->results()) set.add_input(path);
+  for (const auto& path : o.map->results()) set.add_input(path);
+  declare_match_targets(o, [&](const std::string& f) { set.add_input(f); });
   ckpt::output_file* out = nullptr;
   ckpt::output_file* map_out = nullptr;
   // Outputs keep the input's permission bits: a private checkpoint stays private.

@@ -35,6 +35,7 @@ set(CKPT_CORE_SOURCES
   ${CKPT_ROOT}/src/diff/key_reader.cpp
   ${CKPT_ROOT}/src/diff/value_compare.cpp
   ${CKPT_ROOT}/src/formats/dcp_coverage.cpp
+  ${CKPT_ROOT}/src/formats/dcp_rank_local.cpp
   ${CKPT_ROOT}/src/formats/dcp_metadata.cpp
   ${CKPT_ROOT}/src/formats/dcp_transforms.cpp
   ${CKPT_ROOT}/src/formats/dcp_vocabulary.cpp

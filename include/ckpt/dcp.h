@@ -25,6 +25,7 @@ struct chunk {
   std::vector<int64_t> offsets;
   std::vector<int64_t> sizes;
   uint64_t at = 0;  // byte offset in .metadata of the ChunkStorageMetadata, for errors
+  uint32_t source = 0;  // which of metadata::sources listed it (rank-local merges)
 };
 
 struct tensor_meta {
@@ -58,6 +59,7 @@ struct storage_item {
   // Stream transforms to undo, in the order FileSystemReader applies them ("stream.zstd/1").
   std::vector<std::string> transform_descriptors;
   uint64_t at = 0;
+  uint32_t source = 0;  // which of metadata::sources listed it (rank-local merges)
 };
 
 /// One element of a planner_data path: a mapping key or a list index.
@@ -95,6 +97,13 @@ struct metadata {
   // tolerated, listed, not decoded.
   std::vector<std::string> unknown_fields;
   std::vector<std::string> globals;  // every global the pickle names, sorted
+
+  // Set by merge_rank_local only. The metadata files merged, rank r's at index r (their
+  // display names); errors about a chunk or storage entry name sources[its source].
+  std::vector<std::string> sources;
+  // A box (or BYTE_IO item) several ranks wrote, each its own copy: storage_data keeps the
+  // lowest rank's, these are the others, for the reader to compare with it.
+  std::vector<storage_item> replicas;
 };
 
 struct decode_options {
@@ -118,12 +127,33 @@ bool is_dcp_global(std::string_view module, std::string_view name);
 /// no two boxes overlapping (identical boxes, a replicated chunk listed twice, count once),
 /// and together covering every element. Zero-size boxes are legal anywhere inside the
 /// bounds. Throws a corrupt ckpt::error naming the key and the offending box.
-void check_coverage(const std::string& fqn, const tensor_meta& t);
+/// With `sources` (a rank-local merge), the error names the metadata file of the box.
+void check_coverage(const std::string& fqn, const tensor_meta& t, const std::vector<std::string>& sources = {});
+
+/// The storage index alone: every chunk and every BYTE_IO item has exactly one storage_data
+/// entry (matched by fqn and offsets, as PyTorch's MetadataIndex compares), and every
+/// storage_data entry belongs to a known item. Throws a corrupt ckpt::error.
+void check_storage_index(const metadata& md);
 
 /// check_coverage for every tensor, and the storage index: every chunk and every BYTE_IO
 /// item has exactly one storage_data entry (matched by fqn and offsets, as PyTorch's
 /// MetadataIndex compares), and every storage_data entry belongs to a known item.
 void check_metadata(const metadata& md);
+
+/// The rank of a rank-local metadata file's name (`__3.metadata` -> 3), written by
+/// dcp.save(use_collectives=False) since PyTorch 2.9 (docs/formats.md §9.8); nullopt for
+/// any other name.
+std::optional<uint32_t> rank_local_metadata_rank(std::string_view name);
+
+/// One view of a use_collectives=False save: `ranks[r]` is the decoded `__{r}.metadata`
+/// (every rank from 0 up, none missing), `names[r]` its display name. Items are the union
+/// of the ranks' (first seen order); a tensor's chunks are every rank's boxes; storage_data
+/// keeps one entry per (fqn, offsets), the lowest rank's, the others going to `replicas`.
+/// Throws a corrupt ckpt::error naming the file and byte when the files disagree: an item
+/// a tensor in one and bytes in another, a dtype or global shape that differs, a
+/// planner_data path that differs, a storage entry pointing outside its rank's own
+/// `__{r}_` data files. Coverage is check_metadata's, on the result.
+metadata merge_rank_local(std::vector<metadata> ranks, const std::vector<std::string>& names);
 
 /// "(3, 0)": a box coordinate as errors and reports print it.
 std::string format_shape(const std::vector<int64_t>& v);

@@ -43,20 +43,25 @@ struct dcp_rekey_result {
   std::vector<std::string> data_files;   // files storage_data points into, copied verbatim
   std::vector<std::string> other_files;  // every other file (Lightning's meta.pt, ...), copied verbatim
   std::vector<std::string> unknown_fields;  // Metadata fields this reader does not know, kept as they were
-  uint64_t metadata_bytes = 0;  // size of the new .metadata
+  /// The metadata files rewritten: `.metadata`, or a use_collectives=False save's rank-local
+  /// `__0.metadata` ... `__{N-1}.metadata` (docs/formats.md §9.8), each rewritten alone.
+  std::vector<std::string> metadata_files;
+  uint64_t metadata_bytes = 0;  // size of the new .metadata (all of them)
   uint64_t bytes_copied = 0;    // the other files together
 };
 
 /// Reads the DCP directory `in_dir` (relative to `in`'s root; "" is the root), renames its
 /// keys with `ops`, and writes the result into `staging_dir` (a path on disk, an existing
 /// empty directory): the new `.metadata` last, after every other file, as DCP writes it.
+/// A directory of rank-local `__N.metadata` files (use_collectives=False) has each of
+/// them rewritten, last, its keys planned over all ranks' together.
 /// Everything is checked before anything is written. Throws ckpt::error:
 ///   check_failed  two keys would take one name, or a key the empty name; nothing written
 ///   unsupported   a rename .metadata cannot carry exactly (a planner_data path the edit
 ///                 spans several levels of, a custom planner's planner_data, an unknown
 ///                 Metadata field or a BYTE_IO value naming a renamed key (an optimizer's
-///                 param_groups listing parameter FQNs), rank-local __N.metadata files,
-///                 subdirectories)
+///                 param_groups listing parameter FQNs), rank-local __N.metadata files
+///                 left beside a .metadata, subdirectories)
 ///   unsafe / corrupt / limit  as decode_metadata; io  reading or writing failed
 ///   usage         staging_dir is not an empty directory
 dcp_rekey_result write_rekeyed_dcp(const file_opener& in, const std::string& in_dir, const std::vector<key_op>& ops,

@@ -36,6 +36,9 @@ struct rekey_set_result {
   size_t metadata_renamed = 0;
   std::vector<std::string> dropped;           // "SHARD: path" removed by --drop-unsafe
   std::vector<std::string> notes;             // what the index check warned about
+  /// Regular files beside the index that are not of the set (config.json, tokenizer
+  /// files, ...): not written (formats.md §11.2), named so that the user can copy them.
+  std::vector<std::string> left_behind;
   uint64_t bytes_written = 0;
 };
 

@@ -21,8 +21,17 @@ std::string box(const chunk& c) {
   return "offsets " + format_shape(c.offsets) + ", sizes " + format_shape(c.sizes);
 }
 
-[[noreturn]] void corrupt(const std::string& fqn, const std::string& what, std::optional<uint64_t> at) {
-  throw_corrupt("tensor '" + fqn + "': " + what, at);
+// The metadata file of a box, when several were merged (rank-local metadata, §9.8); the
+// caller names the one .metadata otherwise.
+std::string source_of(const chunk* c, const std::vector<std::string>& sources) {
+  return c && c->source < sources.size() ? sources[c->source] : std::string();
+}
+
+[[noreturn]] void corrupt(const std::string& fqn, const std::string& what, std::optional<uint64_t> at,
+                          const std::string& file = {}) {
+  error e(errc::corrupt, "tensor '" + fqn + "': " + what, at);
+  if (!file.empty()) e.with_file(file);
+  throw e;
 }
 
 u128 volume(const std::vector<int64_t>& sizes) {
@@ -85,7 +94,7 @@ std::string format_shape(const std::vector<int64_t>& v) {
   return s + (v.size() == 1 ? ",)" : ")");
 }
 
-void check_coverage(const std::string& fqn, const tensor_meta& t) {
+void check_coverage(const std::string& fqn, const tensor_meta& t, const std::vector<std::string>& sources) {
   const size_t rank = t.size.size();
   u128 numel = volume(t.size);
   if (numel > u128(INT64_MAX)) corrupt(fqn, "global shape " + format_shape(t.size) + " is too large", std::nullopt);
@@ -94,11 +103,11 @@ void check_coverage(const std::string& fqn, const tensor_meta& t) {
     const chunk& c = t.chunks[i];
     if (c.offsets.size() != rank || c.sizes.size() != rank)
       corrupt(fqn, "chunk " + std::to_string(i) + " (" + box(c) + ") has the wrong rank for global shape " +
-                       format_shape(t.size), c.at);
+                       format_shape(t.size), c.at, source_of(&c, sources));
     for (size_t d = 0; d < rank; ++d)
       if (c.offsets[d] < 0 || c.sizes[d] < 0 || c.offsets[d] > t.size[d] || c.sizes[d] > t.size[d] - c.offsets[d])
         corrupt(fqn, "chunk " + std::to_string(i) + " (" + box(c) + ") lies outside the global shape " +
-                         format_shape(t.size), c.at);
+                         format_shape(t.size), c.at, source_of(&c, sources));
   }
 
   // A replicated tensor listed once per replica is one box; distinct non-empty boxes must
@@ -132,9 +141,13 @@ void check_coverage(const std::string& fqn, const tensor_meta& t) {
       const chunk& b = *by_start[j];
       if (rank > 0 && b.offsets[sweep] >= a.offsets[sweep] + a.sizes[sweep]) break;
       if (overlaps(a, b)) {
-        const chunk& later = a.at > b.at ? a : b;
-        const chunk& earlier = a.at > b.at ? b : a;
-        corrupt(fqn, "chunk (" + box(later) + ") overlaps chunk (" + box(earlier) + ")", later.at);
+        // Boxes of one file in file order; of two rank files, the later rank's is named.
+        const bool a_later = std::tie(a.source, a.at) > std::tie(b.source, b.at);
+        const chunk& later = a_later ? a : b;
+        const chunk& earlier = a_later ? b : a;
+        std::string other = earlier.source != later.source ? " of " + source_of(&earlier, sources) : "";
+        corrupt(fqn, "chunk (" + box(later) + ") overlaps chunk (" + box(earlier) + ")" + other, later.at,
+                source_of(&later, sources));
       }
     }
   }
@@ -145,43 +158,59 @@ void check_coverage(const std::string& fqn, const tensor_meta& t) {
     std::string whole = "of global shape " + format_shape(t.size);
     std::optional<uint64_t> at;
     if (!t.chunks.empty()) at = t.chunks.front().at;
+    // Merged rank files: the gap is no one file's fault; the first file is named, and the
+    // message says how many ranks' boxes were seen.
+    const std::string file = source_of(t.chunks.empty() ? nullptr : &t.chunks.front(), sources);
+    if (!sources.empty()) whole += " (boxes of " + std::to_string(sources.size()) + " rank-local metadata files)";
     if (std::optional<chunk> gap = find_gap(t, boxes))
-      corrupt(fqn, "no chunk holds the elements at " + box(*gap) + " " + whole, at);
+      corrupt(fqn, "no chunk holds the elements at " + box(*gap) + " " + whole, at, file);
     corrupt(fqn, "the chunks hold " + std::to_string(uint64_t(covered)) + " of the " + std::to_string(uint64_t(numel)) +
-                     " elements " + whole, at);
+                     " elements " + whole, at, file);
   }
 }
 
-void check_metadata(const metadata& md) {
+void check_storage_index(const metadata& md) {
   // MetadataIndex equality is (fqn, offset); index is only a hint (metadata.py:163).
   using key = std::tuple<std::string, bool, std::vector<int64_t>>;
+  auto file_of = [&](uint32_t source) { return source < md.sources.size() ? md.sources[source] : std::string(); };
+  auto fail = [&](const std::string& what, std::optional<uint64_t> at, uint32_t source) {
+    error e(errc::corrupt, what, at);
+    if (!file_of(source).empty()) e.with_file(file_of(source));
+    throw e;
+  };
   std::map<key, const storage_item*> where;
   for (const storage_item& s : md.storage_data) {
     key k{s.fqn, s.offsets.has_value(), s.offsets.value_or(std::vector<int64_t>{})};
     if (!where.emplace(k, &s).second)
-      throw_corrupt("storage_data lists '" + s.fqn + "'" + (s.offsets ? " at offsets " + format_shape(*s.offsets) : "") +
-                        " twice", s.at);
+      fail("storage_data lists '" + s.fqn + "'" + (s.offsets ? " at offsets " + format_shape(*s.offsets) : "") + " twice",
+           s.at, s.source);
   }
-  std::map<key, bool> wanted;
+  std::map<key, uint32_t> wanted;  // -> the source that listed it first
   for (const item& it : md.items) {
     if (!it.is_tensor) {
-      wanted[{it.fqn, false, {}}] = true;
+      wanted.emplace(key{it.fqn, false, {}}, 0);
       continue;
     }
-    check_coverage(it.fqn, it.tensor);
-    for (const chunk& c : it.tensor.chunks) wanted[{it.fqn, true, c.offsets}] = true;
+    for (const chunk& c : it.tensor.chunks) wanted.emplace(key{it.fqn, true, c.offsets}, c.source);
   }
-  for (const auto& [k, unused] : wanted)
+  for (const auto& [k, source] : wanted)
     if (!where.count(k)) {
       const auto& [fqn, has_offsets, offsets] = k;
-      throw_corrupt(std::string(has_offsets ? "tensor" : "item") + " '" + fqn + "': storage_data has no entry for " +
-                    (has_offsets ? "its chunk at offsets " + format_shape(offsets) : "its bytes"));
+      fail(std::string(has_offsets ? "tensor" : "item") + " '" + fqn + "': storage_data has no entry for " +
+               (has_offsets ? "its chunk at offsets " + format_shape(offsets) : "its bytes"),
+           std::nullopt, source);
     }
   for (const auto& [k, s] : where)
     if (!wanted.count(k))
-      throw_corrupt("storage_data entry for '" + s->fqn + "'" +
-                        (s->offsets ? " at offsets " + format_shape(*s->offsets) : "") +
-                        " matches no chunk or item of state_dict_metadata", s->at);
+      fail("storage_data entry for '" + s->fqn + "'" + (s->offsets ? " at offsets " + format_shape(*s->offsets) : "") +
+               " matches no chunk or item of state_dict_metadata",
+           s->at, s->source);
+}
+
+void check_metadata(const metadata& md) {
+  for (const item& it : md.items)
+    if (it.is_tensor) check_coverage(it.fqn, it.tensor, md.sources);
+  check_storage_index(md);
 }
 
 }  // namespace ckpt::dcp

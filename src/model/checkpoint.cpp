@@ -606,7 +606,7 @@ checkpoint open_checkpoint(const std::string& path, const open_options& options,
   try {
     const detail::layout l = detail::detect_layout(fs, path);
     if (l.kind == detail::layout_kind::hf_index) return detail::open_hf_set(fs, l.file, options);
-    if (l.kind == detail::layout_kind::dcp) return detail::open_dcp(fs, l.file, options);
+    if (l.kind == detail::layout_kind::dcp) return detail::open_dcp(fs, l, options);
     src = fs.open(l.file);
   } catch (error& e) {
     e.with_file(fs.display(path));
@@ -619,11 +619,13 @@ std::vector<std::string> checkpoint_input_files(const std::string& path) {
   const std::string file = resolve_checkpoint_path(path);
   struct stat st;
   if (::stat(file.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
-    // A DCP directory: `.metadata` first (its mode is what outputs copy), then its data
-    // files, and Lightning's meta.pt, which the reader also opens.
+    // A DCP directory: `.metadata` (or the rank-local ones) first (the first one's mode is
+    // what outputs copy), then its data files, and Lightning's meta.pt, which the reader
+    // also opens.
     const disk_opener fs(file);
     const detail::layout l = detail::detect_layout(fs, "");
-    std::vector<std::string> out{fs.display(".metadata")};
+    std::vector<std::string> out;
+    for (const auto& md : l.metadata) out.push_back(fs.display(md));
     for (const auto& part : l.parts) out.push_back(fs.display(part));
     if (fs.stat("meta.pt").kind == file_kind::regular) out.push_back(fs.display("meta.pt"));
     return out;

@@ -6,6 +6,7 @@
 #include <tuple>
 
 #include "ckpt/checkpoint.h"
+#include "ckpt/dcp.h"
 #include "ckpt/error.h"
 
 namespace ckpt::detail {
@@ -51,8 +52,8 @@ bool is_shard_index_name(const std::string& name) {
 
 layout detect_layout(const file_opener& fs, const std::string& path) {
   if (fs.stat(path).kind != file_kind::directory) {
-    if (is_shard_index_name(base_name(path))) return {layout_kind::hf_index, path, {}};
-    return {layout_kind::single_file, path, {}};
+    if (is_shard_index_name(base_name(path))) return {layout_kind::hf_index, path, {}, {}};
+    return {layout_kind::single_file, path, {}, {}};
   }
   std::vector<std::string> names = fs.list(path);
   // A name no writer gives (a backslash, ...) is no checkpoint's: passed over, not refused,
@@ -61,24 +62,37 @@ layout detect_layout(const file_opener& fs, const std::string& path) {
                              [](const std::string& n) { return !relative_name_problem(n).empty(); }),
               names.end());
   auto regular = [&](const std::string& n) { return fs.stat(join(path, n)).kind == file_kind::regular; };
-  const bool dcp = std::binary_search(names.begin(), names.end(), std::string(".metadata")) && regular(".metadata");
+  const bool global = std::binary_search(names.begin(), names.end(), std::string(".metadata")) && regular(".metadata");
   std::vector<std::string> indexes, distcp, models;
+  std::vector<std::pair<uint32_t, std::string>> rank_local;
   for (const std::string& n : names) {
+    if (std::optional<uint32_t> r = dcp::rank_local_metadata_rank(n); r && regular(n)) rank_local.emplace_back(*r, n);
     if (is_shard_index_name(n) && regular(n)) indexes.push_back(n);
     if (ends_with(n, ".distcp") && regular(n)) distcp.push_back(n);
     if ((n == "model.safetensors" || n == "pytorch_model.bin") && regular(n)) models.push_back(n);
   }
+  const bool dcp = global || !rank_local.empty();
   if (dcp && !indexes.empty())
-    ask_for_a_file(fs, path, "holding both a torch.distributed.checkpoint (.metadata) and a Hugging Face shard index (" +
+    ask_for_a_file(fs, path, "holding both a torch.distributed.checkpoint (" + std::string(global ? ".metadata" : rank_local.front().second) + ") and a Hugging Face shard index (" +
                                  listed(indexes) + "): name the file to read");
-  if (dcp) return {layout_kind::dcp, path, distcp};
+  if (dcp) {
+    // dcp.load reads the global file when there is one, the rank-local ones only without
+    // it (state_dict_loader.py): rank-local files beside `.metadata` are left over.
+    std::vector<std::string> md{".metadata"};
+    if (!global) {
+      std::sort(rank_local.begin(), rank_local.end());
+      md.clear();
+      for (auto& [r, n] : rank_local) md.push_back(n);
+    }
+    return {layout_kind::dcp, path, distcp, md};
+  }
   if (indexes.size() > 1)
     ask_for_a_file(fs, path, "holding " + std::to_string(indexes.size()) + " Hugging Face shard indexes (" +
                                  listed(indexes) + "): name the one to read");
-  if (indexes.size() == 1) return {layout_kind::hf_index, join(path, indexes.front()), {}};
+  if (indexes.size() == 1) return {layout_kind::hf_index, join(path, indexes.front()), {}, {}};
   if (models.size() > 1)
     ask_for_a_file(fs, path, "holding both model.safetensors and pytorch_model.bin: name the file to read");
-  if (models.size() == 1) return {layout_kind::single_file, join(path, models.front()), {}};
+  if (models.size() == 1) return {layout_kind::single_file, join(path, models.front()), {}, {}};
   ask_for_a_file(fs, path, "without a checkpoint ckptool recognizes (.metadata, *.index.json, model.safetensors or "
                            "pytorch_model.bin)");
 }

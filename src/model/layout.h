@@ -15,13 +15,16 @@ namespace ckpt::detail {
 enum class layout_kind {
   single_file,  // `file` is the checkpoint (N = 1)
   hf_index,     // `file` is a shard index (`*.index.json`, `*.index.VARIANT.json`)
-  dcp,          // `file` is the directory holding `.metadata`
+  dcp,          // `file` is the directory holding `.metadata` (or rank-local `__N.metadata`)
 };
 
 struct layout {
   layout_kind kind = layout_kind::single_file;
   std::string file;                // relative to the opener's root
   std::vector<std::string> parts;  // dcp: the `*.distcp` names, sorted
+  // dcp: `.metadata`, or when there is none the rank-local `__N.metadata` files of a
+  // use_collectives=False save (formats.md §9.8), in rank order.
+  std::vector<std::string> metadata;
 };
 
 /// True for a Hugging Face shard index's name: `model.safetensors.index.json`,
@@ -31,7 +34,7 @@ bool is_shard_index_name(const std::string& name);
 /// Decides the layout of `path` (relative to `fs`'s root; "" is the root). A path that is
 /// not a directory is a single file, or a shard index by its name; whether it exists and
 /// is a regular file is left to the open that follows, which says so in today's words.
-/// A directory is a DCP checkpoint if it holds `.metadata`, a shard set if it holds one
+/// A directory is a DCP checkpoint if it holds `.metadata` or `__N.metadata`, a shard set if it holds one
 /// index, and that file if it holds exactly one of `model.safetensors` and
 /// `pytorch_model.bin`. Any other directory is refused as before layouts existed
 /// (errc::usage, "not a regular file: a directory ..."), naming what it holds.

@@ -59,27 +59,17 @@ struct data_file {
 
 class dcp_reader {
  public:
-  dcp_reader(const file_opener& fs, const std::string& dir, const open_options& o) : fs_(fs), dir_(dir), o_(o) {}
+  dcp_reader(const file_opener& fs, const layout& l, const open_options& o) : fs_(fs), dir_(l.file), layout_(l), o_(o) {}
 
   checkpoint read() {
     c_.path = fs_.display(dir_);
     c_.layout = checkpoint_layout::dcp;
     c_.format = file_format::torch_zip;
-    const std::string meta = join(dir_, ".metadata");
-    c_.index_path = fs_.display(meta);
-    {
-      std::unique_ptr<byte_source> src = fs_.open(meta);
-      try {
-        dcp::decode_options d;
-        d.lim = o_.pickle_limits;
-        md_ = dcp::decode_metadata(*src, d);
-        dcp::check_metadata(md_);
-      } catch (error& e) {
-        src->locate(e);
-        c_.index_bytes_read = src->bytes_read();
-        throw;
-      }
-      c_.index_bytes_read = src->bytes_read();
+    c_.index_path = fs_.display(join(dir_, layout_.metadata.at(0)));
+    if (layout_.metadata.front() == ".metadata") {
+      md_ = read_metadata_file(".metadata", true);
+    } else {
+      read_rank_local();
     }
     c_.writer = md_.version ? *md_.version : std::string();
     c_.globals = md_.globals;
@@ -106,6 +96,7 @@ class dcp_reader {
       else
         read_bytes_item(it);
     }
+    if (o_.read_chunk_archives) compare_replicas();
     read_lightning_meta();
     std::sort(c_.globals.begin(), c_.globals.end());
     c_.globals.erase(std::unique(c_.globals.begin(), c_.globals.end()), c_.globals.end());
@@ -116,10 +107,61 @@ class dcp_reader {
   }
 
  private:
+  // One metadata file, decoded (and, when it is the whole index, checked).
+  dcp::metadata read_metadata_file(const std::string& name, bool check) {
+    std::unique_ptr<byte_source> src = fs_.open(join(dir_, name));
+    dcp::metadata md;
+    try {
+      dcp::decode_options d;
+      d.lim = o_.pickle_limits;
+      md = dcp::decode_metadata(*src, d);
+      if (check) dcp::check_metadata(md);
+    } catch (error& e) {
+      src->locate(e);
+      c_.index_bytes_read += src->bytes_read();
+      throw;
+    }
+    c_.index_bytes_read += src->bytes_read();
+    return md;
+  }
+
+  // use_collectives=False (§9.8): one metadata file per rank, each of its own items. Every
+  // rank from 0 up must be there: a rank whose file is missing lost its items, which a
+  // replicated tensor's coverage would not show.
+  void read_rank_local() {
+    std::vector<dcp::metadata> ranks;
+    std::vector<std::string> names;
+    for (const std::string& name : layout_.metadata) {
+      const uint32_t r = *dcp::rank_local_metadata_rank(name);
+      if (r != ranks.size())
+        throw error(errc::corrupt, "rank-local metadata files (dcp.save with use_collectives=False) of ranks up to " +
+                                       std::to_string(r) + " without __" + std::to_string(ranks.size()) +
+                                       ".metadata: the save did not complete, or a file was lost")
+            .with_file(c_.path);
+      ranks.push_back(read_metadata_file(name, false));
+      names.push_back(fs_.display(join(dir_, name)));
+    }
+    for (const std::string& part : layout_.parts) {
+      // `__{rank}_{n}.distcp`: a data file of a rank with no metadata file.
+      const size_t under = part.find('_', 2);
+      if (part.compare(0, 2, "__") != 0 || under == std::string::npos) continue;
+      const std::optional<uint32_t> r = dcp::rank_local_metadata_rank(part.substr(0, under) + ".metadata");
+      if (r && *r >= ranks.size())
+        throw error(errc::corrupt, "a data file of rank " + std::to_string(*r) + ", but no __" + std::to_string(*r) +
+                                       ".metadata: the save did not complete, or a file was lost")
+            .with_file(fs_.display(join(dir_, part)));
+    }
+    md_ = dcp::merge_rank_local(std::move(ranks), names);
+    c_.warnings.push_back("rank-local metadata (dcp.save with use_collectives=False): " + std::to_string(names.size()) +
+                          " files merged; dcp.load reads only the loading rank's own file, so it loads this "
+                          "checkpoint only into the same ranks with the same layout");
+  }
+
   // Every file storage_data names, opened once, in name order.
   void open_data_files() {
     std::set<std::string> names;
     for (const auto& s : md_.storage_data) names.insert(s.relative_path);
+    for (const auto& s : md_.replicas) names.insert(s.relative_path);
     for (const auto& name : names) {
       const std::string rel = join(dir_, checked_relative_path(name));
       std::shared_ptr<const byte_source> whole = fs_.open(rel);
@@ -192,7 +234,10 @@ class dcp_reader {
 
   // One chunk: its tensor record and storage, checked against the metadata.
   size_t read_chunk(const dcp::item& it, const dcp::chunk& ch, const value_path& path) {
-    const dcp::storage_item& s = storage_of(it.fqn, &ch.offsets);
+    return read_chunk(it, ch, path, storage_of(it.fqn, &ch.offsets));
+  }
+
+  size_t read_chunk(const dcp::item& it, const dcp::chunk& ch, const value_path& path, const dcp::storage_item& s) {
     const data_file& d = files_.at(s.relative_path);
     const std::string box = "chunk at offsets " + dcp::format_shape(ch.offsets) + ", sizes " + dcp::format_shape(ch.sizes);
     tensor_record t;
@@ -248,6 +293,11 @@ class dcp_reader {
     t.type = it.tensor.type;
     t.requires_grad = it.tensor.requires_grad;
     t.location = st.location;
+    if (o_.read_chunk_archives && !md_.replicas.empty())
+      prints_.emplace(std::make_pair(it.fqn, ch.offsets),
+                      chunk_print{std::vector<int64_t>(t.shape.begin(), t.shape.end()),
+                                  std::vector<int64_t>(t.stride.begin(), t.stride.end()), t.storage_offset, st.nbytes,
+                                  st.crc32, &s});
     t.storage = c_.storages.size();
     c_.storages.push_back(std::move(st));
     c_.tensors.push_back(std::move(t));
@@ -302,11 +352,57 @@ class dcp_reader {
     c_.storages.resize(storages);
   }
 
+  // A box or value several ranks of a rank-local save wrote (§9.8), each its own copy: the
+  // lowest rank's is read; every other copy is opened too (verify checks its records) and
+  // must be the same tensor: same layout, same data record (its CRC-32 and size; verify
+  // checks each record's bytes against its CRC). Copies that differ have no one value:
+  // each rank's dcp.load reads its own.
+  void compare_replicas() {
+    std::map<std::string, const dcp::item*> items;
+    for (const auto& it : md_.items) items.emplace(it.fqn, &it);
+    for (const dcp::storage_item& r : md_.replicas) {
+      const dcp::item& it = *items.at(r.fqn);
+      if (!r.offsets) {
+        const entry_summary copy = bytes_entry(it, r);
+        const std::string& kept = byte_values_.at(it.fqn);
+        if (copy.type + " " + copy.value != kept)
+          c_.warnings.push_back("BYTE_IO item '" + it.fqn + "' differs between ranks: " + md_.sources[0] +
+                                "'s value is shown, " + md_.sources[r.source] + " holds " + copy.type + " " + copy.value);
+        continue;
+      }
+      const auto ch = std::find_if(it.tensor.chunks.begin(), it.tensor.chunks.end(), [&](const dcp::chunk& c) {
+        return c.source == r.source && c.offsets == *r.offsets;
+      });
+      // check_storage_index matched every entry of a file with a box of that file.
+      if (ch == it.tensor.chunks.end()) mismatch(r, "tensor '" + it.fqn + "': a storage entry with no box of its file");
+      const chunk_print& kept = prints_.at({it.fqn, *r.offsets});
+      const size_t tensors = c_.tensors.size(), storages = c_.storages.size();
+      const tensor_record& t = c_.tensors[read_chunk(it, *ch, {it.fqn}, r)];
+      const storage_record& st = c_.storages[*t.storage];
+      const bool same = kept.shape == std::vector<int64_t>(t.shape.begin(), t.shape.end()) &&
+                        kept.stride == std::vector<int64_t>(t.stride.begin(), t.stride.end()) &&
+                        kept.storage_offset == t.storage_offset && kept.nbytes == st.nbytes && kept.crc32 == st.crc32;
+      if (!same)
+        mismatch(r, "tensor '" + it.fqn + "', chunk at offsets " + dcp::format_shape(*r.offsets) + ": this rank's copy (" +
+                        md_.sources[r.source] + ") differs from the one in " + kept.storage->relative_path + " (" +
+                        md_.sources[kept.storage->source] +
+                        "); a rank-local save of different values has no single one to read (each rank's dcp.load "
+                        "reads its own)");
+      c_.tensors.resize(tensors);
+      c_.storages.resize(storages);
+    }
+  }
+
   // A BYTE_IO item: a torch.save of any Python value, which PyTorch loads with
   // weights_only=False. Decoded by our pickle machine (nothing runs) to show it, and to
   // name the globals that load would import.
   void read_bytes_item(const dcp::item& it) {
-    const dcp::storage_item& s = storage_of(it.fqn, nullptr);
+    entry_summary e = bytes_entry(it, storage_of(it.fqn, nullptr));
+    if (!md_.replicas.empty()) byte_values_[it.fqn] = e.type + " " + e.value;
+    c_.entries.push_back(std::move(e));
+  }
+
+  entry_summary bytes_entry(const dcp::item& it, const dcp::storage_item& s) {
     entry_summary e;
     e.path = item_path(planned_, it.fqn);
     checkpoint a = open_item(s);
@@ -326,8 +422,8 @@ class dcp_reader {
       for (const auto& g : a.unsafe_globals) names += (names.empty() ? "" : ", ") + g;
       e.value += "  [unsafe: " + names + "]";
     }
-    c_.entries.push_back(std::move(e));
     adopt(a, s);
+    return e;
   }
 
   // Lightning's FSDP strategy saves the model and optimizer with DCP and everything else
@@ -354,6 +450,7 @@ class dcp_reader {
 
   const file_opener& fs_;
   std::string dir_;
+  const layout& layout_;
   const open_options& o_;
   checkpoint c_;
   dcp::metadata md_;
@@ -362,12 +459,22 @@ class dcp_reader {
   std::map<std::string, data_file> files_;
   std::set<std::string> unsafe_;
   uint64_t inflated_ = 0;
+  // Rank-local saves only: what each kept chunk and BYTE_IO value is, for its replicas.
+  struct chunk_print {
+    std::vector<int64_t> shape, stride;
+    int64_t storage_offset;
+    uint64_t nbytes;
+    uint32_t crc32;
+    const dcp::storage_item* storage;
+  };
+  std::map<std::pair<std::string, std::vector<int64_t>>, chunk_print> prints_;
+  std::map<std::string, std::string> byte_values_;
 };
 
 }  // namespace
 
-checkpoint open_dcp(const file_opener& fs, const std::string& dir, const open_options& options) {
-  return dcp_reader(fs, dir, options).read();
+checkpoint open_dcp(const file_opener& fs, const layout& l, const open_options& options) {
+  return dcp_reader(fs, l, options).read();
 }
 
 }  // namespace ckpt::detail

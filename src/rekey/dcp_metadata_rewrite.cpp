@@ -121,11 +121,14 @@ bool same_tensor(const tensor_meta& a, const tensor_meta& b) {
 void check_reads_back(const std::vector<uint8_t>& bytes, const metadata& before,
                       const std::unordered_map<std::string, std::string>& renamed,
                       const std::unordered_map<std::string, std::vector<path_element>>& new_paths,
-                      const pickle::limits& lim) {
+                      const pickle::limits& lim, bool rank_local) {
   decode_options o;
   o.lim = lim;
   metadata after = decode_metadata(bytes.data(), bytes.size(), o);
-  check_metadata(after);
+  if (rank_local)
+    check_storage_index(after);
+  else
+    check_metadata(after);
   auto name = [&](const std::string& k) {
     auto it = renamed.find(k);
     return it == renamed.end() ? k : it->second;
@@ -161,14 +164,18 @@ void check_reads_back(const std::vector<uint8_t>& bytes, const metadata& before,
 }  // namespace
 
 metadata_rewrite rewrite_metadata(const uint8_t* data, size_t size, const std::vector<key_op>& ops,
-                                  const pickle::limits& lim, bool dry_run) {
+                                  const pickle::limits& lim, bool dry_run, bool rank_local) {
   metadata_rewrite out;
   decode_options o;
   o.lim = lim;
   out.before = decode_metadata(data, size, o);
   const metadata& md = out.before;
   // A directory whose index does not add up is refused here, not rewritten into another one.
-  check_metadata(md);
+  // A rank-local file indexes one rank's boxes only: coverage is the caller's, over all ranks.
+  if (rank_local)
+    check_storage_index(md);
+  else
+    check_metadata(md);
   dcp_rekey_result& r = out.result;
   r.unknown_fields = md.unknown_fields;
 
@@ -260,7 +267,7 @@ metadata_rewrite rewrite_metadata(const uint8_t* data, size_t size, const std::v
 
   if (dry_run) return out;
   out.bytes = pickle::write(doc.root, 2, &doc, size + size / 8);
-  check_reads_back(out.bytes, md, renamed, new_paths, lim);
+  check_reads_back(out.bytes, md, renamed, new_paths, lim, rank_local);
   return out;
 }
 

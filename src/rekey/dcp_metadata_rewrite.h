@@ -21,7 +21,9 @@ struct metadata_rewrite {
 
 /// Renames the keys of the `.metadata` bytes given. Errors carry offsets in those bytes;
 /// the caller names the file. A plan that renames nothing gives the input bytes unchanged.
+/// `rank_local`: one rank's `__N.metadata` (docs/formats.md §9.8), whose boxes cover their
+/// tensors only together with the other ranks': the coverage check is left to the caller.
 metadata_rewrite rewrite_metadata(const uint8_t* data, size_t size, const std::vector<key_op>& ops,
-                                  const pickle::limits& lim, bool dry_run);
+                                  const pickle::limits& lim, bool dry_run, bool rank_local = false);
 
 }  // namespace ckpt::dcp

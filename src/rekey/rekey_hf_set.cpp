@@ -5,10 +5,13 @@
 
 #include <iterator>
 #include <map>
+#include <set>
+
 #include <nlohmann/json.hpp>
 #include <unordered_map>
 
 #include "ckpt/error.h"
+#include "ckpt/file_opener.h"
 #include "ckpt/input_file.h"
 #include "ckpt/output_set.h"
 #include "ckpt/rekey_set.h"
@@ -211,6 +214,12 @@ rekey_set_result rekey_hf_set(const std::string& index_path, output_dir* out, co
   }
   for (const auto& s : shards) result.files.push_back(s.name);
   result.files.push_back(result.index);
+  {
+    const disk_opener fs(dir);
+    const std::set<std::string> own(result.files.begin(), result.files.end());
+    for (const std::string& n : fs.list(""))
+      if (!own.count(n) && fs.stat(n).kind == file_kind::regular) result.left_behind.push_back(n);
+  }
   if (req.dry_run) return result;
   if (!out) throw error(errc::usage, "rekey: no output directory given").with_file(index_path);
 

@@ -46,7 +46,10 @@ SCENARIOS = {
                      "with its state_dict() and FQN-keyed Adam state, as torchtitan #2622"),
     "zstd2": (2, "the zstd stream-transform extension (_extensions=[ZStandard()])"),
     "nocoll2": (2, "2.9+ use_collectives=False: a rank-local __{rank}.metadata per rank, "
-                   "no global .metadata"),
+                   "no global .metadata; DTensor Shard(0), Shard(1), Replicate, zero-size chunk, "
+                   "plain tensors, non-tensor values; dcp.load's view saved beside it"),
+    "nocolldiff2": (2, "use_collectives=False where a plain tensor of one name differs by rank "
+                       "(each rank's dcp.load reads its own: no single value)"),
 }
 
 
@@ -197,7 +200,39 @@ def scenario_zstd2(out: Path, rank: int, world: int):
 def scenario_nocoll2(out: Path, rank: int, world: int):
     import torch
     import torch.distributed.checkpoint as dcp
-    # Each rank saves its own plain tensors, uncoordinated (experimental in 2.9-2.11).
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+    mesh = _mesh((world,))
+
+    def state():
+        return {
+            "model": {
+                "w": distribute_tensor(torch.arange(20, dtype=torch.float32).reshape(5, 4), mesh, [Shard(0)]),
+                "c": distribute_tensor(torch.arange(18, dtype=torch.bfloat16).reshape(3, 6), mesh, [Shard(1)]),
+                "b": distribute_tensor(torch.ones(4, dtype=torch.float16), mesh, [Replicate()]),
+                # One row on two ranks: rank 1 holds a zero-size chunk.
+                "tiny": distribute_tensor(torch.tensor([[1.5, 2.5, 3.5]]), mesh, [Shard(0)]),
+                "plain": torch.tensor([1, 2, 3], dtype=torch.int64),
+            },
+            "step": 42,
+        }
+
+    # Uncoordinated (experimental in 2.9-2.11): every rank writes __{rank}.metadata.
+    dcp.save(state(), checkpoint_id=str(out), use_collectives=False)
+    # What a test compares with: dcp.load itself (each rank reads its own __{rank}.metadata,
+    # as it does when no .metadata exists) into zeroed tensors of the same layout, in full.
+    sd = state()
+    for k, v in sd["model"].items():
+        v.zero_() if not hasattr(v, "to_local") else v.to_local().zero_()
+    sd["step"] = 0
+    dcp.load(sd, checkpoint_id=str(out))
+    full = {"model." + k: (v.full_tensor() if hasattr(v, "full_tensor") else v) for k, v in sd["model"].items()}
+    if rank == 0:
+        torch.save({"tensors": full, "step": sd["step"]}, str(out) + ".expected.pt")
+
+
+def scenario_nocolldiff2(out: Path, rank: int, world: int):
+    import torch
+    import torch.distributed.checkpoint as dcp
     sd = {f"r{rank}.w": torch.arange(6.0).reshape(2, 3) + rank, "shared_name": torch.tensor([rank])}
     dcp.save(sd, checkpoint_id=str(out), use_collectives=False)
 
@@ -217,7 +252,7 @@ def skip_reason(name: str) -> str | None:
             return "this torch has no torch.distributed.checkpoint._extension (before 2.7)"
         if getattr(_extension, "zstandard", None) is None and getattr(_extension, "pyzstd", None) is None:
             return "the zstd extension needs the Python module zstandard or pyzstd, not installed"
-    if name == "nocoll2":
+    if name in ("nocoll2", "nocolldiff2"):
         import inspect
 
         import torch.distributed.checkpoint as dcp
@@ -308,6 +343,33 @@ def build(out_dir, names=None, timeout: float = 240.0) -> dict[str, Path]:
     if skipped:
         (out_dir / "skipped.json").write_text(json.dumps(skipped, indent=1))
     return built
+
+
+def build_lightning(out_dir, timeout: float = 300.0) -> Path:
+    """Lightning's FSDP checkpoint directory (DCP + meta.pt), written by Lightning's own
+    Fabric on CPU (lightning_fsdp_fixture.py says why it is ModelParallelStrategy), into
+    out_dir/lightning2, with what fabric.load gave beside it (lightning2.expected.pt).
+    Bounded like build(): the whole session is killed on a timeout."""
+    target = Path(out_dir) / "lightning2"
+    expected = Path(str(target) + ".expected.pt")
+    if (target / ".metadata").exists() and expected.exists():
+        return target
+    shutil.rmtree(target, ignore_errors=True)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    p = subprocess.Popen([sys.executable, str(HERE / "lightning_fsdp_fixture.py"), str(target)], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        log, _ = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, 9)
+        p.communicate()
+        shutil.rmtree(target, ignore_errors=True)
+        raise RuntimeError(f"the Lightning FSDP fixture did not finish within {timeout} s") from None
+    if p.returncode != 0 or not expected.exists():
+        shutil.rmtree(target, ignore_errors=True)
+        raise RuntimeError(f"the Lightning FSDP fixture failed ({p.returncode}):\n" + log.decode("utf-8", "replace")[-4000:])
+    return target
 
 
 def skipped(out_dir) -> dict[str, str]:

@@ -13,7 +13,7 @@
 * Refusals, with nothing written: a collision, a .metadata with a __reduce__ payload
   (refused unsafe, never run), a custom planner's planner_data, an edit spanning several
   nesting levels, an unknown Metadata field or a BYTE_IO value naming a renamed key,
-  rank-local metadata.
+  rank-local metadata left beside a .metadata.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def read_md(d: Path):
 def dcp_dirs(tmp_path_factory) -> dict:
     reuse = os.environ.get("CKPTOOL_DCP_FIXTURES")
     out = Path(reuse) if reuse else tmp_path_factory.mktemp("dcp")
-    return dcp_fixtures.build(out, ["compiled2", "fsdp2", "shard2", "threads2", "perfile2", "zstd2", "nocoll2"])
+    return dcp_fixtures.build(out, ["compiled2", "fsdp2", "shard2", "threads2", "perfile2", "zstd2"])
 
 
 def need(dcp_dirs, name) -> Path:
@@ -385,13 +385,11 @@ def test_other_files_copied_rank_local_refused(dcp_dirs, tmp_path):
     rc, res, err = rekey(src, out, "--strip-compiled")
     assert rc == 0, err
     assert res["other_files"] == ["meta.pt"] and sha(out / "meta.pt") == sha(src / "meta.pt")
+    # Rank-local files beside .metadata are another save's leftovers (dcp.load reads
+    # .metadata); a directory of rank-local files only is rekeyed (test_dcp_rank_local.py).
     (src / "__0.metadata").write_bytes((src / ".metadata").read_bytes())
     rc, _, err = rekey(src, tmp_path / "out2", "--strip-compiled")
-    assert rc == 3 and "rank-local" in err, err
-    # The real thing: dcp.save(use_collectives=False) writes only rank-local files.
-    if "nocoll2" in dcp_dirs:
-        rc, _, err = rekey(dcp_dirs["nocoll2"], tmp_path / "out3", "--add-prefix", "x.")
-        assert rc == 3 and "rank-local" in err and "__0.metadata" in err, err
+    assert rc == 3 and "rank-local metadata beside .metadata" in err and "__0.metadata" in err, err
 
 
 def test_data_files_checked(dcp_dirs, tmp_path):
@@ -510,12 +508,13 @@ def test_cli_output_directory_policy(dcp_dirs, tmp_path):
     assert tree_hashes(src) == before
 
 
-def test_cli_unsafe_flags_and_match_refused(dcp_dirs, tmp_path):
+def test_cli_unsafe_flags_refused(dcp_dirs, tmp_path):
     src = need(dcp_dirs, "compiled2")
     p = ck_rekey("--strip-compiled", "--keep-unsafe", src, "-o", tmp_path / "o")
     assert p.returncode == 2 and not (tmp_path / "o").exists(), p.stderr
-    p = ck_rekey("--match", src, src, "-o", tmp_path / "o")
-    assert p.returncode == 3 and "not supported yet" in p.stderr and not (tmp_path / "o").exists(), p.stderr
+    # --match with DCP inputs and targets: test_dcp_match.py. Matched to itself, no key moves.
+    p = ck_rekey("--match", src, src, "--dry-run")
+    assert p.returncode == 0 and "0 of " in p.stdout and "the keys already match" in p.stderr, p.stdout + p.stderr
 
 
 def test_cli_save_map_beside_the_set_never_inside(dcp_dirs, tmp_path):

@@ -145,12 +145,14 @@ def test_from_pretrained_loads_the_stripped_set(compiled_sets, tmp_path, name):
     assert info["unexpected_keys"], "the compiled keys should not load as they are"
 
     out = tmp_path / "out"
-    ck("rekey", src, "-o", out, "--strip-compiled")
+    _, err = ck("rekey", src, "-o", out, "--strip-compiled")
     assert snapshot(src) == before
     assert temps(tmp_path) == [] and temps(src) == []
-    # The set only: config.json is not part of it.
+    # The set only: config.json is not part of it (formats.md §11.2), and rekey says so.
     assert sorted(p.name for p in out.iterdir()) == sorted(
         shards_of(hf_fixtures._index_in(src)) + [hf_fixtures._index_in(src).name])
+    assert (src / "config.json").exists()
+    assert re.search(r"rekey writes the shard set only; beside the index, not written: .*config\.json", err), err
     model.config.save_pretrained(out)
 
     loaded, info = cls.from_pretrained(out, output_loading_info=True)

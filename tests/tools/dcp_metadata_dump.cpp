@@ -3,7 +3,7 @@
 // FileSystemReader(dir).read_metadata() gives.
 //   dcp_metadata_dump [--check] [--quiet] [--max-pickle-bytes N] FILE|DIR
 // A directory means DIR/.metadata. --check also runs check_metadata (chunk coverage and
-// the storage index). Exit status: 0, or the ckptool exit code of the error, whose one
+// the storage index; for a rank-local __N.metadata, the storage index only). Exit status: 0, or the ckptool exit code of the error, whose one
 // line ("FILE: byte N: message") goes to stderr.
 #include <cstdio>
 #include <filesystem>
@@ -101,7 +101,11 @@ int main(int argc, char** argv) {
   try {
     ckpt::file_source src(path);
     ckpt::dcp::metadata md = ckpt::dcp::decode_metadata(src, options);
-    if (check) ckpt::dcp::check_metadata(md);
+    // A rank-local file (docs/formats.md §9.8) covers its tensors only with the other
+    // ranks' files: alone, only its storage index can be checked.
+    const bool rank_local = ckpt::dcp::rank_local_metadata_rank(std::filesystem::path(path).filename().string()).has_value();
+    if (check && rank_local) ckpt::dcp::check_storage_index(md);
+    else if (check) ckpt::dcp::check_metadata(md);
     if (!quiet) std::cout << to_json(md).dump(1) << "\n";
     return 0;
   } catch (ckpt::error& e) {
