@@ -505,6 +505,7 @@ tensor_collector::binder zip_storage_binder(checkpoint& ckpt, uint32_t file, std
     std::string record_dir;
     std::string id;  // reused: one allocation for every lookup
     std::vector<size_t> storage_of_entry;
+    size_t next_entry = 0;  // the entry after the last one found
   };
   auto st = std::make_shared<state>();
   st->record_dir = std::move(record_dir);
@@ -516,9 +517,16 @@ tensor_collector::binder zip_storage_binder(checkpoint& ckpt, uint32_t file, std
     if (!checked_mul(ref.numel, ref.typed ? element_size(*ref.typed) : 1, &nbytes))
       throw_corrupt("storage size overflows", ref.pid_offset);
     st->id.assign(st->record_dir).append(ref.key);
-    const zip::entry* e = ar.find(st->id);
+    // torch.save writes the storages' records in the order its pickle first names them, so
+    // the entry after the last one found is tried first: entry names are unique, so a match
+    // is the entry find() would give, without a million hash probes' cache misses.
+    const auto& entries = ar.entries();
+    const zip::entry* e = st->next_entry < entries.size() && entries[st->next_entry].record == st->id
+                              ? &entries[st->next_entry]
+                              : ar.find(st->id);
+    if (e) st->next_entry = size_t(e - entries.data()) + 1;
     if (!e) throw_corrupt("storage '" + ref.key + "' has no record " + st->id + " in the archive", ref.pid_offset);
-    size_t& bound = st->storage_of_entry[size_t(e - ar.entries().data())];
+    size_t& bound = st->storage_of_entry[size_t(e - entries.data())];
     if (bound != kNone) {
       const storage_record& s = ckpt.storages[bound];
       if (s.type != storage_type || s.nbytes != nbytes)
