@@ -201,10 +201,8 @@ detail::node_marks tensor_node_set(const checkpoint& c, const pickle::document& 
   return nodes;
 }
 
-void find_state_dict(checkpoint& c, const pickle::document* doc) {
-  if (!doc || !doc->root) return;
-  const value* root = doc->root;
-  const detail::node_marks tensor_nodes = tensor_node_set(c, *doc);
+void find_state_dict(checkpoint& c, const value* root, const detail::node_marks& tensor_nodes) {
+  if (!root) return;
   auto is_state_dict = [&](const value* d) {
     if (!d || d->type != kind::dict || d->dict_size() == 0) return false;
     size_t tensors = 0;
@@ -260,10 +258,8 @@ std::string entry_value(const value* v, const detail::node_marks& tensor_nodes) 
   return out + ", " + std::to_string(tensors) + (tensors == 1 ? " tensor" : " tensors") + " inside";
 }
 
-void summarize_entries(checkpoint& c, const pickle::document* doc) {
-  const value* root = doc ? doc->root : nullptr;
+void summarize_entries(checkpoint& c, const value* root, const detail::node_marks& tensor_nodes) {
   if (!root || root->type != kind::dict) return;
-  const detail::node_marks tensor_nodes = tensor_node_set(c, *doc);
   auto add_entries = [&](const value* d, value_path prefix) {
     for (size_t i = 0; i < d->dict_size(); ++i) {
       const value* k = d->dict_key(i);
@@ -329,7 +325,7 @@ void read_torch_zip(checkpoint& c, uint32_t file, const open_options& opt) {
   c.tensors.reserve(ar.entries().size());
   detail::tensor_collector collector(c, detail::zip_storage_binder(c, file, "data/"),
                                      opt.pickle_limits, opt.max_tensors, false);
-  collector.collect(f.pickle->root);
+  collector.collect(*f.pickle);
   collect_globals(c, *f.pickle, torchscript);
   if (!torchscript) c.unknown_records = records_torch_save_never_writes(ar);
   if (torchscript) {
@@ -340,7 +336,7 @@ void read_torch_zip(checkpoint& c, uint32_t file, const open_options& opt) {
       size_t first = c.tensors.size();
       detail::tensor_collector cc(c, detail::zip_storage_binder(c, file, "constants/"),
                                   opt.pickle_limits, opt.max_tensors, false);
-      cc.collect(doc->root);
+      cc.collect(*doc);
       for (size_t i = first; i < c.tensors.size(); ++i)
         c.tensors[i].path.insert(c.tensors[i].path.begin(), std::string("<constants>"));
       for (const value& v : doc->nodes())
@@ -428,7 +424,7 @@ void read_safetensors(checkpoint& c, uint32_t file, const open_options& opt) {
 // is out of that order (a tied tensor's second key, a state dict below other tensors).
 class tensor_index_of_node {
  public:
-  tensor_index_of_node(const checkpoint& c, const pickle::document& doc) : c_(c), marks_(tensor_node_set(c, doc)) {}
+  tensor_index_of_node(const checkpoint& c, const detail::node_marks& marks) : c_(c), marks_(marks) {}
   const size_t* find(const value* v) {
     if (!marks_.contains(v)) return nullptr;
     if (cursor_ < c_.tensors.size() && c_.tensors[cursor_].node == v) {
@@ -447,16 +443,16 @@ class tensor_index_of_node {
 
  private:
   const checkpoint& c_;
-  detail::node_marks marks_;
+  const detail::node_marks& marks_;
   std::unique_ptr<detail::pointer_map<size_t>> map_;
   size_t cursor_ = 0;
   size_t found_ = 0;
 };
 
-void add_state_dict_keys(checkpoint& c, const pickle::document& doc) {
+void add_state_dict_keys(checkpoint& c, const detail::node_marks& tensor_nodes) {
   const value* d = c.state_dict_node;
   if (!d || d->type != kind::dict) return;
-  tensor_index_of_node index_of(c, doc);
+  tensor_index_of_node index_of(c, tensor_nodes);
   size_t keys = 0, text = 0;
   for (size_t i = 0; i < d->dict_size(); ++i)
     if (index_of.find(d->dict_value(i))) {
@@ -598,10 +594,16 @@ checkpoint open_checkpoint(std::unique_ptr<byte_source> src, const open_options&
     }
     c.format = f.format;
     if (c.format != file_format::safetensors && c.format != file_format::torchscript) {
-      find_state_dict(c, f.pickle.get());
-      if (!c.state_dict) detail::find_pickled_module(c, f.pickle.get(), options);
-      else add_state_dict_keys(c, *f.pickle);
-      summarize_entries(c, f.pickle.get());
+      if (f.pickle) {
+        // Which nodes are tensors, asked of every value on the way: made once, a bit a node.
+        const detail::node_marks tensor_nodes = tensor_node_set(c, *f.pickle);
+        find_state_dict(c, f.pickle->root, tensor_nodes);
+        if (!c.state_dict) detail::find_pickled_module(c, f.pickle.get(), options);
+        else add_state_dict_keys(c, tensor_nodes);
+        summarize_entries(c, f.pickle->root, tensor_nodes);
+      } else {
+        detail::find_pickled_module(c, nullptr, options);
+      }
     }
     c.keys.shrink_to_fit();
     f.tensors = c.tensors.size();
