@@ -547,9 +547,9 @@ tensor_collector::binder zip_storage_binder(checkpoint& ckpt, uint32_t file, std
     if (!checked_mul(ref.numel, ref.typed ? element_size(*ref.typed) : 1, &nbytes))
       throw_corrupt("storage size overflows", ref.pid_offset);
     st->id.assign(st->record_dir).append(ref.key);
-    // torch.save writes the storages' records in the order its pickle first names them, so
-    // the entry after the last one found is tried first: entry names are unique, so a match
-    // is the entry find() would give, without a million hash probes' cache misses.
+    // torch.save writes the storages' records in the order its pickle first names them
+    // (formats.md §2.2), so the entry after the last one found is tried first: entry names
+    // are unique, so a match is the entry find() would give, without a million hash probes.
     const auto& entries = ar.entries();
     const zip::entry* e = st->next_entry < entries.size() && entries[st->next_entry].record == st->id
                               ? &entries[st->next_entry]
