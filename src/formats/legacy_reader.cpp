@@ -182,7 +182,7 @@ void read_legacy(checkpoint& c, uint32_t file, const open_options& options) {
         return i;
       },
       options.pickle_limits, options.max_tensors, true);
-  collector.collect(f.pickle->root);
+  collector.collect(*f.pickle);
 }
 
 }  // namespace ckpt::detail

@@ -83,9 +83,39 @@ storage_ref parse_storage_pid(const value* pid_node, bool legacy) {
   return ref;
 }
 
-void tensor_collector::collect(const value* root) {
+void tensor_collector::collect(const pickle::document& doc) {
+  tensor_marks_ = std::make_unique<node_marks>(doc);
+  tensor_of_node_.reset();
+  other_tensor_nodes_.clear();
+  first_tensor_ = ckpt_.tensors.size();
   value_path path;
-  walk(root, path, 0);
+  walk(doc.root, path, 0);
+}
+
+const size_t* tensor_collector::tensor_of_node(const value* v) {
+  if (!tensor_of_node_) {
+    if (!tensor_marks_->contains(v)) return nullptr;
+    // Replayed in the order they were set: records' own nodes and the others both in
+    // the order of their index, the others first, as rebuild set them before try_tensor.
+    tensor_of_node_ = std::make_unique<pointer_map<size_t>>(ckpt_.tensors.size());
+    size_t other = 0;
+    for (size_t i = first_tensor_; i <= ckpt_.tensors.size(); ++i) {
+      for (; other < other_tensor_nodes_.size() && other_tensor_nodes_[other].second == i; ++other)
+        tensor_of_node_->assign(other_tensor_nodes_[other].first, i);
+      if (i < ckpt_.tensors.size()) tensor_of_node_->assign(ckpt_.tensors[i].node, i);
+    }
+    std::vector<std::pair<const value*, size_t>>().swap(other_tensor_nodes_);
+  }
+  return tensor_of_node_->find(v);
+}
+
+void tensor_collector::set_tensor_of_node(const value* v, size_t index, bool records_own) {
+  if (tensor_of_node_) {
+    tensor_of_node_->assign(v, index);
+    return;
+  }
+  tensor_marks_->insert(v);
+  if (!records_own) other_tensor_nodes_.emplace_back(v, index);
 }
 
 namespace {
@@ -195,7 +225,7 @@ void tensor_collector::walk(const value* root, value_path& path, uint64_t depth)
         return false;  // scalars hold no tensors
     }
     if (v->type == kind::object) {
-      if (const size_t* seen = tensor_of_node_.find(v)) {
+      if (const size_t* seen = tensor_of_node(v)) {
         charge_path(path, v);
         ckpt_.aliases.push_back({path, *seen});
         return false;
@@ -261,7 +291,7 @@ bool tensor_collector::try_tensor(const value* v, value_path& path) {
   charge_path(path, v);
   t.path = path;
   size_t index = ckpt_.tensors.size();
-  tensor_of_node_.assign(v, index);
+  set_tensor_of_node(v, index, true);
   if (t.storage) ckpt_.storages[*t.storage].tensor_count++;
   ckpt_.tensors.push_back(std::move(t));
   return true;
@@ -281,7 +311,7 @@ tensor_record tensor_collector::rebuild(const value* call, uint64_t depth) {
     bool with_state = name == "_rebuild_parameter_with_state";
     const value* args = tuple_args(call, with_state ? 4 : 3, with_state ? 4 : 3, std::string(name).c_str());
     tensor_record inner = rebuild(arg(args, 0), depth + 1);
-    tensor_of_node_.assign(arg(args, 0), ckpt_.tensors.size());  // the data tensor is the parameter
+    set_tensor_of_node(arg(args, 0), ckpt_.tensors.size(), false);  // the data tensor is the parameter
     inner.node = call;
     inner.parameter = true;
     inner.requires_grad = as_bool(arg(args, 1), "requires_grad");
@@ -505,6 +535,7 @@ tensor_collector::binder zip_storage_binder(checkpoint& ckpt, uint32_t file, std
     std::string record_dir;
     std::string id;  // reused: one allocation for every lookup
     std::vector<size_t> storage_of_entry;
+    size_t next_entry = 0;  // the entry after the last one found
   };
   auto st = std::make_shared<state>();
   st->record_dir = std::move(record_dir);
@@ -516,9 +547,16 @@ tensor_collector::binder zip_storage_binder(checkpoint& ckpt, uint32_t file, std
     if (!checked_mul(ref.numel, ref.typed ? element_size(*ref.typed) : 1, &nbytes))
       throw_corrupt("storage size overflows", ref.pid_offset);
     st->id.assign(st->record_dir).append(ref.key);
-    const zip::entry* e = ar.find(st->id);
+    // torch.save writes the storages' records in the order its pickle first names them
+    // (formats.md §2.2), so the entry after the last one found is tried first: entry names
+    // are unique, so a match is the entry find() would give, without a million hash probes.
+    const auto& entries = ar.entries();
+    const zip::entry* e = st->next_entry < entries.size() && entries[st->next_entry].record == st->id
+                              ? &entries[st->next_entry]
+                              : ar.find(st->id);
+    if (e) st->next_entry = size_t(e - entries.data()) + 1;
     if (!e) throw_corrupt("storage '" + ref.key + "' has no record " + st->id + " in the archive", ref.pid_offset);
-    size_t& bound = st->storage_of_entry[size_t(e - ar.entries().data())];
+    size_t& bound = st->storage_of_entry[size_t(e - entries.data())];
     if (bound != kNone) {
       const storage_record& s = ckpt.storages[bound];
       if (s.type != storage_type || s.nbytes != nbytes)

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -11,6 +12,7 @@
 
 #include "ckpt/checkpoint.h"
 #include "base/pointer_map.h"
+#include "pickle/node_marks.h"
 
 namespace ckpt::detail {
 
@@ -38,8 +40,8 @@ class tensor_collector {
       : ckpt_(ckpt), bind_(std::move(bind)), max_depth_(lim.max_depth), max_values_(lim.max_values),
         max_tensors_(max_tensors), legacy_(legacy) {}
 
-  /// Walks the tree from `root`, recording every tensor at the first path it is reached by.
-  void collect(const pickle::value* root);
+  /// Walks `doc` from its root, recording every tensor at the first path it is reached by.
+  void collect(const pickle::document& doc);
 
  private:
   void walk(const pickle::value* v, value_path& path, uint64_t depth);
@@ -79,7 +81,17 @@ class tensor_collector {
   uint64_t path_values_ = 0;
   uint64_t max_tensors_;
   bool legacy_;
-  pointer_map<size_t> tensor_of_node_;
+  // The tensor record of each node already read (a parameter's data tensor is its
+  // parameter's). Most checkpoints never ask (no tensor is reached twice), so the map is
+  // built on the first alias: until then a bit per node says which are tensors, and only
+  // the nodes that are not their record's own are listed (a map here was 32 MB at open's
+  // peak for a million tensors).
+  const size_t* tensor_of_node(const pickle::value* v);
+  void set_tensor_of_node(const pickle::value* v, size_t index, bool records_own);
+  std::unique_ptr<node_marks> tensor_marks_;
+  std::vector<std::pair<const pickle::value*, size_t>> other_tensor_nodes_;
+  std::unique_ptr<pointer_map<size_t>> tensor_of_node_;
+  size_t first_tensor_ = 0;  // this walk's first record (several collectors fill ckpt.tensors)
   pointer_map<bool> visited_;
   uint64_t dims_past_64_ = 0;
 };

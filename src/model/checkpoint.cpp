@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <memory>
 #include <set>
 #include <unordered_map>
 #include <unordered_set>
@@ -18,6 +19,7 @@
 #include "model/layout.h"
 #include "model/open_hf_set.h"
 #include "model/open_dcp.h"
+#include "pickle/node_marks.h"
 #include "pickle/pickle_accessors.h"
 #include "base/text.h"
 
@@ -191,15 +193,16 @@ std::string type_name(const value* v) {
   return text::python_type_name(v->type);
 }
 
-detail::pointer_map<bool> tensor_node_set(const checkpoint& c) {
-  detail::pointer_map<bool> nodes(c.tensors.size());
-  for (const auto& t : c.tensors) nodes.insert(t.node, true);
+// A bit per node of `doc` (tensors of another document, TorchScript's constants, fall back to
+// a hash set): for a million tensors a pointer_map here was 32 MB at open's peak.
+detail::node_marks tensor_node_set(const checkpoint& c, const pickle::document& doc) {
+  detail::node_marks nodes(doc);
+  for (const auto& t : c.tensors) nodes.insert(t.node);
   return nodes;
 }
 
-void find_state_dict(checkpoint& c, const value* root) {
+void find_state_dict(checkpoint& c, const value* root, const detail::node_marks& tensor_nodes) {
   if (!root) return;
-  const detail::pointer_map<bool> tensor_nodes = tensor_node_set(c);
   auto is_state_dict = [&](const value* d) {
     if (!d || d->type != kind::dict || d->dict_size() == 0) return false;
     size_t tensors = 0;
@@ -233,7 +236,7 @@ void find_state_dict(checkpoint& c, const value* root) {
   }
 }
 
-size_t count_tensors(const value* v, const detail::pointer_map<bool>& tensor_nodes,
+size_t count_tensors(const value* v, const detail::node_marks& tensor_nodes,
                      std::unordered_set<const value*>& seen, int depth) {
   if (!v || depth > 1000 || !seen.insert(v).second) return 0;
   if (tensor_nodes.contains(v)) return 1;
@@ -244,7 +247,7 @@ size_t count_tensors(const value* v, const detail::pointer_map<bool>& tensor_nod
 
 // Python's repr, except for containers holding tensors: their rebuild calls mean nothing
 // to a reader, so those are summarized ("list, 1 item, 21 tensors inside").
-std::string entry_value(const value* v, const detail::pointer_map<bool>& tensor_nodes) {
+std::string entry_value(const value* v, const detail::node_marks& tensor_nodes) {
   std::unordered_set<const value*> seen;
   size_t tensors = count_tensors(v, tensor_nodes, seen, 0);
   if (tensors == 0) return pickle::repr(v, 120);
@@ -255,9 +258,8 @@ std::string entry_value(const value* v, const detail::pointer_map<bool>& tensor_
   return out + ", " + std::to_string(tensors) + (tensors == 1 ? " tensor" : " tensors") + " inside";
 }
 
-void summarize_entries(checkpoint& c, const value* root) {
+void summarize_entries(checkpoint& c, const value* root, const detail::node_marks& tensor_nodes) {
   if (!root || root->type != kind::dict) return;
-  const detail::pointer_map<bool> tensor_nodes = tensor_node_set(c);
   auto add_entries = [&](const value* d, value_path prefix) {
     for (size_t i = 0; i < d->dict_size(); ++i) {
       const value* k = d->dict_key(i);
@@ -323,7 +325,7 @@ void read_torch_zip(checkpoint& c, uint32_t file, const open_options& opt) {
   c.tensors.reserve(ar.entries().size());
   detail::tensor_collector collector(c, detail::zip_storage_binder(c, file, "data/"),
                                      opt.pickle_limits, opt.max_tensors, false);
-  collector.collect(f.pickle->root);
+  collector.collect(*f.pickle);
   collect_globals(c, *f.pickle, torchscript);
   if (!torchscript) c.unknown_records = records_torch_save_never_writes(ar);
   if (torchscript) {
@@ -334,7 +336,7 @@ void read_torch_zip(checkpoint& c, uint32_t file, const open_options& opt) {
       size_t first = c.tensors.size();
       detail::tensor_collector cc(c, detail::zip_storage_binder(c, file, "constants/"),
                                   opt.pickle_limits, opt.max_tensors, false);
-      cc.collect(doc->root);
+      cc.collect(*doc);
       for (size_t i = first; i < c.tensors.size(); ++i)
         c.tensors[i].path.insert(c.tensors[i].path.begin(), std::string("<constants>"));
       for (const value& v : doc->nodes())
@@ -415,11 +417,42 @@ void read_safetensors(checkpoint& c, uint32_t file, const open_options& opt) {
 // The state dict's keys, in the dict's own order, including keys that share one tensor
 // object (a tied Parameter saved under two names): the pickle gives both keys one node.
 // Entries whose value is no tensor have no key here.
-void add_state_dict_keys(checkpoint& c) {
+//
+// The tensor record of each value: the collector made one record per tensor node, walking
+// the dict in its order, so the records usually come in the dict's order and a cursor finds
+// them; a map by node (32 MB for a million tensors, at open's peak) is built only when one
+// is out of that order (a tied tensor's second key, a state dict below other tensors).
+class tensor_index_of_node {
+ public:
+  tensor_index_of_node(const checkpoint& c, const detail::node_marks& marks) : c_(c), marks_(marks) {}
+  const size_t* find(const value* v) {
+    if (!marks_.contains(v)) return nullptr;
+    if (cursor_ < c_.tensors.size() && c_.tensors[cursor_].node == v) {
+      found_ = cursor_++;
+      return &found_;
+    }
+    if (!map_) {
+      map_ = std::make_unique<detail::pointer_map<size_t>>(c_.tensors.size());
+      for (size_t i = 0; i < c_.tensors.size(); ++i) map_->insert(c_.tensors[i].node, i);
+    }
+    const size_t* at = map_->find(v);
+    if (at) cursor_ = *at + 1;
+    return at;
+  }
+  void restart() { cursor_ = 0; }
+
+ private:
+  const checkpoint& c_;
+  const detail::node_marks& marks_;
+  std::unique_ptr<detail::pointer_map<size_t>> map_;
+  size_t cursor_ = 0;
+  size_t found_ = 0;
+};
+
+void add_state_dict_keys(checkpoint& c, const detail::node_marks& tensor_nodes) {
   const value* d = c.state_dict_node;
   if (!d || d->type != kind::dict) return;
-  detail::pointer_map<size_t> index_of(c.tensors.size());
-  for (size_t i = 0; i < c.tensors.size(); ++i) index_of.insert(c.tensors[i].node, i);
+  tensor_index_of_node index_of(c, tensor_nodes);
   size_t keys = 0, text = 0;
   for (size_t i = 0; i < d->dict_size(); ++i)
     if (index_of.find(d->dict_value(i))) {
@@ -427,6 +460,7 @@ void add_state_dict_keys(checkpoint& c) {
       text += d->dict_key(i)->type == kind::str ? d->dict_key(i)->text.size() : 0;
     }
   c.keys.reserve(keys, text);
+  index_of.restart();
   for (size_t i = 0; i < d->dict_size(); ++i) {
     const value* k = d->dict_key(i);
     const size_t* index = index_of.find(d->dict_value(i));
@@ -560,11 +594,16 @@ checkpoint open_checkpoint(std::unique_ptr<byte_source> src, const open_options&
     }
     c.format = f.format;
     if (c.format != file_format::safetensors && c.format != file_format::torchscript) {
-      const value* root = f.pickle ? f.pickle->root : nullptr;
-      find_state_dict(c, root);
-      if (!c.state_dict) detail::find_pickled_module(c, f.pickle.get(), options);
-      else add_state_dict_keys(c);
-      summarize_entries(c, root);
+      if (f.pickle) {
+        // Which nodes are tensors, asked of every value on the way: made once, a bit a node.
+        const detail::node_marks tensor_nodes = tensor_node_set(c, *f.pickle);
+        find_state_dict(c, f.pickle->root, tensor_nodes);
+        if (!c.state_dict) detail::find_pickled_module(c, f.pickle.get(), options);
+        else add_state_dict_keys(c, tensor_nodes);
+        summarize_entries(c, f.pickle->root, tensor_nodes);
+      } else {
+        detail::find_pickled_module(c, nullptr, options);
+      }
     }
     c.keys.shrink_to_fit();
     f.tensors = c.tensors.size();

@@ -628,9 +628,15 @@ class archive_parser {
     std::vector<size_t>& order = order_;
     order.resize(n);
     for (size_t i = 0; i < n; ++i) order[i] = i;
-    std::sort(order.begin(), order.end(), [&](size_t x, size_t y) {
-      return entries[x].local_header_offset < entries[y].local_header_offset;
-    });
+    // Writers put the central directory in file order: then there is nothing to sort (ties,
+    // which are errors, still go through the sort, so they are reported as before).
+    bool in_file_order = true;
+    for (size_t i = 1; i < n && in_file_order; ++i)
+      in_file_order = entries[i - 1].local_header_offset < entries[i].local_header_offset;
+    if (!in_file_order)
+      std::sort(order.begin(), order.end(), [&](size_t x, size_t y) {
+        return entries[x].local_header_offset < entries[y].local_header_offset;
+      });
     if (entries[order[0]].local_header_offset != 0)
       corrupt(std::to_string(entries[order[0]].local_header_offset) +
                   " bytes before the first local header",
