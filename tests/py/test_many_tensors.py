@@ -153,7 +153,7 @@ def few(tmp_path_factory) -> Path:
 # Measured peaks for N = 200,000 (CPU seconds, MiB); the bounds leave room for allocator and
 # kernel differences (peak RSS is the same to the MiB from run to run; CPU time triples on a
 # loaded machine), and the code before the fourth round exceeds the rekey RSS bound.
-REKEY_CPU_S, REKEY_RSS = 3.0, 218 * MiB
+REKEY_CPU_S, REKEY_RSS = 3.0, 220 * MiB  # measured 214 MiB; the code before the fourth round 222
 MATERIALIZE_CPU_S, MATERIALIZE_RSS = 3.0, 372 * MiB
 
 
