@@ -30,6 +30,11 @@ set(CKPT_CORE_SOURCES
   ${CKPT_ROOT}/src/pickle/pickle_value.cpp
   ${CKPT_ROOT}/src/pickle/pickle_writer.cpp
   ${CKPT_ROOT}/src/pickle/weights_only_globals.cpp
+  ${CKPT_ROOT}/src/convert/convert.cpp
+  ${CKPT_ROOT}/src/convert/convert_plan.cpp
+  ${CKPT_ROOT}/src/convert/tensor_bytes.cpp
+  ${CKPT_ROOT}/src/convert/write_safetensors.cpp
+  ${CKPT_ROOT}/src/convert/write_torch.cpp
   ${CKPT_ROOT}/src/formats/dcp_coverage.cpp
   ${CKPT_ROOT}/src/formats/dcp_metadata.cpp
   ${CKPT_ROOT}/src/formats/dcp_transforms.cpp
@@ -102,12 +107,14 @@ set(CKPT_CUDA_MODULE_ENTRY ${CKPT_ROOT}/src/plugin/cuda_plugin_entry.cpp)
 
 # The command-line executable: one file per verb plus its shared helpers.
 set(CKPTOOL_CLI_SOURCES
+  ${CKPT_ROOT}/cli/cmd_convert.cpp
   ${CKPT_ROOT}/cli/cmd_inspect.cpp
   ${CKPT_ROOT}/cli/cmd_materialize.cpp
   ${CKPT_ROOT}/cli/cmd_rekey.cpp
   ${CKPT_ROOT}/cli/cmd_verify.cpp
   ${CKPT_ROOT}/cli/common.cpp
   ${CKPT_ROOT}/cli/input_spec.cpp
+  ${CKPT_ROOT}/cli/key_edits.cpp
   ${CKPT_ROOT}/cli/inspect_set_text.cpp
   ${CKPT_ROOT}/cli/inspect_text.cpp
   ${CKPT_ROOT}/cli/load_guard.cpp
@@ -123,6 +130,7 @@ set(CKPTOOL_CLI_SOURCES
 set(CKPT_SHARED_HEADERS
   ${CKPT_ROOT}/include/ckpt/byte_source.h
   ${CKPT_ROOT}/include/ckpt/checkpoint.h
+  ${CKPT_ROOT}/include/ckpt/convert.h
   ${CKPT_ROOT}/include/ckpt/dcp.h
   ${CKPT_ROOT}/include/ckpt/dcp_rekey.h
   ${CKPT_ROOT}/include/ckpt/dim_list.h
@@ -156,6 +164,8 @@ set(CKPT_SHARED_HEADERS
   ${CKPT_ROOT}/src/base/string_index.h
   ${CKPT_ROOT}/src/base/text.h
   ${CKPT_ROOT}/src/base/text_escape.h
+  ${CKPT_ROOT}/src/convert/convert_writers.h
+  ${CKPT_ROOT}/src/convert/tensor_bytes.h
   ${CKPT_ROOT}/src/formats/dcp_transforms.h
   ${CKPT_ROOT}/src/formats/format_detect.h
   ${CKPT_ROOT}/src/formats/legacy_reader.h
@@ -171,6 +181,7 @@ set(CKPT_SHARED_HEADERS
   ${CKPT_ROOT}/src/model/read_plan.h
   ${CKPT_ROOT}/src/pickle/node_marks.h
   ${CKPT_ROOT}/src/pickle/pickle_accessors.h
+  ${CKPT_ROOT}/src/pickle/pickle_builder.h
   ${CKPT_ROOT}/src/pickle/pickle_keys.h
   ${CKPT_ROOT}/src/pickle/pickle_names.h
   ${CKPT_ROOT}/src/pickle/pickle_opcodes.h
