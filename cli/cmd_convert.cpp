@@ -54,7 +54,10 @@ ckpt::convert_request make_request(const convert_options& o) {
   if (!o.max_shard_size.empty()) {
     if (req.to != ckpt::convert_target::hf)
       throw ckpt::error(ckpt::errc::usage, "--max-shard-size applies to --to hf only");
-    req.max_shard_size = ckpt::hf::parse_max_shard_size(o.max_shard_size);
+    // Digits alone are bytes, as the Hub takes an int; anything else is its string form.
+    const bool digits = o.max_shard_size.find_first_not_of("0123456789") == std::string::npos;
+    req.max_shard_size = digits && o.max_shard_size.size() <= 19 ? std::stoull(o.max_shard_size)
+                                                                  : ckpt::hf::parse_max_shard_size(o.max_shard_size);
   }
   req.select = o.select;
   if (!o.state_dict.empty()) req.state_dict = parse_state_dict_path(o.state_dict);
@@ -116,7 +119,12 @@ int run_convert(const convert_options& o) {
   if (to_set) {
     if (o.output == "-") throw ckpt::error(ckpt::errc::usage, "a shard set is written to a directory, not to standard output");
     dir = std::make_unique<ckpt::output_dir>(o.output, ckpt::set_layout::hf_index, o.force);
-    for (const auto& path : inputs) dir->add_input(path);
+    // A set's directory is an input: OUTDIR may be neither inside it nor around it. A
+    // single file's directory is not (OUTDIR beside model.pt is the usual case); the file
+    // itself is fingerprinted by `set`, and no file of OUTDIR that is not of a previous
+    // set is ever replaced.
+    if (inputs.size() > 1)
+      for (const auto& path : inputs) dir->add_input(path);
   } else {
     out = &set.add_output(o.output, mode);
   }
