@@ -33,6 +33,7 @@ from safetensors.torch import load_file, save_file
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from conftest import CKPTOOL, SANITIZED, run_ckptool  # noqa: E402
+from fixtures import Evil  # noqa: E402
 
 warnings.filterwarnings("ignore")
 
@@ -207,15 +208,15 @@ def test_lightning_style_needs_state_dict_or_drop(work):
 def test_refusals_write_nothing(work):
     # A global torch.load(weights_only=True) refuses: exit 3 unless --drop-other.
     evil = work / "evil.pt"
-    subprocess.run([sys.executable, "-c",
-                    "import torch,os\nclass E:\n    def __reduce__(self): return (os.system, ('true',))\n"
-                    f"torch.save({{'w': torch.ones(2), 'e': E()}}, {str(evil)!r})"], check=True)
+    marker = work / "PWNED"
+    torch.save({"w": torch.ones(2), "e": Evil(marker)}, evil)
     out = work / "evil.safetensors"
     rc, _, err = convert(evil, out, "--to", "safetensors", ok=False)
     assert rc == 3 and "system" in err and not out.exists(), err
     _, _, err = convert(evil, out, "--to", "safetensors", "--drop-other")
     assert "unsafe global" in err
     assert_same(load_file(out), {"w": torch.ones(2)})
+    assert not marker.exists()  # never run
 
     # A truncated input: exit 3, no output.
     good = work / "zoo.safetensors"
@@ -297,6 +298,14 @@ def test_hf_set_to_hf_loads_in_transformers(work):
     one = work / "gpt2_one"
     convert(src, one, "--to", "hf")
     assert sorted(p.name for p in one.iterdir()) == ["model.safetensors"]
+    # The set as one file of either kind: every key of every shard.
+    stored = {}
+    for f in sorted(src.glob("*.safetensors")):
+        stored.update(load_file(f))
+    convert(src, work / "gpt2.pt", "--to", "torch")
+    assert_same(torch.load(work / "gpt2.pt", weights_only=True), stored)
+    convert(src, work / "gpt2.safetensors", "--to", "safetensors")
+    assert_same(load_file(work / "gpt2.safetensors"), stored)
 
 
 def test_hf_output_dir_policy(work):
@@ -322,7 +331,7 @@ def dcp_dirs(tmp_path_factory) -> dict:
     import dcp_fixtures
     reuse = os.environ.get("CKPTOOL_DCP_FIXTURES")
     out = Path(reuse) if reuse else tmp_path_factory.mktemp("dcp")
-    return dcp_fixtures.build(out, ["shard2", "grid4"])
+    return dcp_fixtures.build(out, ["shard2"])
 
 
 def dcp_loaded(d: Path) -> dict:
@@ -336,7 +345,10 @@ def dcp_loaded(d: Path) -> dict:
     return sd
 
 
-@pytest.mark.parametrize("name", ["shard2", "grid4"])
+# shard2 (2 ranks): Shard(0) and Shard(1) pieces (the second lands row by row), replicated
+# and zero-size chunks, bfloat16, float16, int64, bool and a 0-dim tensor. One scenario:
+# each one costs seconds of process start-up.
+@pytest.mark.parametrize("name", ["shard2"])
 def test_dcp_to_every_target(dcp_dirs, tmp_path, name):
     if name not in dcp_dirs:
         pytest.skip(f"{name}: not written by this torch")
