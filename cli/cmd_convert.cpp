@@ -17,6 +17,7 @@
 #include "formats/hf_shard_plan.h"
 #include "key_edits.h"
 #include "load_guard.h"
+#include "plugin/torch_plugin.h"
 #include "progress.h"
 #include "validators.h"
 
@@ -24,7 +25,7 @@ namespace cli {
 namespace {
 
 struct convert_options {
-  std::string input, output, to, max_shard_size, state_dict;
+  std::string input, output, to, max_shard_size, state_dict, dtype;
   std::vector<std::string> select;
   bool drop_other = false, json = false, force = false;
   ckpt::open_options reader;
@@ -58,6 +59,17 @@ ckpt::convert_request make_request(const convert_options& o) {
     const bool digits = o.max_shard_size.find_first_not_of("0123456789") == std::string::npos;
     req.max_shard_size = digits && o.max_shard_size.size() <= 19 ? std::stoull(o.max_shard_size)
                                                                   : ckpt::hf::parse_max_shard_size(o.max_shard_size);
+  }
+  if (!o.dtype.empty()) {
+    const auto type = ckpt::dtype_from_name(o.dtype);
+    if (!type || !ckpt::info(*type).is_floating)
+      throw ckpt::error(ckpt::errc::usage, "--dtype must be a floating dtype (float16, bfloat16, float32, ...), not '" +
+                                               o.dtype + "'");
+    req.cast_to = *type;
+    // LibTorch rounds: the plugin is loaded for a cast only.
+    req.cast = [](const void* src, ckpt::dtype from, void* dst, ckpt::dtype to, uint64_t count) {
+      ckpt::torch_plugin().cast_values(src, from, dst, to, count);
+    };
   }
   req.select = o.select;
   if (!o.state_dict.empty()) req.state_dict = parse_state_dict_path(o.state_dict);
@@ -184,6 +196,10 @@ verb setup_convert(CLI::App& app) {
   cmd->add_option("--max-shard-size", o->max_shard_size,
                   "--to hf: the most bytes per shard, in the Hub's decimal units (\"5GB\", the default; \"500MB\")")
       ->type_name("SIZE");
+  cmd->add_option("--dtype", o->dtype,
+                  "Cast floating tensors to this floating dtype, rounding as torch's Tensor.to does (integers and "
+                  "bool are kept)")
+      ->type_name("DTYPE");
   cmd->add_option("--select", o->select, "Convert only the keys of IN matching this glob (before the key edits); repeatable")
       ->type_name("GLOB")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);

@@ -77,6 +77,7 @@ set(CKPT_CORE_SOURCES
 # libckpt_torch.so: everything that creates tensors or TorchScript modules through LibTorch.
 set(CKPT_TORCH_SOURCES
   ${CKPT_ROOT}/src/torch/aten_types.cpp
+  ${CKPT_ROOT}/src/torch/cast_values.cpp
   ${CKPT_ROOT}/src/torch/finite_check.cpp
   ${CKPT_ROOT}/src/torch/load.cpp
   ${CKPT_ROOT}/src/torch/loader/assembled_loader.cpp

@@ -3,8 +3,8 @@
 // a Hugging Face shard set (formats.md §12). Tensor by tensor: bytes that need no change
 // are copied straight from the input file (copy_file_range where the kernel can); a
 // strided view or a tensor assembled from DCP pieces is gathered in a buffer of its own
-// size, freed before the next. Values are never converted: every output byte is an input
-// byte.
+// size, freed before the next. Values are never converted, except by an explicit --dtype
+// cast: every other output byte is an input byte.
 //
 // plan_convert decides everything (names, which tensors, what is dropped and why) before
 // any output exists; the writers then only move bytes. What the target cannot hold is
@@ -43,6 +43,11 @@ struct convert_request {
   /// unsafe globals) and list it; without it such a checkpoint is refused (errc::unsupported
   /// or errc::unsafe) naming what would be lost.
   bool drop_other = false;
+  /// --dtype: floating tensors of another floating dtype are cast to it (integers and bool
+  /// are left as they are) through `cast`, which must round as torch's Tensor.to does
+  /// (cast_values, or the torch plugin's). nullopt: no cast, every byte copied.
+  std::optional<dtype> cast_to;
+  std::function<void(const void* src, dtype from, void* dst, dtype to, uint64_t count)> cast;
   /// hf only: the Hub's max_shard_size in bytes.
   uint64_t max_shard_size = 5'000'000'000ULL;
   /// Bytes of tensor data written so far and the total. Called often; keep it cheap.
@@ -57,9 +62,11 @@ struct convert_tensor {
   /// checkpoint::keys assembled from pieces (a DCP tensor); exactly one is set.
   std::optional<size_t> record;
   std::optional<size_t> assembled;
-  dtype type = dtype::float32;
+  dtype type = dtype::float32;  // as written
+  dtype source_type = dtype::float32;  // as stored in the input (differs when cast)
   std::vector<int64_t> shape;
   uint64_t nbytes = 0;     // contiguous bytes written
+  uint64_t source_nbytes = 0;  // contiguous bytes read
   /// Another tensor of the plan (an earlier index) holding the same values from the same
   /// bytes: a tie. torch writes it as the same object; safetensors cannot, so it is
   /// written once (under the earlier name) and listed in convert_plan::ties.
@@ -91,6 +98,11 @@ struct convert_plan {
 /// for unsafe globals without drop_other; check_failed when two keys get one name; usage
 /// for a --select glob matching nothing or a --state-dict path that holds no tensor.
 convert_plan plan_convert(const checkpoint& c, const convert_request& request);
+
+/// Casts `count` elements of `from` at `src` to `to` at `dst` exactly as torch's Tensor.to
+/// does. Defined in libckpt_torch (src/torch/cast_values.cpp); the CLI reaches it through
+/// the torch plugin. Throws errc::unsupported for a dtype LibTorch lacks.
+void cast_values(const void* src, dtype from, void* dst, dtype to, uint64_t count);
 
 struct convert_result {
   std::vector<std::string> files;  // written, by name (a set: its files, index last)

@@ -62,7 +62,7 @@ convert_result write_converted_file(const checkpoint& c, const convert_plan& pla
     if (request.progress) request.progress(done, plan.data_bytes);
   };
   if (plan.to == convert_target::torch) {
-    result.bytes_written = detail::write_torch_file(c, plan, out, on_data);
+    result.bytes_written = detail::write_torch_file(c, plan, out, request, on_data);
   } else if (plan.to == convert_target::safetensors) {
     std::optional<metadata_pairs> metadata;
     if (plan.from_safetensors) {
@@ -71,7 +71,8 @@ convert_result write_converted_file(const checkpoint& c, const convert_plan& pla
       metadata = metadata_pairs{{"format", "pt"}};
       update(*metadata, plan.metadata);
     }
-    result.bytes_written = detail::write_safetensors_file(c, plan, written_tensors(plan), metadata, out, on_data);
+    result.bytes_written =
+        detail::write_safetensors_file(c, plan, written_tensors(plan), metadata, out, request, on_data);
   } else {
     throw error(errc::usage, "a shard set is written with write_converted_hf_set");
   }
@@ -110,7 +111,7 @@ convert_result write_converted_hf_set(const checkpoint& c, const convert_plan& p
     output_file& o = set.add_output(out.staged(shards.files[f]));
     set.open();
     uint64_t shard_bytes = 0;
-    result.bytes_written += detail::write_safetensors_file(c, plan, indices, per_file, o, [&](uint64_t done) {
+    result.bytes_written += detail::write_safetensors_file(c, plan, indices, per_file, o, request, [&](uint64_t done) {
       shard_bytes = done;
       if (request.progress) request.progress(base + done, plan.data_bytes);
     });

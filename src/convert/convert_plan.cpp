@@ -85,9 +85,6 @@ void check_record(const checkpoint& c, const tensor_record& t, const std::string
   if (!t.storage) refuse("is a meta tensor (no data)");
   const storage_record& s = c.storages.at(*t.storage);
   if (!s.file_offset || s.archive_range) refuse("has no data in the file");
-  if (to != convert_target::torch && !safetensors::writable_dtype_name(t.type))
-    throw error(errc::unsupported, "tensor " + text::quote(key) + ": safetensors has no dtype " + name(t.type))
-        .with_file(c.path);
 }
 
 uint64_t contiguous_bytes(dtype type, const std::vector<int64_t>& shape) {
@@ -160,6 +157,9 @@ convert_plan plan_convert(const checkpoint& c, const convert_request& r) {
     throw error(errc::unsupported, "a " + c.byteorder + "-endian checkpoint: convert copies bytes as they are and "
                                    "writes little-endian formats only")
         .with_file(c.path);
+  if (r.cast_to && (!info(*r.cast_to).is_floating || !r.cast))
+    throw error(errc::usage, std::string("--dtype ") + name(*r.cast_to) +
+                                 (r.cast ? ": not a floating dtype" : ": no cast function given"));
   std::vector<source_key> keys;
   if (r.state_dict) {
     keys = keys_below(c, *r.state_dict);
@@ -216,10 +216,6 @@ convert_plan plan_convert(const checkpoint& c, const convert_request& r) {
       t.assembled = k;
       t.type = c.keys.type(k, c.tensors);
       t.shape = c.keys.shape(k, c.tensors);
-      if (r.to != convert_target::torch && !safetensors::writable_dtype_name(t.type))
-        throw error(errc::unsupported, "tensor " + text::quote(t.source_key) + ": safetensors has no dtype " +
-                                           name(t.type))
-            .with_file(c.path);
       assembled.push_back(k);
     } else {
       const tensor_record& rec = c.tensors.at(*keys[i].record);
@@ -233,7 +229,14 @@ convert_plan plan_convert(const checkpoint& c, const convert_request& r) {
       auto [it, fresh] = first_of_view.emplace(id, plan.tensors.size());
       if (!fresh) t.tie_of = it->second;
     }
+    t.source_type = t.type;
+    if (r.cast_to && info(t.type).is_floating) t.type = *r.cast_to;
+    if (r.to != convert_target::torch && !safetensors::writable_dtype_name(t.type))
+      throw error(errc::unsupported, "tensor " + text::quote(t.source_key) + ": safetensors has no dtype " +
+                                         name(t.type))
+          .with_file(c.path);
     t.nbytes = contiguous_bytes(t.type, t.shape);
+    t.source_nbytes = contiguous_bytes(t.source_type, t.shape);
     if (t.tie_of && r.to != convert_target::torch) {
       plan.ties.emplace_back(t.name, plan.tensors[*t.tie_of].name);
       // As save_model: the user's own metadata under that name wins.

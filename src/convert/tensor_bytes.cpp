@@ -61,7 +61,8 @@ void for_each_run(const dim_list& shape, const dim_list& stride, F&& f) {
 
 }  // namespace
 
-tensor_bytes::tensor_bytes(const checkpoint& c, const convert_plan& plan) : c_(c) {
+tensor_bytes::tensor_bytes(const checkpoint& c, const convert_plan& plan, const convert_request& request)
+    : c_(c), request_(request) {
   std::vector<size_t> keys;
   for (const auto& t : plan.tensors)
     if (t.assembled) keys.push_back(*t.assembled);
@@ -71,7 +72,7 @@ tensor_bytes::tensor_bytes(const checkpoint& c, const convert_plan& plan) : c_(c
 }
 
 std::optional<file_range> tensor_bytes::straight_range(const convert_tensor& t) const {
-  if (!t.record) return std::nullopt;
+  if (!t.record || t.type != t.source_type) return std::nullopt;
   const tensor_record& r = c_.tensors[*t.record];
   int64_t expected = 1;
   for (size_t d = r.shape.size(); d-- > 0;) {
@@ -95,8 +96,12 @@ std::optional<file_range> tensor_bytes::straight_range(const convert_tensor& t) 
 }
 
 tensor_buffer tensor_bytes::gather(const convert_tensor& t) const {
-  if (t.assembled) return gather_assembled(*t.assembled, t.nbytes);
-  return gather_view(c_.tensors[*t.record], t.nbytes);
+  tensor_buffer in = t.assembled ? gather_assembled(*t.assembled, t.source_nbytes)
+                                 : gather_view(c_.tensors[*t.record], t.source_nbytes);
+  if (t.type == t.source_type) return in;
+  tensor_buffer out = make_buffer(t.nbytes);
+  request_.cast(in.bytes.get(), t.source_type, out.bytes.get(), t.type, t.source_nbytes / element_size(t.source_type));
+  return out;
 }
 
 tensor_buffer tensor_bytes::gather_view(const tensor_record& r, uint64_t nbytes) const {

@@ -35,13 +35,14 @@ struct tensor_buffer {
 
 class tensor_bytes {
  public:
-  /// Lays out the plan's assembled tensors (checked by plan_convert already).
-  tensor_bytes(const checkpoint& c, const convert_plan& plan);
+  /// Lays out the plan's assembled tensors (checked by plan_convert already); `request`'s
+  /// cast function converts the tensors the plan casts.
+  tensor_bytes(const checkpoint& c, const convert_plan& plan, const convert_request& request);
 
   /// The file range tensor t is, when it is one (a contiguous view of a storage in a file
   /// on disk); nullopt when it must be gathered.
   std::optional<file_range> straight_range(const convert_tensor& t) const;
-  /// Tensor t's bytes, contiguous, in a buffer of their own. Throws errc::corrupt or io
+  /// Tensor t's bytes, contiguous and cast, in a buffer of their own. Throws errc::corrupt or io
   /// (naming the file) when the input ends early or cannot be read.
   tensor_buffer gather(const convert_tensor& t) const;
 
@@ -50,6 +51,7 @@ class tensor_bytes {
   tensor_buffer gather_assembled(size_t key, uint64_t nbytes) const;
 
   const checkpoint& c_;
+  const convert_request& request_;
   assembly assembly_;
   std::map<size_t, size_t> assembled_of_key_;  // c.keys index -> assembly_.tensors index
 };

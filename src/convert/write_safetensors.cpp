@@ -10,7 +10,7 @@ namespace ckpt::detail {
 
 uint64_t write_safetensors_file(const checkpoint& c, const convert_plan& plan, const std::vector<size_t>& indices,
                                 const std::optional<metadata_pairs>& metadata, output_file& out,
-                                const std::function<void(uint64_t)>& on_data) {
+                                const convert_request& request, const std::function<void(uint64_t)>& on_data) {
   std::vector<safetensors::tensor_spec> specs;
   specs.reserve(indices.size());
   for (size_t i : indices) {
@@ -24,7 +24,7 @@ uint64_t write_safetensors_file(const checkpoint& c, const convert_plan& plan, c
     e.with_file(c.path);  // a name or dtype of the input the format cannot hold
     throw;
   }
-  const tensor_bytes source(c, plan);
+  const tensor_bytes source(c, plan, request);
   uint64_t done = 0;
   safetensors::write(out, layout, specs, [&](size_t k, safetensors::tensor_sink& sink) {
     const convert_tensor& t = plan.tensors[indices[k]];

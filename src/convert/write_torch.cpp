@@ -58,10 +58,10 @@ std::vector<uint8_t> state_dict_pickle(const convert_plan& plan, std::vector<siz
 }  // namespace
 
 uint64_t write_torch_file(const checkpoint& c, const convert_plan& plan, output_file& out,
-                          const std::function<void(uint64_t)>& on_data) {
+                          const convert_request& request, const std::function<void(uint64_t)>& on_data) {
   std::vector<size_t> storage_of;
   const std::vector<uint8_t> pkl = state_dict_pickle(plan, storage_of);
-  const tensor_bytes source(c, plan);
+  const tensor_bytes source(c, plan, request);
   zip::writer w(out.fd(), "archive");
   w.reserve(plan.tensors.size() + 5);
   w.on_bytes_out([&out](uint64_t n) { out.start_writeback(n); });

@@ -202,6 +202,28 @@ def test_lightning_style_needs_state_dict_or_drop(work):
     assert_same(load_file(out2), sd)
 
 
+@pytest.mark.parametrize("target", ["bfloat16", "float16", "float8_e4m3fn"])
+def test_dtype_cast_equals_torch_to(work, target):
+    # Values that round, overflow and underflow: each must come out as Tensor.to gives it.
+    src = work / f"cast_{target}.pt"
+    torch.manual_seed(3)
+    sd = {"f32": torch.randn(64, 33) * torch.logspace(-9, 9, 33),
+          "f64.strided": torch.randn(40, 30, dtype=torch.float64)[::3, 1::2] * 1e4,
+          "bf16": torch.randn(17, dtype=torch.bfloat16),
+          "f8": (torch.randn(9) * 50).to(torch.float8_e5m2),
+          "scalar": torch.tensor(65519.99),
+          "int": torch.arange(5), "flag": torch.tensor([True, False])}
+    torch.save(sd, src)
+    dt = getattr(torch, target)
+    want = {k: v.to(dt) if v.is_floating_point() else v for k, v in sd.items()}
+    convert(src, work / f"cast_{target}.pt.out", "--to", "torch", "--dtype", target)
+    assert_same(torch.load(work / f"cast_{target}.pt.out", weights_only=True), want)
+    convert(src, work / f"cast_{target}.safetensors", "--to", "safetensors", "--dtype", target)
+    assert_same(load_file(work / f"cast_{target}.safetensors"), want)
+    rc, _, err = convert(src, work / "cast_bad.pt", "--to", "torch", "--dtype", "int8", ok=False)
+    assert rc == 2 and not (work / "cast_bad.pt").exists(), err
+
+
 # ---------------------------------------------------------------- refusals
 
 
