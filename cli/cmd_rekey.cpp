@@ -19,8 +19,6 @@
 #include "ckpt/dcp_rekey.h"
 #include "ckpt/report.h"
 #include "base/text_escape.h"
-#include "plugin/torch_plugin.h"
-#include "ckpt/torchscript_code.h"
 #include "common.h"
 #include "key_edits.h"
 #include "load_guard.h"

@@ -79,30 +79,31 @@ std::vector<ckpt::key_op> key_ops_in_order(const key_edit_flags& o, const match_
 
 void add_key_edit_flags(CLI::App& cmd, key_edit_flags& f) {
   f.cmd = &cmd;
-  auto ops = "Operations (applied in the order given)";
+  const char* group = "Operations (applied in the order given)";
+  const auto all = CLI::MultiOptionPolicy::TakeAll;
   f.strip_compiled = cmd.add_flag("--strip-compiled", "Remove every '_orig_mod.' segment (torch.compile)")
-                          ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)->group(ops);
+                         ->multi_option_policy(all)->group(group);
   f.strip_wrappers = cmd.add_flag("--strip-wrappers",
-                                    "Remove every wrapper segment: _orig_mod., a leading module. (DDP), "
-                                    "_fsdp_wrapped_module., _checkpoint_wrapped_module., _forward_module.")
-                          ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)->group(ops);
+                                  "Remove every wrapper segment: _orig_mod., a leading module. (DDP), "
+                                  "_fsdp_wrapped_module., _checkpoint_wrapped_module., _forward_module.")
+                         ->multi_option_policy(all)->group(group);
   f.strip_prefix = cmd.add_option("--strip-prefix", "Remove this leading prefix where present")
-                        ->type_name("P")->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)->group(ops);
+                       ->type_name("P")->multi_option_policy(all)->group(group);
   f.add_prefix = cmd.add_option("--add-prefix", "Add this prefix to every key")
-                      ->type_name("P")->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)->group(ops);
+                     ->type_name("P")->multi_option_policy(all)->group(group);
   f.add_compiled = cmd.add_option("--add-compiled",
-                                    "Insert '_orig_mod.' after module path PATH ('' for the root), for a model "
-                                    "whose submodule PATH is compiled")
-                        ->type_name("PATH")->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)->group(ops);
-  f.rename = cmd.add_option("--rename", "Replace every match of an RE2 regex in each key (re.sub-like; $1..$9, $& and $$ in "
-                              "REPLACEMENT; a '=' inside REGEX is written \\=; no lookaround or backreferences)")
-                  ->type_name("REGEX=REPLACEMENT")->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)->group(ops);
+                                  "Insert '_orig_mod.' after module path PATH ('' for the root), for a model "
+                                  "whose submodule PATH is compiled")
+                       ->type_name("PATH")->multi_option_policy(all)->group(group);
+  f.rename = cmd.add_option("--rename", "Replace every match of an RE2 regex in each key (re.sub-like; $1..$9, $& and $$ "
+                            "in REPLACEMENT; a '=' inside REGEX is written \\=; no lookaround or backreferences)")
+                 ->type_name("REGEX=REPLACEMENT")->multi_option_policy(all)->group(group);
   f.match = cmd.add_option("--match",
-                             "Align the keys to a TorchScript model or another checkpoint: find the wrapper-segment "
-                             "edit that makes the key sets equal, check shapes, apply it")
-                 ->type_name("TARGET")->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)->group(ops);
+                           "Align the keys to a TorchScript model or another checkpoint: find the wrapper-segment "
+                           "edit that makes the key sets equal, check shapes, apply it")
+                ->type_name("TARGET")->multi_option_policy(all)->group(group);
   f.map = cmd.add_option("--map", "Apply a key map written by --save-map")
-               ->type_name("FILE")->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)->group(ops);
+              ->type_name("FILE")->multi_option_policy(all)->group(group);
 }
 
 }  // namespace cli
