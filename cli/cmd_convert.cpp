@@ -83,7 +83,7 @@ void report(const convert_options& o, const ckpt::convert_request& req, const ck
   for (const auto& [alias, kept] : plan.ties)
     spdlog::warn("{} is tied to {}: written once, as {} (the alias is recorded in __metadata__)",
                  ckpt::display_name(alias), ckpt::display_name(kept), ckpt::display_name(kept));
-  for (const auto& d : plan.dropped) spdlog::warn("--drop-other left out {}", ckpt::display_name(d));
+  for (const auto& d : plan.dropped) spdlog::warn("left out {}", ckpt::display_name(d));
   if (o.json) {
     nlohmann::json doc;
     doc["input"] = o.input;
