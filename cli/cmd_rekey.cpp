@@ -19,9 +19,8 @@
 #include "ckpt/dcp_rekey.h"
 #include "ckpt/report.h"
 #include "base/text_escape.h"
-#include "plugin/torch_plugin.h"
-#include "ckpt/torchscript_code.h"
 #include "common.h"
+#include "key_edits.h"
 #include "load_guard.h"
 #include "model/layout.h"
 #include "progress.h"
@@ -36,10 +35,8 @@ struct rekey_options {
   std::string save_map;
   ckpt::open_options reader;
   code_options code;
-  CLI::App* cmd = nullptr;
-  // Option objects whose occurrences, in command-line order, are the operations.
-  CLI::Option *output_opt;
-  CLI::Option *strip_compiled, *strip_wrappers, *strip_prefix, *add_prefix, *add_compiled, *rename, *map, *match;
+  CLI::Option* output_opt;
+  key_edit_flags edits;
 };
 
 // A checkpoint's keys, dtypes and shapes from its metadata: a DCP directory's chunk
@@ -48,74 +45,8 @@ std::vector<ckpt::keyed_tensor> listed_tensors(const std::string& path, ckpt::op
   reader.read_chunk_archives = false;
   return ckpt::keyed_tensors(ckpt::open_checkpoint(path, reader));
 }
-
-// --match TARGET: the TorchScript model's parameters and buffers, or another checkpoint's
-// state dict (a file, a shard set, a DCP directory).
-std::vector<ckpt::keyed_tensor> target_tensors(const std::string& path, ckpt::open_options reader,
-                                               const code_options& code) {
-  reader.read_chunk_archives = false;
-  ckpt::checkpoint t = ckpt::open_checkpoint(path, reader);
-  if (t.format != ckpt::file_format::torchscript) {
-    if (!t.state_dict) throw ckpt::error(ckpt::errc::unsupported, "--match: no state dict found").with_file(path);
-    return ckpt::keyed_tensors(t);
-  }
-  ckpt::torchscript_info ts;
-  try {
-    const ckpt::zip::archive& ar = *t.single_file("--match").zip;
-    if (!code.allow_code) ckpt::refuse_load_time_code(ar);
-    const ckpt::torch_plugin_api& plugin = ckpt::torch_plugin();
-    load_guard guard(path, code.load_timeout);
-    ts = plugin.inspect_torchscript(path, ar, code.allow_code);
-  } catch (ckpt::error& e) {
-    e.with_file(path);
-    throw;
-  }
-  std::vector<ckpt::keyed_tensor> out;
-  for (const auto* list : {&ts.parameters, &ts.buffers})
-    for (const auto& p : *list) {
-      auto type = ckpt::dtype_from_name(p.dtype);
-      if (type) out.push_back({p.name, *type, p.shape});
-    }
-  return out;
-}
-
-// The tensors --match aligns (the state dict's, or every shard's of a set), and the file
-// its messages name.
-struct match_source {
-  std::function<std::vector<ckpt::keyed_tensor>()> tensors;
-  std::string path;
-};
-
-ckpt::key_op match_op(const match_source& src, const std::string& target, const std::vector<ckpt::key_op>& so_far,
-                      const ckpt::open_options& reader, const code_options& code) {
-  std::vector<ckpt::keyed_tensor> source = src.tensors();
-  for (auto& t : source)
-    for (const auto& op : so_far) t.key = ckpt::apply_op(op, t.key);
-  ckpt::align_policy policy;
-  policy.target = "--match " + target;
-  ckpt::match_result m = ckpt::align_keys(source, target_tensors(target, reader, code), policy, src.path);
-  for (const auto& d : m.dtype_mismatches) spdlog::warn("--match: dtype differs: {}", ckpt::escape_controls(d));
-  spdlog::info("--match {}: edit chosen: {}", ckpt::display_name(target), ckpt::escape_controls(m.edit));
-  std::map<std::string, std::string> mapping(m.mapping.begin(), m.mapping.end());
-  return ckpt::make_map_op(std::move(mapping), "--match " + target + " (" + m.edit + ")", /*follow_modules=*/true);
-}
-
 std::vector<ckpt::key_op> ops_in_order(const rekey_options& o, const match_source& source) {
-  std::vector<ckpt::key_op> ops;
-  std::map<const CLI::Option*, size_t> used;
-  for (const CLI::Option* opt : o.cmd->parse_order()) {
-    size_t i = used[opt]++;
-    auto arg = [&] { return opt->results().at(i); };
-    if (opt == o.strip_compiled) ops.push_back(ckpt::make_op(ckpt::key_op::strip_compiled));
-    else if (opt == o.strip_wrappers) ops.push_back(ckpt::make_op(ckpt::key_op::strip_wrappers));
-    else if (opt == o.strip_prefix) ops.push_back(ckpt::make_op(ckpt::key_op::strip_prefix, arg()));
-    else if (opt == o.add_prefix) ops.push_back(ckpt::make_op(ckpt::key_op::add_prefix, arg()));
-    else if (opt == o.add_compiled) ops.push_back(ckpt::make_op(ckpt::key_op::add_compiled, arg()));
-    else if (opt == o.rename) ops.push_back(ckpt::make_rename_op(arg()));
-    else if (opt == o.map) ops.push_back(ckpt::make_map_op(ckpt::mapping_from_json(ckpt::read_text_input(arg()), arg()), arg(), false));
-    else if (opt == o.match) ops.push_back(match_op(source, arg(), ops, o.reader, o.code));
-  }
-  return ops;
+  return key_ops_in_order(o.edits, source, o.reader, o.code);
 }
 
 // The layout `path` names (formats.md §1.1), with `file` a path to open.
@@ -140,7 +71,7 @@ ckpt::detail::layout layout_of(const std::string& path) {
 // file is one.
 template <typename Add>
 void declare_match_targets(const rekey_options& o, Add add) {
-  for (const auto& path : o.match->results())
+  for (const auto& path : o.edits.match->results())
     for (const auto& f : ckpt::checkpoint_input_files(path)) add(f);
 }
 
@@ -169,7 +100,7 @@ void check_set_arguments(const rekey_options& o, const char* what) {
 // input's; never a file inside OUTDIR, which holds the set only.
 ckpt::output_file* open_set_map(const rekey_options& o, ckpt::output_set& map_set, const std::string& mode_of) {
   if (o.save_map.empty()) return nullptr;
-  for (const auto& path : o.map->results()) map_set.add_input(path);
+  for (const auto& path : o.edits.map->results()) map_set.add_input(path);
   struct stat in_st;
   const mode_t mode = ::stat(mode_of.c_str(), &in_st) == 0 ? (in_st.st_mode & 0777) : 0644;
   ckpt::output_file* map_out = &map_set.add_output(o.save_map, mode);
@@ -416,7 +347,7 @@ int run_rekey(const rekey_options& given) {
   // Everything read and everything written, declared before anything is read or written.
   ckpt::output_set set;
   ckpt::file_fingerprint in = set.add_input(o.input, o.force ? "" : "pass --force to replace IN (only once the new file is complete)");
-  for (const auto& path : o.map->results()) set.add_input(path);
+  for (const auto& path : o.edits.map->results()) set.add_input(path);
   declare_match_targets(o, [&](const std::string& f) { set.add_input(f); });
   ckpt::output_file* out = nullptr;
   ckpt::output_file* map_out = nullptr;
@@ -501,7 +432,6 @@ verb setup_rekey(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "rekey", "Strip, add or rename key segments (_orig_mod., module., ...) so compiled and uncompiled "
                "checkpoints load into each other; everything else is kept exactly");
-  o->cmd = cmd;
   cmd->add_option("IN", o->input,
                   "torch.save zip archive or safetensors file; or a Hugging Face shard set (its *.index.json, or "
                   "the directory holding it), written as a set into the directory -o names")
@@ -509,30 +439,7 @@ verb setup_rekey(CLI::App& app) {
   o->output_opt = cmd->add_option("-o,--output", o->output,
                                   "Where to write the result (same format as IN); '-' for standard output")
                       ->check(non_empty_path());
-  auto ops = "Operations (applied in the order given)";
-  o->strip_compiled = cmd->add_flag("--strip-compiled", "Remove every '_orig_mod.' segment (torch.compile)")
-                          ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)->group(ops);
-  o->strip_wrappers = cmd->add_flag("--strip-wrappers",
-                                    "Remove every wrapper segment: _orig_mod., a leading module. (DDP), "
-                                    "_fsdp_wrapped_module., _checkpoint_wrapped_module., _forward_module.")
-                          ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)->group(ops);
-  o->strip_prefix = cmd->add_option("--strip-prefix", "Remove this leading prefix where present")
-                        ->type_name("P")->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)->group(ops);
-  o->add_prefix = cmd->add_option("--add-prefix", "Add this prefix to every key")
-                      ->type_name("P")->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)->group(ops);
-  o->add_compiled = cmd->add_option("--add-compiled",
-                                    "Insert '_orig_mod.' after module path PATH ('' for the root), for a model "
-                                    "whose submodule PATH is compiled")
-                        ->type_name("PATH")->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)->group(ops);
-  o->rename = cmd->add_option("--rename", "Replace every match of an RE2 regex in each key (re.sub-like; $1..$9, $& and $$ in "
-                              "REPLACEMENT; a '=' inside REGEX is written \\=; no lookaround or backreferences)")
-                  ->type_name("REGEX=REPLACEMENT")->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)->group(ops);
-  o->match = cmd->add_option("--match",
-                             "Align the keys to a TorchScript model or another checkpoint: find the wrapper-segment "
-                             "edit that makes the key sets equal, check shapes, apply it")
-                 ->type_name("TARGET")->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)->group(ops);
-  o->map = cmd->add_option("--map", "Apply a key map written by --save-map")
-               ->type_name("FILE")->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)->group(ops);
+  add_key_edit_flags(*cmd, o->edits);
   cmd->add_option("--save-map", o->save_map, "Write the applied old->new mapping as JSON")
       ->type_name("FILE")->check(non_empty_path());
   cmd->add_flag("--dry-run", o->dry_run, "Print the old -> new table and write nothing");

@@ -11,6 +11,7 @@
 #include "ckpt/error.h"
 #include "base/text_escape.h"
 #include "cmd_diff.h"
+#include "cmd_convert.h"
 #include "cmd_inspect.h"
 #include "cmd_materialize.h"
 #include "cmd_rekey.h"
@@ -42,7 +43,7 @@ int run(int argc, char** argv) {
   app.require_subcommand(1);
   app.fallthrough(false);
   const cli::verb verbs[] = {cli::setup_inspect(app), cli::setup_rekey(app), cli::setup_materialize(app),
-                             cli::setup_verify(app), cli::setup_diff(app)};
+                             cli::setup_verify(app), cli::setup_diff(app), cli::setup_convert(app)};
 
   int status = 0;
   try {

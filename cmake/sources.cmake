@@ -34,6 +34,11 @@ set(CKPT_CORE_SOURCES
   ${CKPT_ROOT}/src/diff/element_decode.cpp
   ${CKPT_ROOT}/src/diff/key_reader.cpp
   ${CKPT_ROOT}/src/diff/value_compare.cpp
+  ${CKPT_ROOT}/src/convert/convert.cpp
+  ${CKPT_ROOT}/src/convert/convert_plan.cpp
+  ${CKPT_ROOT}/src/convert/tensor_bytes.cpp
+  ${CKPT_ROOT}/src/convert/write_safetensors.cpp
+  ${CKPT_ROOT}/src/convert/write_torch.cpp
   ${CKPT_ROOT}/src/formats/dcp_coverage.cpp
   ${CKPT_ROOT}/src/formats/dcp_rank_local.cpp
   ${CKPT_ROOT}/src/formats/dcp_metadata.cpp
@@ -77,6 +82,7 @@ set(CKPT_CORE_SOURCES
 # libckpt_torch.so: everything that creates tensors or TorchScript modules through LibTorch.
 set(CKPT_TORCH_SOURCES
   ${CKPT_ROOT}/src/torch/aten_types.cpp
+  ${CKPT_ROOT}/src/torch/cast_values.cpp
   ${CKPT_ROOT}/src/torch/finite_check.cpp
   ${CKPT_ROOT}/src/torch/load.cpp
   ${CKPT_ROOT}/src/torch/loader/assembled_loader.cpp
@@ -108,12 +114,14 @@ set(CKPT_CUDA_MODULE_ENTRY ${CKPT_ROOT}/src/plugin/cuda_plugin_entry.cpp)
 # The command-line executable: one file per verb plus its shared helpers.
 set(CKPTOOL_CLI_SOURCES
   ${CKPT_ROOT}/cli/cmd_diff.cpp
+  ${CKPT_ROOT}/cli/cmd_convert.cpp
   ${CKPT_ROOT}/cli/cmd_inspect.cpp
   ${CKPT_ROOT}/cli/cmd_materialize.cpp
   ${CKPT_ROOT}/cli/cmd_rekey.cpp
   ${CKPT_ROOT}/cli/cmd_verify.cpp
   ${CKPT_ROOT}/cli/common.cpp
   ${CKPT_ROOT}/cli/input_spec.cpp
+  ${CKPT_ROOT}/cli/key_edits.cpp
   ${CKPT_ROOT}/cli/inspect_set_text.cpp
   ${CKPT_ROOT}/cli/inspect_text.cpp
   ${CKPT_ROOT}/cli/load_guard.cpp
@@ -129,6 +137,7 @@ set(CKPTOOL_CLI_SOURCES
 set(CKPT_SHARED_HEADERS
   ${CKPT_ROOT}/include/ckpt/byte_source.h
   ${CKPT_ROOT}/include/ckpt/checkpoint.h
+  ${CKPT_ROOT}/include/ckpt/convert.h
   ${CKPT_ROOT}/include/ckpt/dcp.h
   ${CKPT_ROOT}/include/ckpt/dcp_rekey.h
   ${CKPT_ROOT}/include/ckpt/diff.h
@@ -166,6 +175,8 @@ set(CKPT_SHARED_HEADERS
   ${CKPT_ROOT}/src/diff/element_decode.h
   ${CKPT_ROOT}/src/diff/key_reader.h
   ${CKPT_ROOT}/src/diff/value_compare.h
+  ${CKPT_ROOT}/src/convert/convert_writers.h
+  ${CKPT_ROOT}/src/convert/tensor_bytes.h
   ${CKPT_ROOT}/src/formats/dcp_transforms.h
   ${CKPT_ROOT}/src/formats/format_detect.h
   ${CKPT_ROOT}/src/formats/legacy_reader.h
@@ -181,6 +192,7 @@ set(CKPT_SHARED_HEADERS
   ${CKPT_ROOT}/src/model/read_plan.h
   ${CKPT_ROOT}/src/pickle/node_marks.h
   ${CKPT_ROOT}/src/pickle/pickle_accessors.h
+  ${CKPT_ROOT}/src/pickle/pickle_builder.h
   ${CKPT_ROOT}/src/pickle/pickle_keys.h
   ${CKPT_ROOT}/src/pickle/pickle_names.h
   ${CKPT_ROOT}/src/pickle/pickle_opcodes.h

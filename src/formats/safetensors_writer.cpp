@@ -7,6 +7,7 @@
 
 #include "base/text.h"
 #include "ckpt/error.h"
+#include "ckpt/sys_io.h"
 #include "pickle/pickle_text.h"
 
 namespace ckpt::safetensors {
@@ -185,6 +186,14 @@ void tensor_sink::write(const void* buf, size_t n) {
     throw error(errc::corrupt, "tensor " + text::quote(*name_) + ": more than its " + std::to_string(expected_) +
                                    " bytes supplied");
   out_.write(buf, n);
+  written_ += n;
+}
+
+void tensor_sink::copy(int fd, const std::string& name, uint64_t offset, uint64_t n) {
+  if (n > expected_ - written_)
+    throw error(errc::corrupt, "tensor " + text::quote(*name_) + ": more than its " + std::to_string(expected_) +
+                                   " bytes supplied");
+  copy_range(fd, name, offset, n, out_.fd(), out_.path());
   written_ += n;
 }
 

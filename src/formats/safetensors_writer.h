@@ -63,6 +63,9 @@ class tensor_sink {
  public:
   explicit tensor_sink(output_file& out) : out_(out) {}
   void write(const void* buf, size_t n);
+  /// The next `n` bytes are bytes [offset, offset + n) of open file `fd` (named `name`):
+  /// copied in the kernel where it can (copy_file_range), never through a tensor buffer.
+  void copy(int fd, const std::string& name, uint64_t offset, uint64_t n);
   uint64_t written() const { return written_; }
 
  private:

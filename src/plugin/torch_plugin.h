@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "ckpt/convert.h"
 #include "ckpt/materialize.h"
 #include "ckpt/torchscript.h"
 #include "ckpt/zip_reader.h"
@@ -26,6 +27,7 @@ struct torch_plugin_api {
                                           const std::string& method, const std::vector<input_spec>& inputs,
                                           bool allow_code, const std::vector<arg_spec>& args);
   materialize_report (*materialize)(checkpoint& c, const materialize_request& request);
+  void (*cast_values)(const void* src, dtype from, void* dst, dtype to, uint64_t count);  // convert --dtype
 };
 
 /// The plugin's entry points, loading it on first call from $CKPTOOL_TORCH_PLUGIN, else

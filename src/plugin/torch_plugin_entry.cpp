@@ -18,6 +18,7 @@ extern "C" __attribute__((visibility("default"))) const ckpt::torch_plugin_api* 
     a.inspect_torchscript = &ckpt::inspect_torchscript;
     a.run_on_meta = &ckpt::run_on_meta;
     a.materialize = &ckpt::materialize;
+    a.cast_values = &ckpt::cast_values;
     return a;
   }();
   return &api;

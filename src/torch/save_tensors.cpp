@@ -13,69 +13,14 @@
 #include "ckpt/output_set.h"
 #include "ckpt/pickle_writer.h"
 #include "ckpt/zip_writer.h"
+#include "pickle/pickle_builder.h"
 
 namespace ckpt {
 namespace {
 
 using pickle::kind;
 using pickle::value;
-
-struct builder {
-  pickle::document doc;
-  std::map<std::string, value*> globals;
-
-  value* str(const std::string& s) {
-    value* v = doc.make(kind::str, 0);
-    v->text = s;
-    return v;
-  }
-  value* integer(int64_t i) {
-    value* v = doc.make(kind::integer, 0);
-    v->integer = i;
-    return v;
-  }
-  value* floating(double x) {
-    value* v = doc.make(kind::floating, 0);
-    v->floating = x;
-    return v;
-  }
-  value* boolean(bool b) {
-    value* v = doc.make(kind::boolean, 0);
-    v->flag = b;
-    return v;
-  }
-  value* tuple(std::vector<value*> items) {
-    value* v = doc.make(kind::tuple, 0);
-    v->items = std::move(items);
-    return v;
-  }
-  value* ints(at::IntArrayRef xs) {
-    std::vector<value*> items;
-    for (int64_t x : xs) items.push_back(integer(x));
-    return tuple(std::move(items));
-  }
-  value* global(const std::string& module, const std::string& name) {
-    value*& g = globals[module + "\n" + name];
-    if (!g) {
-      g = doc.make(kind::global, 0);
-      g->items = {str(module), str(name)};
-    }
-    return g;
-  }
-  value* ordered_dict() {
-    value* d = doc.make(kind::dict, 0);
-    d->flag = true;
-    return d;
-  }
-  value* call(value* fn, value* args) {
-    value* o = doc.make(kind::object, 0);
-    o->op = pickle::object_op::reduce;
-    o->items.assign(pickle::kObjectSlots, nullptr);
-    o->items[pickle::kCallable] = fn;
-    o->items[pickle::kArgs] = args;
-    return o;
-  }
-};
+using builder = pickle::builder;
 
 struct storage_out {
   at::Storage storage;

@@ -1,0 +1,223 @@
+#include "cmd_convert.h"
+
+#include <sys/stat.h>
+
+#include <iostream>
+#include <memory>
+
+#include <spdlog/spdlog.h>
+
+#include "base/text_escape.h"
+#include "ckpt/convert.h"
+#include "ckpt/error.h"
+#include "ckpt/output_dir.h"
+#include "ckpt/output_set.h"
+#include "ckpt/report.h"
+#include "common.h"
+#include "formats/hf_shard_plan.h"
+#include "key_edits.h"
+#include "load_guard.h"
+#include "plugin/torch_plugin.h"
+#include "progress.h"
+#include "validators.h"
+
+namespace cli {
+namespace {
+
+struct convert_options {
+  std::string input, output, to, max_shard_size, state_dict, dtype;
+  std::vector<std::string> select;
+  bool drop_other = false, json = false, force = false;
+  ckpt::open_options reader;
+  code_options code;
+  key_edit_flags edits;
+};
+
+// "state_dict" or "a/b": string keys from the root.
+ckpt::value_path parse_state_dict_path(const std::string& text) {
+  ckpt::value_path path;
+  size_t start = 0;
+  while (true) {
+    const size_t slash = text.find('/', start);
+    std::string part = text.substr(start, slash == std::string::npos ? std::string::npos : slash - start);
+    if (part.empty()) throw ckpt::error(ckpt::errc::usage, "--state-dict '" + text + "': an empty path element");
+    path.emplace_back(std::move(part));
+    if (slash == std::string::npos) return path;
+    start = slash + 1;
+  }
+}
+
+ckpt::convert_request make_request(const convert_options& o) {
+  ckpt::convert_request req;
+  const auto target = ckpt::convert_target_named(o.to);
+  if (!target) throw ckpt::error(ckpt::errc::usage, "--to must be torch, safetensors or hf, not '" + o.to + "'");
+  req.to = *target;
+  if (!o.max_shard_size.empty()) {
+    if (req.to != ckpt::convert_target::hf)
+      throw ckpt::error(ckpt::errc::usage, "--max-shard-size applies to --to hf only");
+    // Digits alone are bytes, as the Hub takes an int; anything else is its string form.
+    const bool digits = o.max_shard_size.find_first_not_of("0123456789") == std::string::npos;
+    req.max_shard_size = digits && o.max_shard_size.size() <= 19 ? std::stoull(o.max_shard_size)
+                                                                  : ckpt::hf::parse_max_shard_size(o.max_shard_size);
+  }
+  if (!o.dtype.empty()) {
+    const auto type = ckpt::dtype_from_name(o.dtype);
+    if (!type || !ckpt::info(*type).is_floating)
+      throw ckpt::error(ckpt::errc::usage, "--dtype must be a floating dtype (float16, bfloat16, float32, ...), not '" +
+                                               o.dtype + "'");
+    req.cast_to = *type;
+    // LibTorch rounds: the plugin is loaded for a cast only.
+    req.cast = [](const void* src, ckpt::dtype from, void* dst, ckpt::dtype to, uint64_t count) {
+      ckpt::torch_plugin().cast_values(src, from, dst, to, count);
+    };
+  }
+  req.select = o.select;
+  if (!o.state_dict.empty()) req.state_dict = parse_state_dict_path(o.state_dict);
+  req.drop_other = o.drop_other;
+  return req;
+}
+
+void report(const convert_options& o, const ckpt::convert_request& req, const ckpt::convert_plan& plan,
+            const ckpt::convert_result& r, std::ostream& out) {
+  for (const auto& op : plan.keys.unused_ops) spdlog::warn("{} changed no key (a typo?)", ckpt::escape_controls(op));
+  for (const auto& [alias, kept] : plan.ties)
+    spdlog::warn("{} is tied to {}: written once, as {} (the alias is recorded in __metadata__)",
+                 ckpt::display_name(alias), ckpt::display_name(kept), ckpt::display_name(kept));
+  for (const auto& d : plan.dropped) spdlog::warn("left out {}", ckpt::display_name(d));
+  if (o.json) {
+    nlohmann::json doc;
+    doc["input"] = o.input;
+    doc["output"] = o.output;
+    doc["to"] = o.to;
+    nlohmann::json ops = nlohmann::json::array();
+    for (const auto& op : req.ops) ops.push_back(op.describe());
+    doc["operations"] = ops;
+    doc["tensors"] = plan.tensors.size();
+    doc["renamed"] = plan.keys.changed;
+    doc["unused_operations"] = plan.keys.unused_ops;
+    nlohmann::json ties = nlohmann::json::array();
+    for (const auto& [alias, kept] : plan.ties) ties.push_back({{"alias", alias}, {"kept", kept}});
+    doc["ties"] = ties;
+    doc["dropped"] = plan.dropped;
+    doc["files"] = r.files;
+    doc["bytes_written"] = r.bytes_written;
+    ckpt::write_json_with_pairs(doc, "mapping", plan.keys.mapping, [&out](std::string_view s) { out << s; });
+    out << "\n";
+    return;
+  }
+  out << "converted " << plan.tensors.size() << " tensors";
+  if (plan.keys.changed) out << " (" << plan.keys.changed << " renamed)";
+  out << " to " << o.to << "; wrote " << ckpt::display_name(o.output);
+  if (req.to == ckpt::convert_target::hf) out << " (" << r.files.size() << " files)";
+  out << " (" << human_bytes(r.bytes_written) << ")\n";
+}
+
+int run_convert(const convert_options& o) {
+  ckpt::convert_request req = make_request(o);
+  const bool to_set = req.to == ckpt::convert_target::hf;
+  if (!to_set && o.force)
+    throw ckpt::error(ckpt::errc::usage, "--force applies to --to hf (an output directory) only; convert never "
+                                         "replaces its input");
+  const std::vector<std::string> inputs = ckpt::checkpoint_input_files(o.input);
+
+  // Everything read and everything written, declared before anything is read or written.
+  ckpt::output_set set;
+  std::unique_ptr<ckpt::output_dir> dir;
+  ckpt::output_file* out = nullptr;
+  mode_t mode = 0644;
+  for (const auto& path : inputs) mode = set.add_input(path).mode & 0777;
+  for (const auto& path : o.edits.map->results()) set.add_input(path);
+  // A --match target that is a set (shard set, DCP directory) is every file of it.
+  for (const auto& path : o.edits.match->results())
+    for (const auto& f : ckpt::checkpoint_input_files(path)) set.add_input(f);
+  if (to_set) {
+    if (o.output == "-") throw ckpt::error(ckpt::errc::usage, "a shard set is written to a directory, not to standard output");
+    dir = std::make_unique<ckpt::output_dir>(o.output, ckpt::set_layout::hf_index, o.force);
+    // A set's directory is an input: OUTDIR may be neither inside it nor around it. A
+    // single file's directory is not (OUTDIR beside model.pt is the usual case); the file
+    // itself is fingerprinted by `set`, and no file of OUTDIR that is not of a previous
+    // set is ever replaced.
+    if (inputs.size() > 1)
+      for (const auto& path : inputs) dir->add_input(path);
+  } else {
+    out = &set.add_output(o.output, mode);
+  }
+  std::ostream& text = set.writes_stdout() ? std::cerr : std::cout;
+
+  ckpt::checkpoint c = ckpt::open_checkpoint(o.input, o.reader);
+  req.ops = key_ops_in_order(o.edits, {[&c] { return ckpt::keyed_tensors(c); }, c.path}, o.reader, o.code);
+  const ckpt::convert_plan plan = ckpt::plan_convert(c, req);
+
+  progress_bar bar("convert");
+  if (bar.enabled()) req.progress = [&bar](uint64_t done, uint64_t total) { bar.update(done, total); };
+  ckpt::convert_result r;
+  try {
+    if (to_set) {
+      const std::vector<std::string> files = ckpt::hf_set_files(plan, req.max_shard_size);
+      if (files.empty())
+        throw ckpt::error(ckpt::errc::usage, "no tensor to write: an empty state dict makes no shard set").with_file(c.path);
+      dir->open(files, files.back());
+      r = ckpt::write_converted_hf_set(c, plan, *dir, req);
+    } else {
+      set.open();
+      r = ckpt::write_converted_file(c, plan, *out, req);
+    }
+  } catch (...) {
+    bar.finish();
+    throw;
+  }
+  bar.finish();
+  // Every output together, last.
+  if (dir) {
+    set.check_inputs_unchanged();
+    dir->commit();
+  } else {
+    set.commit();
+  }
+  report(o, req, plan, r, text);
+  return 0;
+}
+
+}  // namespace
+
+verb setup_convert(CLI::App& app) {
+  auto o = std::make_shared<convert_options>();
+  CLI::App* cmd = app.add_subcommand(
+      "convert", "Write a checkpoint's state dict as a torch.save file, a safetensors file or a Hugging Face shard "
+                 "set, tensor by tensor, every value bit-identical");
+  cmd->add_option("IN", o->input,
+                  "A checkpoint ckptool reads: a torch.save or safetensors file, a Hugging Face shard set (its "
+                  "*.index.json or directory), a torch.distributed.checkpoint directory")
+      ->required();
+  cmd->add_option("-o,--output", o->output, "Where to write: a file ('-' for standard output), or for --to hf a directory")
+      ->required()
+      ->check(non_empty_path());
+  cmd->add_option("--to", o->to, "torch (torch.save zip), safetensors (one file) or hf (a shard set)")
+      ->required()
+      ->type_name("FORMAT");
+  cmd->add_option("--max-shard-size", o->max_shard_size,
+                  "--to hf: the most bytes per shard, in the Hub's decimal units (\"5GB\", the default; \"500MB\")")
+      ->type_name("SIZE");
+  cmd->add_option("--dtype", o->dtype,
+                  "Cast floating tensors to this floating dtype, rounding as torch's Tensor.to does (integers and "
+                  "bool are kept)")
+      ->type_name("DTYPE");
+  cmd->add_option("--select", o->select, "Convert only the keys of IN matching this glob (before the key edits); repeatable")
+      ->type_name("GLOB")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  cmd->add_option("--state-dict", o->state_dict,
+                  "Convert the tensors under this path of IN's pickle (\"state_dict\" in a Lightning checkpoint; "
+                  "'/' between levels); everything else is left out")
+      ->type_name("PATH");
+  cmd->add_flag("--drop-other", o->drop_other,
+                "Leave out (and list) what the output cannot hold: entries besides the state dict's tensors, unsafe "
+                "globals, safetensors metadata a torch file has no place for");
+  cmd->add_flag("--json", o->json, "Print the result as JSON");
+  cmd->add_flag("--force", o->force, "--to hf: allow OUTDIR to hold other files (left alone)");
+  add_key_edit_flags(*cmd, o->edits);
+  add_reader_flags(*cmd, o->reader);
+  add_code_flags(*cmd, o->code);
+  return {cmd, [o] { return run_convert(*o); }};
+}
+
+}  // namespace cli

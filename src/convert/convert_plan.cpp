@@ -1,0 +1,255 @@
+// plan_convert: which tensors a conversion writes, under which names, and what it refuses
+// or drops (formats.md §13.1). Everything here reads metadata only.
+#include <fnmatch.h>
+
+#include <algorithm>
+#include <map>
+#include <tuple>
+
+#include "ckpt/convert.h"
+#include "ckpt/error.h"
+#include "base/text.h"
+#include "formats/safetensors_writer.h"
+#include "model/assembly.h"
+
+namespace ckpt {
+namespace {
+
+// "'a', 'b', 'c' and 2 more": the first few of a list, for a one-line message.
+std::string listed(const std::vector<std::string>& names, size_t shown = 5) {
+  std::string out;
+  for (size_t i = 0; i < names.size() && i < shown; ++i) out += (i ? ", " : "") + text::quote(names[i], 80);
+  if (names.size() > shown) out += " and " + std::to_string(names.size() - shown) + " more";
+  return out;
+}
+
+// One key of the state dict to convert, before the edits.
+struct source_key {
+  std::string key;
+  std::optional<size_t> record;     // c.tensors
+  std::optional<size_t> assembled;  // c.keys
+};
+
+// The keys of the state dict open_checkpoint found (checkpoint::keys).
+std::vector<source_key> found_keys(const checkpoint& c) {
+  std::vector<source_key> out;
+  out.reserve(c.keys.size());
+  for (size_t k = 0; k < c.keys.size(); ++k) {
+    source_key s;
+    s.key = std::string(c.keys.key(k));
+    if (detail::is_assembled(c.keys, k))
+      s.assembled = k;
+    else
+      s.record = c.keys.tensor(k);
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+// --state-dict PATH: the tensors (and second names of tensors) one string key below PATH.
+std::vector<source_key> keys_below(const checkpoint& c, const value_path& root) {
+  auto below = [&root](const value_path& p) -> const std::string* {
+    if (p.size() != root.size() + 1 || !std::equal(root.begin(), root.end(), p.begin())) return nullptr;
+    return std::get_if<std::string>(&p.back());
+  };
+  std::vector<source_key> out;
+  for (size_t i = 0; i < c.tensors.size(); ++i)
+    if (const std::string* k = below(c.tensors[i].path)) out.push_back({*k, i, std::nullopt});
+  for (const tensor_alias& a : c.aliases)
+    if (const std::string* k = below(a.path)) out.push_back({*k, a.tensor, std::nullopt});
+  if (out.empty())
+    throw error(errc::usage, "--state-dict " + text::quote(path_to_string(root)) + " holds no tensor keyed by name")
+        .with_file(c.path);
+  return out;
+}
+
+bool contiguous(const tensor_record& t) {
+  int64_t expected = 1;
+  for (size_t d = t.shape.size(); d-- > 0;) {
+    if (t.shape[d] != 1 && t.stride[d] != expected) return false;
+    expected *= t.shape[d];
+  }
+  return true;
+}
+
+// Refuses a record whose values the writers cannot reproduce exactly as a plain tensor.
+void check_record(const checkpoint& c, const tensor_record& t, const std::string& key, convert_target to) {
+  auto refuse = [&](const std::string& why) {
+    throw error(errc::unsupported, "tensor " + text::quote(key) + " " + why + ": convert writes plain tensors only")
+        .with_file(c.path);
+  };
+  if (t.composite()) refuse("is " + t.kind->description());
+  if (t.kind && !t.kind->subclass.empty()) refuse("is a " + t.kind->subclass + " (a local shard at most)");
+  if (t.quant) refuse("is quantized (" + std::string(name(t.type)) + ")");
+  if (elements_per_byte(t.type) != 1) refuse("packs several elements per byte (" + std::string(name(t.type)) + ")");
+  if (!t.storage) refuse("is a meta tensor (no data)");
+  const storage_record& s = c.storages.at(*t.storage);
+  if (!s.file_offset || s.archive_range) refuse("has no data in the file");
+}
+
+uint64_t contiguous_bytes(dtype type, const std::vector<int64_t>& shape) {
+  uint64_t n = element_size(type);
+  for (int64_t d : shape) n *= uint64_t(d);
+  return n;
+}
+
+// The entries the output cannot hold, unless the request says to drop them.
+void check_other_entries(const checkpoint& c, const convert_request& r, convert_plan& plan) {
+  std::vector<std::string> other;
+  for (const entry_summary& e : c.entries) other.push_back(path_to_string(e.path) + " (" + e.type + ")");
+  if (!c.unsafe_globals.empty()) {
+    if (!r.drop_other)
+      throw error(errc::unsafe, "names globals torch.load(weights_only=True) refuses: " + listed(c.unsafe_globals) +
+                                    "; pass --drop-other to convert the state dict's tensors without them")
+          .with_file(c.path);
+    for (const auto& g : c.unsafe_globals) plan.dropped.push_back("unsafe global " + g);
+  }
+  // --state-dict and --select name what is converted: everything else is left on purpose.
+  if (other.empty()) return;
+  if (r.drop_other || r.state_dict || !r.select.empty()) {
+    plan.dropped.insert(plan.dropped.end(), other.begin(), other.end());
+    return;
+  }
+  throw error(errc::unsupported, std::to_string(other.size()) + " entr" + (other.size() == 1 ? "y" : "ies") +
+                                     " besides the state dict's tensors, which the output cannot hold: " +
+                                     listed(other) + "; pass --drop-other (or --state-dict / --select) to leave them out")
+      .with_file(c.path);
+}
+
+void choose_metadata(const checkpoint& c, const convert_request& r, convert_plan& plan) {
+  const bool from_safetensors = c.format == file_format::safetensors;
+  std::vector<std::pair<std::string, std::string>> user;
+  if (from_safetensors && c.files.front().st_header) user = c.files.front().st_header->metadata;
+  if (r.to == convert_target::torch) {
+    // A torch.save file has no place for it: what says more than "format: pt" is dropped.
+    std::vector<std::string> lost;
+    for (const auto& [k, v] : user)
+      if (k != "format") lost.push_back("__metadata__ " + k);
+    if (lost.empty()) return;
+    if (!r.drop_other)
+      throw error(errc::unsupported, "a torch.save file has no place for safetensors metadata " + listed(lost) +
+                                         "; pass --drop-other to leave it out")
+          .with_file(c.path);
+    plan.dropped.insert(plan.dropped.end(), lost.begin(), lost.end());
+    return;
+  }
+  plan.from_safetensors = from_safetensors;
+  plan.metadata = std::move(user);
+}
+
+}  // namespace
+
+std::optional<convert_target> convert_target_named(const std::string& name) {
+  if (name == "torch") return convert_target::torch;
+  if (name == "safetensors") return convert_target::safetensors;
+  if (name == "hf") return convert_target::hf;
+  return std::nullopt;
+}
+
+convert_plan plan_convert(const checkpoint& c, const convert_request& r) {
+  convert_plan plan;
+  plan.to = r.to;
+  if (c.format == file_format::torchscript)
+    throw error(errc::unsupported, "a TorchScript archive's parameters are named by its code: convert reads "
+                                   "state dicts (materialize can load the module)")
+        .with_file(c.path);
+  if (c.byteorder != "little")
+    throw error(errc::unsupported, "a " + c.byteorder + "-endian checkpoint: convert copies bytes as they are and "
+                                   "writes little-endian formats only")
+        .with_file(c.path);
+  if (r.cast_to && (!info(*r.cast_to).is_floating || !r.cast))
+    throw error(errc::usage, std::string("--dtype ") + name(*r.cast_to) +
+                                 (r.cast ? ": not a floating dtype" : ": no cast function given"));
+  std::vector<source_key> keys;
+  if (r.state_dict) {
+    keys = keys_below(c, *r.state_dict);
+  } else {
+    if (!c.state_dict || c.keys.empty())
+      throw error(errc::unsupported, "no state dict found to convert (inspect shows where the tensors are; "
+                                     "--state-dict names one)")
+          .with_file(c.path);
+    keys = found_keys(c);
+  }
+  if (!r.select.empty()) {
+    std::vector<source_key> chosen;
+    std::vector<bool> used(r.select.size(), false);
+    for (auto& k : keys) {
+      bool any = false;
+      for (size_t g = 0; g < r.select.size(); ++g)
+        if (::fnmatch(r.select[g].c_str(), k.key.c_str(), 0) == 0) any = used[g] = true;
+      if (any) chosen.push_back(std::move(k));
+    }
+    for (size_t g = 0; g < r.select.size(); ++g)
+      if (!used[g])
+        throw error(errc::usage, "--select " + text::quote(r.select[g]) + " matches no key").with_file(c.path);
+    keys = std::move(chosen);
+  }
+  check_other_entries(c, r, plan);
+  choose_metadata(c, r, plan);
+
+  std::vector<std::string> names;
+  names.reserve(keys.size());
+  for (const auto& k : keys) names.push_back(k.key);
+  plan.keys = plan_rekey(std::move(names), r.ops);
+  if (!plan.keys.emptied.empty())
+    throw error(errc::check_failed, "the key edits leave " + std::to_string(plan.keys.emptied.size()) +
+                                        " key(s) empty; nothing written: " + listed(plan.keys.emptied))
+        .with_file(c.path);
+  if (!plan.keys.collisions.empty()) {
+    std::vector<std::string> lines;
+    for (const auto& [to, from] : plan.keys.collisions) lines.push_back(to + " <- " + listed(from, 3));
+    throw error(errc::check_failed, std::to_string(lines.size()) +
+                                        " new key(s) would be claimed by several keys; nothing written: " + listed(lines))
+        .with_file(c.path);
+  }
+
+  // Two keys viewing the same bytes the same way hold one tensor: a tie.
+  using view_id = std::tuple<size_t, int64_t, std::vector<int64_t>, std::vector<int64_t>, dtype>;
+  std::map<view_id, size_t> first_of_view;
+  std::vector<size_t> assembled;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    convert_tensor t;
+    t.source_key = keys[i].key;
+    t.name = plan.keys.mapping[i].second;
+    if (keys[i].assembled) {
+      const size_t k = *keys[i].assembled;
+      t.assembled = k;
+      t.type = c.keys.type(k, c.tensors);
+      t.shape = c.keys.shape(k, c.tensors);
+      assembled.push_back(k);
+    } else {
+      const tensor_record& rec = c.tensors.at(*keys[i].record);
+      check_record(c, rec, t.source_key, r.to);
+      t.record = keys[i].record;
+      t.type = rec.type;
+      t.shape = rec.shape;
+      const view_id id{*rec.storage, rec.storage_offset, rec.shape, contiguous(rec) ? std::vector<int64_t>{}
+                                                                                      : std::vector<int64_t>(rec.stride),
+                       rec.type};
+      auto [it, fresh] = first_of_view.emplace(id, plan.tensors.size());
+      if (!fresh) t.tie_of = it->second;
+    }
+    t.source_type = t.type;
+    if (r.cast_to && info(t.type).is_floating) t.type = *r.cast_to;
+    if (r.to != convert_target::torch && !safetensors::writable_dtype_name(t.type))
+      throw error(errc::unsupported, "tensor " + text::quote(t.source_key) + ": safetensors has no dtype " +
+                                         name(t.type))
+          .with_file(c.path);
+    t.nbytes = contiguous_bytes(t.type, t.shape);
+    t.source_nbytes = contiguous_bytes(t.source_type, t.shape);
+    if (t.tie_of && r.to != convert_target::torch) {
+      plan.ties.emplace_back(t.name, plan.tensors[*t.tie_of].name);
+      // As save_model: the user's own metadata under that name wins.
+      if (std::none_of(plan.metadata.begin(), plan.metadata.end(), [&](const auto& kv) { return kv.first == t.name; }))
+        plan.metadata.emplace_back(t.name, plan.tensors[*t.tie_of].name);
+    } else
+      plan.data_bytes += t.nbytes;
+    plan.tensors.push_back(std::move(t));
+  }
+  // Pieces that overlap, leave holes or lie outside their tensor are refused now, before
+  // any output exists.
+  if (!assembled.empty()) detail::plan_assembly(c, assembled);
+  return plan;
+}
+
+}  // namespace ckpt

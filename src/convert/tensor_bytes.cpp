@@ -1,0 +1,161 @@
+#include "convert/tensor_bytes.h"
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "ckpt/error.h"
+
+namespace ckpt::detail {
+namespace {
+
+// A piece that does not land as one range goes through a bounce buffer this big.
+constexpr uint64_t kBounceBytes = 16ull << 20;
+// A strided view is read as the span of storage it reaches when that costs at most this
+// much beyond the tensor itself; else row by row, so a small view of a huge storage never
+// reads (or holds) the storage.
+constexpr uint64_t kSpanSlack = 64ull << 20;
+
+tensor_buffer make_buffer(uint64_t nbytes) {
+  tensor_buffer b;
+  b.nbytes = nbytes;
+  b.bytes.reset(new uint8_t[std::max<uint64_t>(nbytes, 1)]);
+  return b;
+}
+
+void read_from(const byte_source& src, uint64_t offset, void* dst, uint64_t n) {
+  try {
+    src.read_exact(offset, dst, size_t(n));
+  } catch (error& e) {
+    src.locate(e);
+    throw;
+  }
+}
+
+// Calls f(element offset, output element index) for every element of shape/stride in
+// row-major order, the innermost dimension as one call per `run` of contiguous elements
+// when its stride is 1 (f then gets the run's length).
+template <class F>
+void for_each_run(const dim_list& shape, const dim_list& stride, F&& f) {
+  const size_t rank = shape.size();
+  if (rank == 0) return f(uint64_t(0), uint64_t(1));
+  const uint64_t inner = uint64_t(shape[rank - 1]);
+  const bool unit = stride[rank - 1] == 1 || inner == 1;
+  std::vector<int64_t> index(rank, 0);
+  while (true) {
+    uint64_t at = 0;
+    for (size_t d = 0; d + 1 < rank; ++d) at += uint64_t(index[d]) * uint64_t(stride[d]);
+    if (unit) {
+      f(at, inner);
+    } else {
+      for (uint64_t i = 0; i < inner; ++i) f(at + i * uint64_t(stride[rank - 1]), uint64_t(1));
+    }
+    size_t d = rank - 1;
+    while (d-- > 0) {
+      if (++index[d] < shape[d]) break;
+      index[d] = 0;
+    }
+    if (d == size_t(-1)) return;
+  }
+}
+
+}  // namespace
+
+tensor_bytes::tensor_bytes(const checkpoint& c, const convert_plan& plan, const convert_request& request)
+    : c_(c), request_(request) {
+  std::vector<size_t> keys;
+  for (const auto& t : plan.tensors)
+    if (t.assembled) keys.push_back(*t.assembled);
+  if (keys.empty()) return;
+  assembly_ = plan_assembly(c, keys);
+  for (size_t i = 0; i < assembly_.tensors.size(); ++i) assembled_of_key_[assembly_.tensors[i].key] = i;
+}
+
+std::optional<file_range> tensor_bytes::straight_range(const convert_tensor& t) const {
+  if (!t.record || t.type != t.source_type) return std::nullopt;
+  const tensor_record& r = c_.tensors[*t.record];
+  int64_t expected = 1;
+  for (size_t d = r.shape.size(); d-- > 0;) {
+    if (r.shape[d] != 1 && r.stride[d] != expected) return std::nullopt;
+    expected *= r.shape[d];
+  }
+  const storage_record& s = c_.storages[*r.storage];
+  const source_file& f = c_.files[s.file];
+  const file_extent extent = f.source->in_file();
+  if (!extent.file) return std::nullopt;
+  file_range out;
+  out.fd = extent.file->fd();
+  out.name = &extent.file->name();
+  const uint64_t first = uint64_t(r.storage_offset) * element_size(r.type);
+  out.offset = extent.offset + *s.file_offset + first;
+  out.nbytes = t.nbytes;
+  if (first + t.nbytes > s.nbytes)
+    throw error(errc::corrupt, "tensor " + t.source_key + " reaches past its storage").with_file(f.path);
+  if (s.record && first == 0 && t.nbytes == s.nbytes) out.crc32 = s.record->crc32;
+  return out;
+}
+
+tensor_buffer tensor_bytes::gather(const convert_tensor& t) const {
+  tensor_buffer in = t.assembled ? gather_assembled(*t.assembled, t.source_nbytes)
+                                 : gather_view(c_.tensors[*t.record], t.source_nbytes);
+  if (t.type == t.source_type) return in;
+  tensor_buffer out = make_buffer(t.nbytes);
+  request_.cast(in.bytes.get(), t.source_type, out.bytes.get(), t.type, t.source_nbytes / element_size(t.source_type));
+  return out;
+}
+
+tensor_buffer tensor_bytes::gather_view(const tensor_record& r, uint64_t nbytes) const {
+  tensor_buffer out = make_buffer(nbytes);
+  if (nbytes == 0) return out;
+  const storage_record& s = c_.storages[*r.storage];
+  const byte_source& src = *c_.files[s.file].source;
+  const uint64_t es = element_size(r.type);
+  const uint64_t base = *s.file_offset + uint64_t(r.storage_offset) * es;
+  uint64_t last = 0;  // the farthest element reached, in elements from the first
+  for (size_t d = 0; d < r.shape.size(); ++d) last += uint64_t(r.shape[d] - 1) * uint64_t(r.stride[d]);
+  const uint64_t span = (last + 1) * es;
+  uint8_t* dst = out.bytes.get();
+  if (span <= nbytes + kSpanSlack) {
+    std::unique_ptr<uint8_t[]> window(new uint8_t[span]);
+    read_from(src, base, window.get(), span);
+    for_each_run(r.shape, r.stride, [&](uint64_t at, uint64_t n) {
+      std::memcpy(dst, window.get() + at * es, n * es);
+      dst += n * es;
+    });
+  } else {
+    for_each_run(r.shape, r.stride, [&](uint64_t at, uint64_t n) {
+      read_from(src, base + at * es, dst, n * es);
+      dst += n * es;
+    });
+  }
+  return out;
+}
+
+tensor_buffer tensor_bytes::gather_assembled(size_t key, uint64_t nbytes) const {
+  const assembled_tensor& a = assembly_.tensors.at(assembled_of_key_.at(key));
+  tensor_buffer out = make_buffer(nbytes);
+  uint8_t* dst = out.bytes.get();
+  std::unique_ptr<uint8_t[]> bounce;
+  for (size_t s : a.storages) {
+    const box_landing* l = assembly_.landing(s);
+    const storage_record& st = c_.storages[s];
+    const byte_source& src = *c_.files[st.file].source;
+    if (l->contiguous()) {
+      read_from(src, *st.file_offset, dst + l->offset, l->nbytes);
+      continue;
+    }
+    if (!bounce) bounce.reset(new uint8_t[kBounceBytes]);
+    for (uint64_t from = 0; from < l->nbytes; from += kBounceBytes) {
+      const uint64_t n = std::min(kBounceBytes, l->nbytes - from);
+      read_from(src, *st.file_offset + from, bounce.get(), n);
+      for_each_span(*l, from, n, [&](const box_span& sp) {
+        for (uint64_t row = 0; row < sp.rows; ++row)
+          std::memcpy(dst + sp.dst_offset + row * sp.pitch, bounce.get() + (sp.piece_offset - from) + row * sp.width,
+                      sp.width);
+      });
+    }
+  }
+  return out;
+}
+
+}  // namespace ckpt::detail

@@ -1,0 +1,59 @@
+// Internal: where a converted tensor's bytes come from (convert.h). A tensor that is one
+// contiguous range of a file is copied straight from it; anything else (a strided view, a
+// tensor assembled from DCP pieces, bytes held in memory after a DCP transform) is
+// gathered into a buffer of exactly its size, which the caller writes and frees before
+// the next: peak memory is one tensor (plus a piece's bounce buffer), never the model.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "ckpt/convert.h"
+#include "model/assembly.h"
+
+namespace ckpt::detail {
+
+/// Bytes of an open file a tensor is, as they are.
+struct file_range {
+  int fd = -1;
+  const std::string* name = nullptr;  // the file, for messages
+  uint64_t offset = 0;
+  uint64_t nbytes = 0;
+  /// The CRC-32 of exactly these bytes, when the input's zip directory gives it (the
+  /// tensor is a whole stored record).
+  std::optional<uint32_t> crc32;
+};
+
+struct tensor_buffer {
+  std::unique_ptr<uint8_t[]> bytes;
+  uint64_t nbytes = 0;
+};
+
+class tensor_bytes {
+ public:
+  /// Lays out the plan's assembled tensors (checked by plan_convert already); `request`'s
+  /// cast function converts the tensors the plan casts.
+  tensor_bytes(const checkpoint& c, const convert_plan& plan, const convert_request& request);
+
+  /// The file range tensor t is, when it is one (a contiguous view of a storage in a file
+  /// on disk); nullopt when it must be gathered.
+  std::optional<file_range> straight_range(const convert_tensor& t) const;
+  /// Tensor t's bytes, contiguous and cast, in a buffer of their own. Throws errc::corrupt or io
+  /// (naming the file) when the input ends early or cannot be read.
+  tensor_buffer gather(const convert_tensor& t) const;
+
+ private:
+  tensor_buffer gather_view(const tensor_record& r, uint64_t nbytes) const;
+  tensor_buffer gather_assembled(size_t key, uint64_t nbytes) const;
+
+  const checkpoint& c_;
+  const convert_request& request_;
+  assembly assembly_;
+  std::map<size_t, size_t> assembled_of_key_;  // c.keys index -> assembly_.tensors index
+};
+
+}  // namespace ckpt::detail
