@@ -120,10 +120,27 @@ bool is_dcp_global(std::string_view module, std::string_view name);
 /// bounds. Throws a corrupt ckpt::error naming the key and the offending box.
 void check_coverage(const std::string& fqn, const tensor_meta& t);
 
+/// storage_data looked up as PyTorch's MetadataIndex compares entries: by fqn and chunk
+/// offsets, `index` being only a hint (metadata.py:163). It points into the entries it was
+/// built from, which must outlive it unchanged.
+class storage_index {
+ public:
+  storage_index() = default;
+  /// Throws a corrupt ckpt::error naming the first entry listed twice.
+  explicit storage_index(const std::vector<storage_item>& entries);
+  /// The entry of a chunk at `offsets`, or of a BYTE_IO item (offsets nullptr); nullptr if none.
+  const storage_item* find(std::string_view fqn, const std::vector<int64_t>* offsets) const;
+
+ private:
+  const std::vector<storage_item>* entries_ = nullptr;
+  std::vector<uint32_t> slots_;  // open addressing: entry index + 1, 0 for an empty slot
+};
+
 /// check_coverage for every tensor, and the storage index: every chunk and every BYTE_IO
 /// item has exactly one storage_data entry (matched by fqn and offsets, as PyTorch's
-/// MetadataIndex compares), and every storage_data entry belongs to a known item.
-void check_metadata(const metadata& md);
+/// MetadataIndex compares), and every storage_data entry belongs to a known item. Returns
+/// the index, over md.storage_data.
+storage_index check_metadata(const metadata& md);
 
 /// "(3, 0)": a box coordinate as errors and reports print it.
 std::string format_shape(const std::vector<int64_t>& v);

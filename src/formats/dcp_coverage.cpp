@@ -2,7 +2,6 @@
 // boxes only when it saves (default_planner.py _validate_global_plan); a reader that
 // assembles tensors from them must check again, or a lost rank's file reads as zeros.
 #include <algorithm>
-#include <map>
 #include <numeric>
 #include <optional>
 #include <string>
@@ -152,36 +151,35 @@ void check_coverage(const std::string& fqn, const tensor_meta& t) {
   }
 }
 
-void check_metadata(const metadata& md) {
-  // MetadataIndex equality is (fqn, offset); index is only a hint (metadata.py:163).
-  using key = std::tuple<std::string, bool, std::vector<int64_t>>;
-  std::map<key, const storage_item*> where;
-  for (const storage_item& s : md.storage_data) {
-    key k{s.fqn, s.offsets.has_value(), s.offsets.value_or(std::vector<int64_t>{})};
-    if (!where.emplace(k, &s).second)
-      throw_corrupt("storage_data lists '" + s.fqn + "'" + (s.offsets ? " at offsets " + format_shape(*s.offsets) : "") +
-                        " twice", s.at);
-  }
-  std::map<key, bool> wanted;
+storage_index check_metadata(const metadata& md) {
+  storage_index where(md.storage_data);
+  for (const item& it : md.items)
+    if (it.is_tensor) check_coverage(it.fqn, it.tensor);
+  // Each chunk and BYTE_IO item finds its entry; an entry no one found belongs to nothing.
+  std::vector<bool> used(md.storage_data.size(), false);
   for (const item& it : md.items) {
     if (!it.is_tensor) {
-      wanted[{it.fqn, false, {}}] = true;
+      const storage_item* s = where.find(it.fqn, nullptr);
+      if (!s) throw_corrupt("item '" + it.fqn + "': storage_data has no entry for its bytes");
+      used[size_t(s - md.storage_data.data())] = true;
       continue;
     }
-    check_coverage(it.fqn, it.tensor);
-    for (const chunk& c : it.tensor.chunks) wanted[{it.fqn, true, c.offsets}] = true;
-  }
-  for (const auto& [k, unused] : wanted)
-    if (!where.count(k)) {
-      const auto& [fqn, has_offsets, offsets] = k;
-      throw_corrupt(std::string(has_offsets ? "tensor" : "item") + " '" + fqn + "': storage_data has no entry for " +
-                    (has_offsets ? "its chunk at offsets " + format_shape(offsets) : "its bytes"));
+    for (const chunk& c : it.tensor.chunks) {
+      const storage_item* s = where.find(it.fqn, &c.offsets);
+      if (!s)
+        throw_corrupt("tensor '" + it.fqn + "': storage_data has no entry for its chunk at offsets " +
+                      format_shape(c.offsets));
+      used[size_t(s - md.storage_data.data())] = true;
     }
-  for (const auto& [k, s] : where)
-    if (!wanted.count(k))
-      throw_corrupt("storage_data entry for '" + s->fqn + "'" +
-                        (s->offsets ? " at offsets " + format_shape(*s->offsets) : "") +
-                        " matches no chunk or item of state_dict_metadata", s->at);
+  }
+  for (size_t i = 0; i < used.size(); ++i)
+    if (!used[i]) {
+      const storage_item& s = md.storage_data[i];
+      throw_corrupt("storage_data entry for '" + s.fqn + "'" +
+                        (s.offsets ? " at offsets " + format_shape(*s.offsets) : "") +
+                        " matches no chunk or item of state_dict_metadata", s.at);
+    }
+  return where;
 }
 
 }  // namespace ckpt::dcp

@@ -11,7 +11,8 @@
 #include <map>
 #include <memory>
 #include <set>
-#include <tuple>
+#include <string_view>
+#include <unordered_map>
 
 #include "ckpt/dcp.h"
 #include "ckpt/error.h"
@@ -39,7 +40,8 @@ dim_list contiguous_stride(const std::vector<int64_t>& shape) {
 
 // planner_data's path for a key when the writer flattened a nested state dict; the key
 // itself otherwise.
-value_path item_path(const std::map<std::string, const dcp::planner_path*>& planned, const std::string& fqn) {
+value_path item_path(const std::unordered_map<std::string_view, const dcp::planner_path*>& planned,
+                     const std::string& fqn) {
   auto it = planned.find(fqn);
   if (it == planned.end()) return {fqn};
   value_path p;
@@ -73,7 +75,7 @@ class dcp_reader {
         dcp::decode_options d;
         d.lim = o_.pickle_limits;
         md_ = dcp::decode_metadata(*src, d);
-        dcp::check_metadata(md_);
+        where_ = dcp::check_metadata(md_);
       } catch (error& e) {
         src->locate(e);
         c_.index_bytes_read = src->bytes_read();
@@ -88,8 +90,8 @@ class dcp_reader {
                             "listed as .metadata names them");
     for (const auto& f : md_.unknown_fields)
       c_.warnings.push_back(".metadata has a field this reader does not know: " + f + " (kept unread)");
+    planned_.reserve(md_.planner_data.size());
     for (const auto& p : md_.planner_data) planned_[p.fqn] = &p;
-    for (const auto& s : md_.storage_data) where_[{s.fqn, s.offsets.has_value(), s.offsets.value_or(std::vector<int64_t>{})}] = &s;
     open_data_files();
 
     size_t chunks = 0;
@@ -150,7 +152,7 @@ class dcp_reader {
   }
 
   const dcp::storage_item& storage_of(const std::string& fqn, const std::vector<int64_t>* offsets) {
-    return *where_.at({fqn, offsets != nullptr, offsets ? *offsets : std::vector<int64_t>{}});
+    return *where_.find(fqn, offsets);  // check_metadata found every chunk's and item's entry
   }
 
   [[noreturn]] void mismatch(const dcp::storage_item& s, const std::string& what) {
@@ -194,7 +196,6 @@ class dcp_reader {
   size_t read_chunk(const dcp::item& it, const dcp::chunk& ch, const value_path& path) {
     const dcp::storage_item& s = storage_of(it.fqn, &ch.offsets);
     const data_file& d = files_.at(s.relative_path);
-    const std::string box = "chunk at offsets " + dcp::format_shape(ch.offsets) + ", sizes " + dcp::format_shape(ch.sizes);
     tensor_record t;
     storage_record st;
     st.key = it.fqn + "@" + dcp::format_shape(ch.offsets);
@@ -213,7 +214,8 @@ class dcp_reader {
       t.stride = contiguous_stride(ch.sizes);
     } else {
       checkpoint a = open_item(s);
-      const std::string in = "tensor '" + it.fqn + "', " + box + ": its archive ";
+      const std::string in = "tensor '" + it.fqn + "', chunk at offsets " + dcp::format_shape(ch.offsets) +
+                             ", sizes " + dcp::format_shape(ch.sizes) + ": its archive ";
       if (a.format != file_format::torch_zip) mismatch(s, in + "is a " + std::string(format_name(a.format)) + " file, not a torch.save archive");
       if (a.tensors.size() != 1 || !a.tensors[0].path.empty())
         mismatch(s, in + "holds " + std::to_string(a.tensors.size()) + " tensors" +
@@ -357,8 +359,8 @@ class dcp_reader {
   const open_options& o_;
   checkpoint c_;
   dcp::metadata md_;
-  std::map<std::string, const dcp::planner_path*> planned_;
-  std::map<std::tuple<std::string, bool, std::vector<int64_t>>, const dcp::storage_item*> where_;
+  std::unordered_map<std::string_view, const dcp::planner_path*> planned_;  // keys: md_'s strings
+  dcp::storage_index where_;  // over md_.storage_data
   std::map<std::string, data_file> files_;
   std::set<std::string> unsafe_;
   uint64_t inflated_ = 0;

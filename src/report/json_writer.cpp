@@ -30,7 +30,8 @@ bool plain(std::string_view s) {
 
 }  // namespace
 
-json_writer::json_writer(sink out) : out_(std::move(out)), buf_(new char[kBufferSize]), cap_(kBufferSize) {}
+json_writer::json_writer(sink out, int indent)
+    : out_(std::move(out)), buf_(new char[kBufferSize]), cap_(kBufferSize), compact_(indent < 0) {}
 
 void json_writer::make_room(size_t n) {
   flush();
@@ -41,6 +42,7 @@ void json_writer::make_room(size_t n) {
 }
 
 void json_writer::newline_indent(size_t depth) {
+  if (compact_) return;
   size_t spaces = 2 * depth;
   put(kIndent, 1 + std::min(spaces, kMaxIndent));
   for (spaces -= std::min(spaces, kMaxIndent); spaces > 0; spaces -= std::min(spaces, kMaxIndent))
@@ -61,7 +63,10 @@ void json_writer::key(std::string_view k) {
   if (counts_.back()++ > 0) put(',');
   newline_indent(counts_.size());
   quoted(k);
-  put(": ", 2);
+  if (compact_)
+    put(':');
+  else
+    put(": ", 2);
   after_key_ = true;
 }
 
@@ -123,6 +128,11 @@ void json_writer::null() {
 
 void json_writer::value(const nlohmann::json& v) {
   before_value();
+  if (compact_) {
+    const std::string text = json_text(v, -1);
+    put(text.data(), text.size());
+    return;
+  }
   // JSON text has no raw newlines inside strings, so every newline starts a line to indent.
   const std::string text = json_text(v, 2);
   const size_t depth = counts_.size();

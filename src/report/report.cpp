@@ -262,7 +262,7 @@ void write_json_with_pairs(const nlohmann::json& doc, std::string_view key,
 
 void write_inspect_json(const checkpoint& c, const inspect_json_options& options,
                         const std::function<void(std::string_view)>& sink) {
-  detail::json_writer w(sink);
+  detail::json_writer w(sink, options.indent);
   // Keyed by member name: std::map walks them in the order nlohmann prints an object's.
   std::map<std::string, std::function<void()>> members;
   members["schema"] = [&] { w.number(int64_t(kInspectSchemaVersion)); };

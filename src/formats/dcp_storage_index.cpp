@@ -1,0 +1,56 @@
+// storage_data as a hash table (docs/formats.md §9.4): a DCP directory of 20,000 sharded
+// keys has 80,000 entries, each looked up once by check_metadata and once by the reader.
+// Keys stay in the entries themselves; the table holds only their positions.
+#include <limits>
+#include <string>
+
+#include "ckpt/dcp.h"
+#include "ckpt/error.h"
+
+namespace ckpt::dcp {
+namespace {
+
+const std::vector<int64_t>* offsets_of(const storage_item& s) { return s.offsets ? &*s.offsets : nullptr; }
+
+size_t hash_of(std::string_view fqn, const std::vector<int64_t>* offsets) {
+  size_t h = std::hash<std::string_view>{}(fqn);
+  if (!offsets) return h;
+  for (int64_t x : *offsets) h = (h ^ std::hash<int64_t>{}(x)) * 0x9E3779B97F4A7C15ull;
+  return h ^ 1;  // a chunk at () and a BYTE_IO item of the same name differ
+}
+
+bool same(const storage_item& s, std::string_view fqn, const std::vector<int64_t>* offsets) {
+  const std::vector<int64_t>* mine = offsets_of(s);
+  return s.fqn == fqn && (mine && offsets ? *mine == *offsets : mine == offsets);
+}
+
+}  // namespace
+
+storage_index::storage_index(const std::vector<storage_item>& entries) : entries_(&entries) {
+  if (entries.size() >= std::numeric_limits<uint32_t>::max() / 4)
+    throw_limit("storage_data has " + std::to_string(entries.size()) + " entries, more than this reader indexes");
+  size_t n = 16;
+  while (n < 2 * entries.size()) n *= 2;  // at most half full: short probe runs
+  slots_.assign(n, 0);
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const storage_item& s = entries[i];
+    size_t at = hash_of(s.fqn, offsets_of(s)) & (n - 1);
+    for (; slots_[at] != 0; at = (at + 1) & (n - 1))
+      if (same(entries[slots_[at] - 1], s.fqn, offsets_of(s)))
+        throw_corrupt("storage_data lists '" + s.fqn + "'" + (s.offsets ? " at offsets " + format_shape(*s.offsets) : "") +
+                          " twice", s.at);
+    slots_[at] = uint32_t(i + 1);
+  }
+}
+
+const storage_item* storage_index::find(std::string_view fqn, const std::vector<int64_t>* offsets) const {
+  if (slots_.empty()) return nullptr;
+  const size_t mask = slots_.size() - 1;
+  for (size_t at = hash_of(fqn, offsets) & mask; slots_[at] != 0; at = (at + 1) & mask) {
+    const storage_item& s = (*entries_)[slots_[at] - 1];
+    if (same(s, fqn, offsets)) return &s;
+  }
+  return nullptr;
+}
+
+}  // namespace ckpt::dcp
