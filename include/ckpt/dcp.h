@@ -133,7 +133,7 @@ class storage_index {
 
  private:
   const std::vector<storage_item>* entries_ = nullptr;
-  std::vector<uint32_t> slots_;  // open addressing: entry index + 1, 0 for an empty slot
+  std::vector<uint64_t> slots_;  // open addressing: entry index + 1 and a hash tag, 0 for empty
 };
 
 /// check_coverage for every tensor, and the storage index: every chunk and every BYTE_IO

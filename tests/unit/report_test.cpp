@@ -98,6 +98,20 @@ TEST_CASE("json_writer compact lays out documents as nlohmann's dump() does") {
   CHECK(out == ckpt::json_text(json{{"x", {inner}}}, -1));
 }
 
+TEST_CASE("json_writer escapes every byte that needs it, wherever it sits in a string") {
+  // Strings are checked for bytes to escape eight at a time: each byte value at each place
+  // of the words and of the tail.
+  for (int byte = 0; byte < 256; ++byte) {
+    for (size_t at = 0; at < 19; ++at) {
+      std::string s(19, 'a');
+      s[at] = char(byte);
+      CAPTURE(byte);
+      CAPTURE(at);
+      REQUIRE(written(json(s), -1) == ckpt::json_text(json(s), -1));
+    }
+  }
+}
+
 TEST_CASE("json_writer embeds prebuilt values at the current indentation") {
   json inner = {{"a", {1, 2}}, {"b", {{"c", "\xed\xb2\x80"}}}};
   std::string out;
