@@ -2,6 +2,7 @@
 // boxes only when it saves (default_planner.py _validate_global_plan); a reader that
 // assembles tensors from them must check again, or a lost rank's file reads as zeros.
 #include <algorithm>
+#include <charconv>
 #include <numeric>
 #include <optional>
 #include <string>
@@ -79,9 +80,17 @@ std::optional<chunk> find_gap(const tensor_meta& t, const std::vector<const chun
 }  // namespace
 
 std::string format_shape(const std::vector<int64_t>& v) {
-  std::string s = "(";
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
-  return s + (v.size() == 1 ? ",)" : ")");
+  // Once per chunk in every storage key ("w@(0, 0)"): one string, no temporaries.
+  std::string s;
+  s.reserve(2 + 8 * v.size());
+  s += '(';
+  char digits[24];
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (i) s += ", ";
+    s.append(digits, std::to_chars(digits, digits + sizeof digits, v[i]).ptr);
+  }
+  s += v.size() == 1 ? ",)" : ")";
+  return s;
 }
 
 void check_coverage(const std::string& fqn, const tensor_meta& t) {
