@@ -1,6 +1,7 @@
-// storage_data as a hash table (docs/formats.md §9.4): a DCP directory of 20,000 sharded
-// keys has 80,000 entries, each looked up once by check_metadata and once by the reader.
-// Keys stay in the entries themselves; the table holds only their positions.
+// storage_data as a hash table keyed as MetadataIndex compares, (fqn, offset) (docs/formats.md
+// §9.2): a DCP directory of 20,000 sharded keys has 80,000 entries, each looked up once by
+// check_metadata (§9.4) and once by the reader. Keys stay in the entries themselves; the table
+// holds only their positions.
 #include <limits>
 #include <string>
 
