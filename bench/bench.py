@@ -1214,7 +1214,7 @@ def main() -> int:
     if "s6" in want:
         what.append("s6")
     need = 3 * size + (2 * size if "llm_fp32" in what else 0) + (3 * s5_size if "compiled_bf16" in what else 0) \
-        + (10 * s3_size if "s3" in what else 0) + (2 * size + 2 * s3_size if "s6" in what else 0) + 256 * MiB
+        + (10 * s3_size if "s3" in what else 0) + (4 * size if "s6" in what else 0) + 256 * MiB
     free = shutil.disk_usage(scratch).free
     params_path = fxdir / "params.json"
     params = {"size": size, "s3_size": s3_size, "s5_size": s5_size, "counts": counts}

@@ -267,7 +267,7 @@ def main() -> int:
             manifest[name] = {"name": name, "format": fmt, "path": str(path), "file_size": size,
                               "payload": payload, "tensors": count}
             print(f"  {path.name}/: {size / 2**20:.1f} MiB, {count} tensors", flush=True)
-        gen_sharded.write_all(d, args.size, args.s3_size, args.s6_count, gen, record_dir)
+        gen_sharded.write_all(d, args.size, args.s6_count, gen, record_dir)
     manifest_path = d / "manifest.json"
     manifest_path.write_text(json.dumps(manifest, indent=1))
     print(f"  fixtures written in {time.perf_counter() - t_all:.1f} s", flush=True)

@@ -2,8 +2,8 @@
 writers: huggingface_hub.save_torch_state_dict for Hugging Face shard sets, and
 torch.distributed.checkpoint.save in 4 gloo processes for DCP directories.
 
-  hf_many/   N tensors (the S3 layout at the S3 size) as a safetensors shard set of ~8 shards
-  dcp_many/  N keys, each a DTensor sharded on dim 0 over 4 ranks (N x 4 chunks; small keys
+  hf_many/   N tensors (the S3 layout at the main size) as a safetensors shard set of ~8 shards
+  dcp_many/  those N keys, each a DTensor sharded on dim 0 over 4 ranks (N x 4 chunks; small keys
              give zero-size chunks, as real uneven splits do)
   hf_big/    the llm_bf16 layout at the main size, shards of about a quarter of it
   dcp_big/   the same layout at the main size, every tensor sharded on dim 0 over 4 ranks
@@ -109,13 +109,15 @@ def payload_of(shapes: list, esize: int = 2) -> int:
     return total
 
 
-def write_all(d: Path, size: int, s3_size: int, count: int, gen: torch.Generator, record) -> None:
+def write_all(d: Path, size: int, count: int, gen: torch.Generator, record) -> None:
     """The four S6 fixtures; record(name, fmt, path, payload, tensors) adds each to the manifest."""
     from gen_fixtures import for_safetensors, llm_state_dict, many_state_dict, payload_bytes
 
-    many = many_state_dict(s3_size, count, gen)
+    # At the main size, not the S3 size: issue 14 speaks of multi-GB sets, and the share of
+    # bytes inspect reads is measured against the whole set (20,000 keys x 4 ranks in 2 GiB).
+    many = many_state_dict(size, count, gen)
     p = d / "hf_many"
-    write_hf(p, many, max(1, s3_size // 8))
+    write_hf(p, many, max(1, size // 8))
     fsync_dir(p)
     record("hf_many", "hf-set", p, payload_bytes(many), len(many))
     shapes = shapes_of(many)

@@ -83,5 +83,6 @@ bool flush_stdout() {
 }
 
 bool stderr_is_terminal() { return ::isatty(STDERR_FILENO) == 1; }
+bool stdout_is_terminal() { return ::isatty(STDOUT_FILENO) == 1; }
 
 }  // namespace cli

@@ -41,5 +41,6 @@ struct verb {
 /// closed pipe).
 bool flush_stdout();
 bool stderr_is_terminal();
+bool stdout_is_terminal();
 
 }  // namespace cli

@@ -42,6 +42,7 @@ set(CKPT_CORE_SOURCES
   ${CKPT_ROOT}/src/formats/dcp_coverage.cpp
   ${CKPT_ROOT}/src/formats/dcp_rank_local.cpp
   ${CKPT_ROOT}/src/formats/dcp_metadata.cpp
+  ${CKPT_ROOT}/src/formats/dcp_storage_index.cpp
   ${CKPT_ROOT}/src/formats/dcp_transforms.cpp
   ${CKPT_ROOT}/src/formats/dcp_vocabulary.cpp
   ${CKPT_ROOT}/src/formats/format_detect.cpp

@@ -130,15 +130,34 @@ bool is_dcp_global(std::string_view module, std::string_view name);
 /// With `sources` (a rank-local merge), the error names the metadata file of the box.
 void check_coverage(const std::string& fqn, const tensor_meta& t, const std::vector<std::string>& sources = {});
 
+/// storage_data looked up as PyTorch's MetadataIndex compares entries: by fqn and chunk
+/// offsets, `index` being only a hint (metadata.py:163). It points into the entries it was
+/// built from, which must outlive it unchanged.
+class storage_index {
+ public:
+  storage_index() = default;
+  /// Throws a corrupt ckpt::error naming the first entry listed twice (and, with `sources`,
+  /// the metadata file that listed it: a rank-local merge).
+  explicit storage_index(const std::vector<storage_item>& entries, const std::vector<std::string>& sources = {});
+  /// The entry of a chunk at `offsets`, or of a BYTE_IO item (offsets nullptr); nullptr if none.
+  const storage_item* find(std::string_view fqn, const std::vector<int64_t>* offsets) const;
+
+ private:
+  const std::vector<storage_item>* entries_ = nullptr;
+  std::vector<uint64_t> slots_;  // open addressing: entry index + 1 and a hash tag, 0 for empty
+};
+
 /// The storage index alone: every chunk and every BYTE_IO item has exactly one storage_data
 /// entry (matched by fqn and offsets, as PyTorch's MetadataIndex compares), and every
-/// storage_data entry belongs to a known item. Throws a corrupt ckpt::error.
-void check_storage_index(const metadata& md);
+/// storage_data entry belongs to a known item. Throws a corrupt ckpt::error naming, with
+/// md.sources, the metadata file. Returns the index, over md.storage_data.
+storage_index check_storage_index(const metadata& md);
 
 /// check_coverage for every tensor, and the storage index: every chunk and every BYTE_IO
 /// item has exactly one storage_data entry (matched by fqn and offsets, as PyTorch's
-/// MetadataIndex compares), and every storage_data entry belongs to a known item.
-void check_metadata(const metadata& md);
+/// MetadataIndex compares), and every storage_data entry belongs to a known item. Returns
+/// the index, over md.storage_data.
+storage_index check_metadata(const metadata& md);
 
 /// The rank of a rank-local metadata file's name (`__3.metadata` -> 3), written by
 /// dcp.save(use_collectives=False) since PyTorch 2.9 (docs/formats.md §9.8); nullopt for

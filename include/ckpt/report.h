@@ -23,11 +23,14 @@ struct inspect_json_options {
   /// When set, only the tensors it accepts are listed and counted in "filtered_totals";
   /// "totals" still counts every tensor.
   std::function<bool(const tensor_record&)> keep_tensor;
+  /// 2: laid out as dump(2); -1: compact, as dump() (a DCP directory of 80,000 chunks is
+  /// 81 MB indented, 47 MB without the whitespace).
+  int indent = 2;
 };
 
 /// Writes the JSON document of `ckptool inspect --json` (docs/inspect-json.md) to `sink` in
-/// pieces, without a trailing newline. The text is what nlohmann's dump(2) (through
-/// json_text) would print for the same document, but the tensor and storage tables, which
+/// pieces, without a trailing newline. The text is what nlohmann's dump(options.indent)
+/// (through json_text) would print for the same document, but the tensor and storage tables, which
 /// can hold 100,000 rows, are never built as a tree.
 void write_inspect_json(const checkpoint& c, const inspect_json_options& options,
                         const std::function<void(std::string_view)>& sink);

@@ -2,7 +2,7 @@
 // boxes only when it saves (default_planner.py _validate_global_plan); a reader that
 // assembles tensors from them must check again, or a lost rank's file reads as zeros.
 #include <algorithm>
-#include <map>
+#include <charconv>
 #include <numeric>
 #include <optional>
 #include <string>
@@ -89,9 +89,17 @@ std::optional<chunk> find_gap(const tensor_meta& t, const std::vector<const chun
 }  // namespace
 
 std::string format_shape(const std::vector<int64_t>& v) {
-  std::string s = "(";
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
-  return s + (v.size() == 1 ? ",)" : ")");
+  // Once per chunk in every storage key ("w@(0, 0)"): one string, no temporaries.
+  std::string s;
+  s.reserve(2 + 8 * v.size());
+  s += '(';
+  char digits[24];
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (i) s += ", ";
+    s.append(digits, std::to_chars(digits, digits + sizeof digits, v[i]).ptr);
+  }
+  s += v.size() == 1 ? ",)" : ")";
+  return s;
 }
 
 void check_coverage(const std::string& fqn, const tensor_meta& t, const std::vector<std::string>& sources) {
@@ -169,48 +177,45 @@ void check_coverage(const std::string& fqn, const tensor_meta& t, const std::vec
   }
 }
 
-void check_storage_index(const metadata& md) {
+storage_index check_storage_index(const metadata& md) {
   // MetadataIndex equality is (fqn, offset); index is only a hint (metadata.py:163).
-  using key = std::tuple<std::string, bool, std::vector<int64_t>>;
-  auto file_of = [&](uint32_t source) { return source < md.sources.size() ? md.sources[source] : std::string(); };
   auto fail = [&](const std::string& what, std::optional<uint64_t> at, uint32_t source) {
     error e(errc::corrupt, what, at);
-    if (!file_of(source).empty()) e.with_file(file_of(source));
+    if (source < md.sources.size() && !md.sources[source].empty()) e.with_file(md.sources[source]);
     throw e;
   };
-  std::map<key, const storage_item*> where;
-  for (const storage_item& s : md.storage_data) {
-    key k{s.fqn, s.offsets.has_value(), s.offsets.value_or(std::vector<int64_t>{})};
-    if (!where.emplace(k, &s).second)
-      fail("storage_data lists '" + s.fqn + "'" + (s.offsets ? " at offsets " + format_shape(*s.offsets) : "") + " twice",
-           s.at, s.source);
-  }
-  std::map<key, uint32_t> wanted;  // -> the source that listed it first
+  storage_index where(md.storage_data, md.sources);
+  // Each chunk and BYTE_IO item finds its entry; an entry no one found belongs to nothing.
+  std::vector<bool> used(md.storage_data.size(), false);
   for (const item& it : md.items) {
     if (!it.is_tensor) {
-      wanted.emplace(key{it.fqn, false, {}}, 0);
+      const storage_item* s = where.find(it.fqn, nullptr);
+      if (!s) fail("item '" + it.fqn + "': storage_data has no entry for its bytes", std::nullopt, 0);
+      used[size_t(s - md.storage_data.data())] = true;
       continue;
     }
-    for (const chunk& c : it.tensor.chunks) wanted.emplace(key{it.fqn, true, c.offsets}, c.source);
-  }
-  for (const auto& [k, source] : wanted)
-    if (!where.count(k)) {
-      const auto& [fqn, has_offsets, offsets] = k;
-      fail(std::string(has_offsets ? "tensor" : "item") + " '" + fqn + "': storage_data has no entry for " +
-               (has_offsets ? "its chunk at offsets " + format_shape(offsets) : "its bytes"),
-           std::nullopt, source);
+    for (const chunk& c : it.tensor.chunks) {
+      const storage_item* s = where.find(it.fqn, &c.offsets);
+      if (!s)
+        fail("tensor '" + it.fqn + "': storage_data has no entry for its chunk at offsets " + format_shape(c.offsets),
+             std::nullopt, c.source);
+      used[size_t(s - md.storage_data.data())] = true;
     }
-  for (const auto& [k, s] : where)
-    if (!wanted.count(k))
-      fail("storage_data entry for '" + s->fqn + "'" + (s->offsets ? " at offsets " + format_shape(*s->offsets) : "") +
+  }
+  for (size_t i = 0; i < used.size(); ++i)
+    if (!used[i]) {
+      const storage_item& s = md.storage_data[i];
+      fail("storage_data entry for '" + s.fqn + "'" + (s.offsets ? " at offsets " + format_shape(*s.offsets) : "") +
                " matches no chunk or item of state_dict_metadata",
-           s->at, s->source);
+           s.at, s.source);
+    }
+  return where;
 }
 
-void check_metadata(const metadata& md) {
+storage_index check_metadata(const metadata& md) {
   for (const item& it : md.items)
     if (it.is_tensor) check_coverage(it.fqn, it.tensor, md.sources);
-  check_storage_index(md);
+  return check_storage_index(md);
 }
 
 }  // namespace ckpt::dcp

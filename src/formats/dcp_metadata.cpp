@@ -26,6 +26,49 @@ constexpr std::string_view kFilesystemModule = "torch.distributed.checkpoint.fil
 
 std::string quoted(std::string_view s) { return "'" + std::string(s) + "'"; }
 
+// The words that name a value in an error ("state_dict_metadata['w'].chunks[3].offsets"),
+// kept as a chain of parts and joined only when a check fails: a .metadata of 80,000 chunks
+// would otherwise build half a million strings that no error ever prints. A where points
+// at its parent, so it lives no longer than the expression or scope that made it.
+class where {
+ public:
+  where(const char* text) : text_(text) {}          // NOLINT(google-explicit-constructor)
+  where(const std::string& text) : text_(text) {}   // NOLINT(google-explicit-constructor)
+  where(const where& parent, std::string_view text) : parent_(&parent), text_(text) {}
+  // parent + text + "['key']"
+  static where keyed(std::string_view text, std::string_view key) {
+    where w{text};
+    w.key_ = key;
+    w.form_ = form::key;
+    return w;
+  }
+  // parent + text + "[i]"
+  static where indexed(const where& parent, std::string_view text, size_t i) {
+    where w(parent, text);
+    w.index_ = i;
+    w.form_ = form::index;
+    return w;
+  }
+
+  std::string str() const {
+    std::string s = parent_ ? parent_->str() : std::string();
+    s += text_;
+    if (form_ == form::key) s += "[" + quoted(key_) + "]";
+    if (form_ == form::index) s += "[" + std::to_string(index_) + "]";
+    return s;
+  }
+  friend std::string operator+(const where& w, std::string_view tail) { return w.str() + std::string(tail); }
+
+ private:
+  explicit where(std::string_view text) : text_(text) {}
+  enum class form { plain, key, index };
+  const where* parent_ = nullptr;
+  std::string_view text_;
+  form form_ = form::plain;
+  std::string_view key_;
+  size_t index_ = 0;
+};
+
 // An instance of `module.cls`, as the pickle machine records NEWOBJ / REDUCE calls.
 bool is_instance(const value* v, std::string_view module, std::string_view cls) {
   if (!v || v->type != kind::object) return false;
@@ -33,14 +76,14 @@ bool is_instance(const value* v, std::string_view module, std::string_view cls) 
   return g && g->is_global(module, cls);
 }
 
-const value* expect_instance(const value* v, std::string_view module, std::string_view cls, const std::string& what) {
+const value* expect_instance(const value* v, std::string_view module, std::string_view cls, const where& what) {
   if (!is_instance(v, module, cls))
     bad(v, what + " must be a " + std::string(cls) + " (got " + pickle::repr(v, 80) + ")");
   return v;
 }
 
 // The state BUILD gave a dataclass instance: the instance's __dict__.
-const value* state_dict(const value* obj, const std::string& what) {
+const value* state_dict(const value* obj, const where& what) {
   const value* s = obj->state;
   if (!s || s->type != kind::dict) bad(obj, what + ": its state must be a dict of fields");
   return s;
@@ -50,21 +93,34 @@ const value* state_dict(const value* obj, const std::string& what) {
 // replace earlier ones in the pickle machine's dicts, as in Python's.
 const value* field(const value* state, std::string_view name) { return detail::str_key(state, name); }
 
-const value* required(const value* state, std::string_view name, const std::string& what) {
+const value* required(const value* state, std::string_view name, const where& what) {
   const value* v = field(state, name);
   if (!v) bad(state, what + ": field '" + std::string(name) + "' is missing");
   return v;
 }
 
-int64_t nonnegative(const value* v, const std::string& what) {
+// detail::as_int and as_bool, with the name built only for the error.
+int64_t integer(const value* v, const where& what) {
+  if (v->type == kind::integer) return v->integer;
+  if (v->type == kind::boolean) return v->flag ? 1 : 0;
+  bad(v, what + " must be an integer");
+}
+
+bool as_flag(const value* v, const where& what) {
+  if (v->type == kind::boolean) return v->flag;
+  if (v->type == kind::integer && (v->integer == 0 || v->integer == 1)) return v->integer == 1;
+  bad(v, what + " must be a bool");
+}
+
+int64_t nonnegative(const value* v, const where& what) {
   if (v->type == kind::big_integer) bad(v, what + " is out of range");
-  int64_t x = detail::as_int(v, what.c_str());
+  int64_t x = integer(v, what);
   if (x < 0) bad(v, what + " is negative (" + std::to_string(x) + ")");
   return x;
 }
 
 // torch.Size((d0, d1, ...)): REDUCE(torch.Size, (tuple,)).
-std::vector<int64_t> as_size(const value* v, const std::string& what, bool allow_negative = false) {
+std::vector<int64_t> as_size(const value* v, const where& what, bool allow_negative = false) {
   if (!is_instance(v, "torch", "Size")) bad(v, what + " must be a torch.Size (got " + pickle::repr(v, 80) + ")");
   const value* args = v->items[pickle::kArgs];
   const value* dims = args && args->type == kind::tuple && args->items.size() == 1 ? args->items[0] : nullptr;
@@ -74,26 +130,24 @@ std::vector<int64_t> as_size(const value* v, const std::string& what, bool allow
   std::vector<int64_t> out;
   out.reserve(dims->items.size());
   for (const value* d : dims->items)
-    out.push_back(allow_negative ? detail::as_int(d, what.c_str()) : nonnegative(d, what + " element"));
+    out.push_back(allow_negative ? integer(d, what) : nonnegative(d, where(what, " element")));
   return out;
 }
 
-std::string as_string(const value* v, const std::string& what) {
+std::string as_string(const value* v, const where& what) {
   if (v->type != kind::str) bad(v, what + " must be a string (got " + pickle::repr(v, 60) + ")");
   return std::string(v->text);
 }
 
-std::optional<std::string> as_optional_string(const value* v, const std::string& what) {
+std::optional<std::string> as_optional_string(const value* v, const where& what) {
   if (!v || v->type == kind::none) return std::nullopt;
   return as_string(v, what);
 }
 
-bool as_flag(const value* v, const std::string& what) { return detail::as_bool(v, what.c_str()); }
-
 // TensorProperties pickles through __getstate__/__setstate__ as the 5-tuple (dtype, layout,
 // requires_grad, memory_format, pin_memory), which __setstate__ unpacks exactly
 // (metadata.py:57-100): any other state fails under PyTorch, so it is corrupt here too.
-void decode_properties(const value* v, tensor_meta& t, const std::string& what) {
+void decode_properties(const value* v, tensor_meta& t, const where& what) {
   expect_instance(v, kMetadataModule, "TensorProperties", what);
   const value* s = v->state;
   if (!s || s->type != kind::tuple || s->items.size() != 5)
@@ -114,19 +168,19 @@ void decode_properties(const value* v, tensor_meta& t, const std::string& what) 
     if (!is_instance(layout, "torch.serialization", "_get_layout")) bad(layout, what + ": layout must be a torch.layout");
     const value* a = layout->items[pickle::kArgs];
     if (!a || a->type != kind::tuple || a->items.size() != 1) bad(layout, what + ": _get_layout takes one string");
-    t.layout = as_string(a->items[0], what + " layout");
+    t.layout = as_string(a->items[0], where(what, " layout"));
     // A sparse or mkldnn layout is no box of dense elements: refuse rather than misread it.
     if (t.layout != "torch.strided")
       throw_unsupported(what + ": layout " + t.layout + " is not supported (only torch.strided)", layout->offset);
   }
-  if (grad->type != kind::none) t.requires_grad = as_flag(grad, what + " requires_grad");
-  if (pin->type != kind::none) t.pin_memory = as_flag(pin, what + " pin_memory");
+  if (grad->type != kind::none) t.requires_grad = as_flag(grad, where(what, " requires_grad"));
+  if (pin->type != kind::none) t.pin_memory = as_flag(pin, where(what, " pin_memory"));
   // __setstate__ raises on anything but the three encodings.
   if (!is_instance(mem, kMetadataModule, "_MEM_FORMAT_ENCODING"))
     bad(mem, what + ": memory_format must be a _MEM_FORMAT_ENCODING");
   const value* a = mem->items[pickle::kArgs];
   if (!a || a->type != kind::tuple || a->items.size() != 1) bad(mem, what + ": _MEM_FORMAT_ENCODING takes one int");
-  t.memory_format = detail::as_int(a->items[0], "memory format");
+  t.memory_format = integer(a->items[0], "memory format");
   if (t.memory_format < 0 || t.memory_format > 2)
     bad(mem, what + ": memory format " + std::to_string(t.memory_format) + " is not one of 0, 1, 2");
 }
@@ -135,26 +189,26 @@ item decode_item(const value* key, const value* v) {
   item it;
   it.fqn = as_string(key, "a state_dict_metadata key");
   it.at = v->offset;
-  std::string what = "state_dict_metadata[" + quoted(it.fqn) + "]";
+  const where what = where::keyed("state_dict_metadata", it.fqn);
   if (is_instance(v, kMetadataModule, "BytesStorageMetadata")) return it;
   expect_instance(v, kMetadataModule, "TensorStorageMetadata", what);
   it.is_tensor = true;
   const value* s = state_dict(v, what);
-  decode_properties(required(s, "properties", what), it.tensor, what + ".properties");
-  it.tensor.size = as_size(required(s, "size", what), what + ".size");
+  decode_properties(required(s, "properties", what), it.tensor, where(what, ".properties"));
+  it.tensor.size = as_size(required(s, "size", what), where(what, ".size"));
   const value* chunks = required(s, "chunks", what);
   if (chunks->type != kind::list) bad(chunks, what + ".chunks must be a list");
   it.tensor.chunks.reserve(chunks->items.size());
   for (size_t i = 0; i < chunks->items.size(); ++i) {
     const value* c = chunks->items[i];
-    std::string cw = what + ".chunks[" + std::to_string(i) + "]";
+    const where cw = where::indexed(what, ".chunks", i);
     expect_instance(c, kMetadataModule, "ChunkStorageMetadata", cw);
     const value* cs = state_dict(c, cw);
     chunk ch;
     ch.at = c->offset;
     // Offsets may be negative in a hostile file: the coverage check names such a box.
-    ch.offsets = as_size(required(cs, "offsets", cw), cw + ".offsets", true);
-    ch.sizes = as_size(required(cs, "sizes", cw), cw + ".sizes");
+    ch.offsets = as_size(required(cs, "offsets", cw), where(cw, ".offsets"), true);
+    ch.sizes = as_size(required(cs, "sizes", cw), where(cw, ".sizes"));
     if (ch.offsets.size() != it.tensor.size.size() || ch.sizes.size() != it.tensor.size.size())
       bad(c, cw + ": box of rank " + std::to_string(ch.offsets.size()) + "/" + std::to_string(ch.sizes.size()) +
                  " in a tensor of rank " + std::to_string(it.tensor.size.size()));
@@ -165,7 +219,7 @@ item decode_item(const value* key, const value* v) {
 
 // A relative_path that could leave the checkpoint directory is no DCP writer's output.
 // The rule is file_opener's, the one every name read from a file goes through.
-void check_relative_path(const value* v, const std::string& p, const std::string& what) {
+void check_relative_path(const value* v, const std::string& p, const where& what) {
   if (!relative_name_problem(p).empty())
     bad(v, what + ": relative_path " + quoted(p) + " is not a file name inside the checkpoint directory");
 }
@@ -176,25 +230,26 @@ storage_item decode_storage(const value* key, const value* v) {
   expect_instance(key, kMetadataModule, "MetadataIndex", "a storage_data key");
   const value* ks = state_dict(key, "MetadataIndex");
   si.fqn = as_string(required(ks, "fqn", "MetadataIndex"), "MetadataIndex.fqn");
-  std::string what = "storage_data[" + quoted(si.fqn) + "]";
+  const where what = where::keyed("storage_data", si.fqn);
   // MetadataIndex.__init__ sets offset only when given (BYTE_IO items have none).
   const value* off = field(ks, "offset");
-  if (off && off->type != kind::none) si.offsets = as_size(off, what + " offset", true);
+  if (off && off->type != kind::none) si.offsets = as_size(off, where(what, " offset"), true);
   const value* idx = field(ks, "index");
-  if (idx && idx->type != kind::none) si.index = detail::as_int(idx, "MetadataIndex.index");
+  if (idx && idx->type != kind::none) si.index = integer(idx, "MetadataIndex.index");
 
   expect_instance(v, kFilesystemModule, "_StorageInfo", what);
   const value* s = state_dict(v, what);
-  si.relative_path = as_string(required(s, "relative_path", what), what + ".relative_path");
+  si.relative_path = as_string(required(s, "relative_path", what), where(what, ".relative_path"));
   check_relative_path(v, si.relative_path, what);
-  si.offset = uint64_t(nonnegative(required(s, "offset", what), what + ".offset"));
-  si.length = uint64_t(nonnegative(required(s, "length", what), what + ".length"));
+  si.offset = uint64_t(nonnegative(required(s, "offset", what), where(what, ".offset")));
+  si.length = uint64_t(nonnegative(required(s, "length", what), where(what, ".length")));
   if (si.offset + si.length < si.offset) bad(v, what + ": byte range overflows");
   // Absent before 2.7, and omitted by __getstate__ when None.
   const value* td = field(s, "transform_descriptors");
   if (td && td->type != kind::none) {
     if (td->type != kind::list && td->type != kind::tuple) bad(td, what + ".transform_descriptors must be a list");
-    for (const value* d : td->items) si.transform_descriptors.push_back(as_string(d, what + " transform descriptor"));
+    for (const value* d : td->items)
+      si.transform_descriptors.push_back(as_string(d, where(what, " transform descriptor")));
   }
   return si;
 }

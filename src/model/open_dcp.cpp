@@ -11,7 +11,8 @@
 #include <map>
 #include <memory>
 #include <set>
-#include <tuple>
+#include <string_view>
+#include <unordered_map>
 
 #include "ckpt/dcp.h"
 #include "ckpt/error.h"
@@ -39,7 +40,8 @@ dim_list contiguous_stride(const std::vector<int64_t>& shape) {
 
 // planner_data's path for a key when the writer flattened a nested state dict; the key
 // itself otherwise.
-value_path item_path(const std::map<std::string, const dcp::planner_path*>& planned, const std::string& fqn) {
+value_path item_path(const std::unordered_map<std::string_view, const dcp::planner_path*>& planned,
+                     const std::string& fqn) {
   auto it = planned.find(fqn);
   if (it == planned.end()) return {fqn};
   value_path p;
@@ -67,9 +69,17 @@ class dcp_reader {
     c_.format = file_format::torch_zip;
     c_.index_path = fs_.display(join(dir_, layout_.metadata.at(0)));
     if (layout_.metadata.front() == ".metadata") {
-      md_ = read_metadata_file(".metadata", true);
+      md_ = read_metadata_file(".metadata");
+      // Checked once md_ holds it: the index check_metadata returns points into md_.
+      try {
+        where_ = dcp::check_metadata(md_);
+      } catch (error& e) {
+        e.with_file(c_.index_path);
+        throw;
+      }
     } else {
       read_rank_local();
+      where_ = dcp::storage_index(md_.storage_data, md_.sources);  // merge_rank_local checked it
     }
     c_.writer = md_.version ? *md_.version : std::string();
     c_.globals = md_.globals;
@@ -78,8 +88,8 @@ class dcp_reader {
                             "listed as .metadata names them");
     for (const auto& f : md_.unknown_fields)
       c_.warnings.push_back(".metadata has a field this reader does not know: " + f + " (kept unread)");
+    planned_.reserve(md_.planner_data.size());
     for (const auto& p : md_.planner_data) planned_[p.fqn] = &p;
-    for (const auto& s : md_.storage_data) where_[{s.fqn, s.offsets.has_value(), s.offsets.value_or(std::vector<int64_t>{})}] = &s;
     open_data_files();
 
     size_t chunks = 0;
@@ -107,15 +117,14 @@ class dcp_reader {
   }
 
  private:
-  // One metadata file, decoded (and, when it is the whole index, checked).
-  dcp::metadata read_metadata_file(const std::string& name, bool check) {
+  // One metadata file, decoded; the caller checks it (alone, or merged with its ranks').
+  dcp::metadata read_metadata_file(const std::string& name) {
     std::unique_ptr<byte_source> src = fs_.open(join(dir_, name));
     dcp::metadata md;
     try {
       dcp::decode_options d;
       d.lim = o_.pickle_limits;
       md = dcp::decode_metadata(*src, d);
-      if (check) dcp::check_metadata(md);
     } catch (error& e) {
       src->locate(e);
       c_.index_bytes_read += src->bytes_read();
@@ -138,7 +147,7 @@ class dcp_reader {
                                        std::to_string(r) + " without __" + std::to_string(ranks.size()) +
                                        ".metadata: the save did not complete, or a file was lost")
             .with_file(c_.path);
-      ranks.push_back(read_metadata_file(name, false));
+      ranks.push_back(read_metadata_file(name));
       names.push_back(fs_.display(join(dir_, name)));
     }
     for (const std::string& part : layout_.parts) {
@@ -192,7 +201,7 @@ class dcp_reader {
   }
 
   const dcp::storage_item& storage_of(const std::string& fqn, const std::vector<int64_t>* offsets) {
-    return *where_.at({fqn, offsets != nullptr, offsets ? *offsets : std::vector<int64_t>{}});
+    return *where_.find(fqn, offsets);  // check_metadata found every chunk's and item's entry
   }
 
   [[noreturn]] void mismatch(const dcp::storage_item& s, const std::string& what) {
@@ -239,7 +248,6 @@ class dcp_reader {
 
   size_t read_chunk(const dcp::item& it, const dcp::chunk& ch, const value_path& path, const dcp::storage_item& s) {
     const data_file& d = files_.at(s.relative_path);
-    const std::string box = "chunk at offsets " + dcp::format_shape(ch.offsets) + ", sizes " + dcp::format_shape(ch.sizes);
     tensor_record t;
     storage_record st;
     st.key = it.fqn + "@" + dcp::format_shape(ch.offsets);
@@ -258,7 +266,8 @@ class dcp_reader {
       t.stride = contiguous_stride(ch.sizes);
     } else {
       checkpoint a = open_item(s);
-      const std::string in = "tensor '" + it.fqn + "', " + box + ": its archive ";
+      const std::string in = "tensor '" + it.fqn + "', chunk at offsets " + dcp::format_shape(ch.offsets) +
+                             ", sizes " + dcp::format_shape(ch.sizes) + ": its archive ";
       if (a.format != file_format::torch_zip) mismatch(s, in + "is a " + std::string(format_name(a.format)) + " file, not a torch.save archive");
       if (a.tensors.size() != 1 || !a.tensors[0].path.empty())
         mismatch(s, in + "holds " + std::to_string(a.tensors.size()) + " tensors" +
@@ -454,8 +463,8 @@ class dcp_reader {
   const open_options& o_;
   checkpoint c_;
   dcp::metadata md_;
-  std::map<std::string, const dcp::planner_path*> planned_;
-  std::map<std::tuple<std::string, bool, std::vector<int64_t>>, const dcp::storage_item*> where_;
+  std::unordered_map<std::string_view, const dcp::planner_path*> planned_;  // keys: md_'s strings
+  dcp::storage_index where_;  // over md_.storage_data
   std::map<std::string, data_file> files_;
   std::set<std::string> unsafe_;
   uint64_t inflated_ = 0;

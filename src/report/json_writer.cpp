@@ -20,17 +20,34 @@ constexpr size_t kMaxIndent = sizeof kIndent - 2;
 // Printable ASCII other than '"' and '\\' is written as is by every JSON serializer; any
 // other byte (escapes, UTF-8, invalid UTF-8, WTF-8 surrogates) is left to json_text, so
 // those strings come out exactly as the nlohmann serializer writes them.
+bool plain_byte(unsigned char b) { return b >= 0x20 && b < 0x7f && b != '"' && b != '\\'; }
+
+// The same test on eight bytes at once (the bit tricks of Anderson's "Bit Twiddling Hacks":
+// haszero, hasless, hasmore), exact as a yes/no for the word: a report is mostly keys and
+// names, tens of millions of bytes for a large set.
+constexpr uint64_t kOnes = 0x0101010101010101ull, kHighs = 0x8080808080808080ull;
+bool has_zero_byte(uint64_t w) { return ((w - kOnes) & ~w & kHighs) != 0; }
+bool plain_word(uint64_t w) {
+  const bool below_space = ((w - kOnes * 0x20) & ~w & kHighs) != 0;
+  const bool above_tilde = (((w + kOnes * (0x7f - 0x7e)) | w) & kHighs) != 0;
+  return !below_space && !above_tilde && !has_zero_byte(w ^ (kOnes * '"')) && !has_zero_byte(w ^ (kOnes * '\\'));
+}
+
 bool plain(std::string_view s) {
-  for (char ch : s) {
-    auto b = static_cast<unsigned char>(ch);
-    if (b < 0x20 || b >= 0x7f || b == '"' || b == '\\') return false;
+  size_t i = 0;
+  for (uint64_t w; i + 8 <= s.size(); i += 8) {
+    std::memcpy(&w, s.data() + i, 8);
+    if (!plain_word(w)) return false;
   }
+  for (; i < s.size(); ++i)
+    if (!plain_byte(static_cast<unsigned char>(s[i]))) return false;
   return true;
 }
 
 }  // namespace
 
-json_writer::json_writer(sink out) : out_(std::move(out)), buf_(new char[kBufferSize]), cap_(kBufferSize) {}
+json_writer::json_writer(sink out, int indent)
+    : out_(std::move(out)), buf_(new char[kBufferSize]), cap_(kBufferSize), compact_(indent < 0) {}
 
 void json_writer::make_room(size_t n) {
   flush();
@@ -41,6 +58,7 @@ void json_writer::make_room(size_t n) {
 }
 
 void json_writer::newline_indent(size_t depth) {
+  if (compact_) return;
   size_t spaces = 2 * depth;
   put(kIndent, 1 + std::min(spaces, kMaxIndent));
   for (spaces -= std::min(spaces, kMaxIndent); spaces > 0; spaces -= std::min(spaces, kMaxIndent))
@@ -61,7 +79,10 @@ void json_writer::key(std::string_view k) {
   if (counts_.back()++ > 0) put(',');
   newline_indent(counts_.size());
   quoted(k);
-  put(": ", 2);
+  if (compact_)
+    put(':');
+  else
+    put(": ", 2);
   after_key_ = true;
 }
 
@@ -123,6 +144,11 @@ void json_writer::null() {
 
 void json_writer::value(const nlohmann::json& v) {
   before_value();
+  if (compact_) {
+    const std::string text = json_text(v, -1);
+    put(text.data(), text.size());
+    return;
+  }
   // JSON text has no raw newlines inside strings, so every newline starts a line to indent.
   const std::string text = json_text(v, 2);
   const size_t depth = counts_.size();

@@ -1,7 +1,7 @@
 // Internal: writes JSON text piece by piece, laid out exactly as nlohmann::json's dump(2)
-// lays out the same document, so a report with 100,000 tensors can be printed without
-// first building (and then freeing) a tree of a million nodes. Object members must be
-// given in the order nlohmann would print them: sorted by key, bytewise.
+// (or, compact, dump()) lays out the same document, so a report with 100,000 tensors can be
+// printed without first building (and then freeing) a tree of a million nodes. Object
+// members must be given in the order nlohmann would print them: sorted by key, bytewise.
 #pragma once
 
 #include <cstdint>
@@ -19,7 +19,8 @@ namespace ckpt::detail {
 class json_writer {
  public:
   using sink = std::function<void(std::string_view)>;
-  explicit json_writer(sink out);
+  /// indent 2 lays out as dump(2); -1 writes no whitespace at all, as dump() does.
+  explicit json_writer(sink out, int indent = 2);
 
   void begin_object() { open('{'); }
   void end_object() { close('}'); }
@@ -62,6 +63,7 @@ class json_writer {
   size_t cap_ = 0;
   std::vector<size_t> counts_;  // members or elements written so far, per open container
   bool after_key_ = false;
+  bool compact_ = false;
 };
 
 }  // namespace ckpt::detail

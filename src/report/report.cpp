@@ -34,9 +34,16 @@ void write_path(detail::json_writer& w, const value_path& path) {
   w.end_array();
 }
 
-void write_ints(detail::json_writer& w, const std::vector<int64_t>& v) {
+// Any range of integers (a vector, a dim_list), written where it lies: no copy per row.
+template <typename Ints>
+void write_ints(detail::json_writer& w, const Ints& v, size_t pad_to = 0) {
   w.begin_array();
-  for (int64_t x : v) w.number(x);
+  size_t n = 0;
+  for (int64_t x : v) {
+    w.number(x);
+    ++n;
+  }
+  for (; n < pad_to; ++n) w.number(int64_t(0));
   w.end_array();
 }
 
@@ -191,19 +198,20 @@ void write_keys(detail::json_writer& w, const checkpoint& c, const std::function
           w.null();
       }
       w.key("offsets");
-      std::vector<int64_t> offsets = piece.offsets;
-      offsets.resize(t.shape.size(), 0);
-      write_ints(w, offsets);
+      // A piece's offsets are padded with zeros to the tensor's rank.
+      if (piece.offsets.size() > t.shape.size())
+        write_ints(w, std::vector<int64_t>(piece.offsets.begin(), piece.offsets.begin() + t.shape.size()));
+      else
+        write_ints(w, piece.offsets, t.shape.size());
       w.key("sizes");
-      write_ints(w, std::vector<int64_t>(t.shape.begin(), t.shape.end()));
+      write_ints(w, t.shape);
       w.key("tensor");
       w.number(uint64_t(piece.tensor));
       w.end_object();
     }
     w.end_array();
     w.key("shape");
-    const dim_list& shape = c.keys.shape(k, c.tensors);
-    write_ints(w, std::vector<int64_t>(shape.begin(), shape.end()));
+    write_ints(w, c.keys.shape(k, c.tensors));
     w.end_object();
   }
   w.end_array();
@@ -262,7 +270,7 @@ void write_json_with_pairs(const nlohmann::json& doc, std::string_view key,
 
 void write_inspect_json(const checkpoint& c, const inspect_json_options& options,
                         const std::function<void(std::string_view)>& sink) {
-  detail::json_writer w(sink);
+  detail::json_writer w(sink, options.indent);
   // Keyed by member name: std::map walks them in the order nlohmann prints an object's.
   std::map<std::string, std::function<void()>> members;
   members["schema"] = [&] { w.number(int64_t(kInspectSchemaVersion)); };

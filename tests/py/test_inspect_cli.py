@@ -325,6 +325,44 @@ def test_filter_narrows_json(fixture_set):
     assert got == want, f"--filter '*.weight': expected {sorted(want)}, got {sorted(got)}"
 
 
+def _stdout_on_a_terminal(*args) -> str:
+    """ckptool's stdout when it is a terminal (a pseudo-terminal read to the end)."""
+    import pty
+
+    master, slave = pty.openpty()
+    p = subprocess.Popen([str(CKPTOOL), *map(str, args)], stdout=slave, stderr=subprocess.PIPE)
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            data = os.read(master, 1 << 16)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(master)
+    assert p.wait(timeout=60) == 0, p.stderr.read().decode()
+    # The terminal's line discipline turns each "\n" into "\r\n".
+    return b"".join(chunks).decode().replace("\r\n", "\n")
+
+
+def test_json_layout_compact_unless_terminal_or_pretty(fixture_set):
+    """One line when read by a program (a third of a large set's document is indentation);
+    indented as json.dumps(indent=2) at a terminal or with --pretty. Same document in all."""
+    p = fixture_set["plain"].path
+    rc, compact, err = run_ckptool("inspect", "--json", p)
+    assert rc == 0, err
+    doc = json.loads(compact)
+    assert compact == json.dumps(doc, separators=(",", ":"), ensure_ascii=False) + "\n"
+    rc, pretty, err = run_ckptool("inspect", "--json", "--pretty", p)
+    assert rc == 0, err
+    assert pretty == json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
+    assert _stdout_on_a_terminal("inspect", "--json", p) == pretty
+    rc, out, err = run_ckptool("inspect", "--pretty", p)
+    assert rc == 2 and out == "" and "--pretty requires --json" in err
+
+
 def test_filter_narrows_human(fixture_set):
     fx = fixture_set["plain"]
     sd = torch.load(fx.path, weights_only=True)

@@ -81,3 +81,48 @@ TEST_CASE("dcp coverage: a gap in a grid too large to walk is still found, by co
   CHECK(msg.find("tensor 'w': ") == 0);
   CHECK(msg.find("hold") != std::string::npos);
 }
+
+TEST_CASE("format_shape writes boxes as Python prints tuples") {
+  CHECK(dcp::format_shape({}) == "()");
+  CHECK(dcp::format_shape({5}) == "(5,)");
+  CHECK(dcp::format_shape({3, 0}) == "(3, 0)");
+  CHECK(dcp::format_shape({-1, INT64_MIN, INT64_MAX}) == "(-1, -9223372036854775808, 9223372036854775807)");
+}
+
+TEST_CASE("storage_index finds each entry by fqn and offsets, and nothing else") {
+  std::vector<dcp::storage_item> entries;
+  for (int64_t k = 0; k < 3000; ++k)
+    for (int64_t r = 0; r < 4; ++r) {
+      dcp::storage_item s;
+      s.fqn = "layers." + std::to_string(k) + ".w";
+      s.offsets = std::vector<int64_t>{4 * r, 0};
+      entries.push_back(s);
+    }
+  dcp::storage_item bytes;  // a BYTE_IO item beside a chunk at () of the same name
+  bytes.fqn = "scalar";
+  entries.push_back(bytes);
+  dcp::storage_item scalar_chunk;
+  scalar_chunk.fqn = "scalar";
+  scalar_chunk.offsets = std::vector<int64_t>{};
+  entries.push_back(scalar_chunk);
+
+  const dcp::storage_index index(entries);
+  for (const auto& s : entries) CHECK(index.find(s.fqn, s.offsets ? &*s.offsets : nullptr) == &s);
+  const std::vector<int64_t> elsewhere{2, 0}, wrong_rank{0};
+  CHECK(index.find("layers.7.w", &elsewhere) == nullptr);
+  CHECK(index.find("layers.7.w", &wrong_rank) == nullptr);
+  CHECK(index.find("layers.7.w", nullptr) == nullptr);
+  CHECK(index.find("layers.3000.w", &entries[0].offsets.value()) == nullptr);
+  CHECK(dcp::storage_index().find("scalar", nullptr) == nullptr);
+
+  entries.push_back(entries[5]);
+  entries.back().at = 77;
+  try {
+    dcp::storage_index twice(entries);
+    FAIL("an entry listed twice was accepted");
+  } catch (const ckpt::error& e) {
+    CHECK(e.kind() == ckpt::errc::corrupt);
+    CHECK(e.message() == "storage_data lists 'layers.1.w' at offsets (4, 0) twice");
+    CHECK(e.offset() == std::optional<uint64_t>(77));
+  }
+}

@@ -39,9 +39,9 @@ void replay(json_writer& w, const json& j) {
   }
 }
 
-std::string written(const json& j) {
+std::string written(const json& j, int indent = 2) {
   std::string out;
-  json_writer w([&](std::string_view piece) { out += piece; });
+  json_writer w([&](std::string_view piece) { out += piece; }, indent);
   replay(w, j);
   w.flush();
   return out;
@@ -70,6 +70,46 @@ TEST_CASE("json_writer lays out documents as nlohmann's dump(2) does") {
   CHECK(written(doc) == ckpt::json_text(doc));
   CHECK(written(json::array()) == "[]");
   CHECK(written(json("x")) == "\"x\"");
+}
+
+TEST_CASE("json_writer compact lays out documents as nlohmann's dump() does") {
+  json doc = json::object();
+  doc["empty_array"] = json::array();
+  doc["empty_object"] = json::object();
+  doc["numbers"] = {0, -1, int64_t(INT64_MIN), uint64_t(UINT64_MAX), 42};
+  doc["strings"] = {"plain", "quote\" back\\slash", "tab\tnew\nline", "bad \xff utf8", ""};
+  json deep = "bottom";
+  for (int i = 0; i < 40; ++i) deep = json{{"level", deep}, {"list", {i, json::array()}}};
+  doc["deep"] = deep;
+  CHECK(written(doc, -1) == ckpt::json_text(doc, -1));
+  CHECK(written(json::array(), -1) == "[]");
+
+  // A prebuilt value inside a streamed container, as the inspect document embeds "totals".
+  json inner = {{"a", {1, 2}}, {"b", {{"c", "\xed\xb2\x80"}}}};
+  std::string out;
+  json_writer w([&](std::string_view piece) { out += piece; }, -1);
+  w.begin_object();
+  w.key("x");
+  w.begin_array();
+  w.value(inner);
+  w.end_array();
+  w.end_object();
+  w.flush();
+  CHECK(out == ckpt::json_text(json{{"x", {inner}}}, -1));
+}
+
+TEST_CASE("json_writer escapes every byte that needs it, wherever it sits in a string") {
+  // Strings are checked for bytes to escape eight at a time: each byte value at each place
+  // of the words and of the tail.
+  for (int byte = 0; byte < 256; ++byte) {
+    for (size_t at = 0; at < 19; ++at) {
+      std::string s(19, 'a');
+      s[at] = char(byte);
+      CAPTURE(byte);
+      CAPTURE(at);
+      REQUIRE(written(json(s), -1) == ckpt::json_text(json(s), -1));
+    }
+  }
 }
 
 TEST_CASE("json_writer embeds prebuilt values at the current indentation") {
@@ -109,6 +149,8 @@ TEST_CASE("the inspect document is sorted and laid out as nlohmann prints it") {
     CHECK(parsed["tensors"].size() == c.tensors.size());
     CHECK(parsed["storages"].size() == c.storages.size());
     CHECK(parsed["totals"]["tensors"].get<size_t>() == c.tensors.size());
+    o.indent = -1;
+    CHECK(inspect_text(c, o) == parsed.dump());
   }
 }
 
