@@ -306,6 +306,7 @@ class Tool:
     writes: bool = False  # produces ctx.out_path() output that is removed after the sample
     note: str = ""
     loads: bool = True  # moves the tensor bytes (GB/s and % of ceiling apply)
+    out_ext: str = ""  # writes: the output's suffix when it is not the fixture's format
 
 
 @dataclass
@@ -333,20 +334,37 @@ class Ctx:
         self.env = dict(os.environ)
         self.env.setdefault("OMP_NUM_THREADS", str(NPROC))
 
-    def out_path(self, fx: dict) -> str:
-        return str(self.scratch / ("out." + fx["format"]))
+    def out_path(self, fx: dict, tool: Optional[Tool] = None) -> str:
+        return str(self.scratch / ("out." + (tool.out_ext if tool and tool.out_ext else fx["format"])))
 
 
 def ck(*a) -> Callable:
     return lambda fx, ctx: [ctx.ckptool, *[x if x != "{f}" else fx["path"] for x in a]]
 
 
-def py(op: str, *a) -> Callable:
+def py(op: str, *a, out_ext: str = "", shards: bool = False) -> Callable:
+    """A peer.py sample; out_ext: it writes ctx.out_path with that suffix; shards: it writes a
+    shard set split at shard_bytes."""
     def build(fx, ctx):
         argv = [ctx.python, str(HERE / "peer.py"), op, fx["path"]]
         if op.startswith("rekey") or op == "dcp_to_torch_save_load":
             argv.append(ctx.out_path(fx))
-        return argv + list(a)
+        if out_ext:
+            argv.append(str(ctx.scratch / ("out." + out_ext)))
+        return argv + list(a) + (["--max-shard-size", str(shard_bytes(fx))] if shards else [])
+    return build
+
+
+def shard_bytes(fx: dict) -> int:
+    """S7's --max-shard-size: a quarter of the payload (hf_big's split), so that `hf` outputs
+    are real sets of several shards with an index."""
+    return max(1, fx["payload"] // 4)
+
+
+def ck_convert(to: str, out_ext: str) -> Callable:
+    def build(fx, ctx):
+        argv = [ctx.ckptool, "convert", fx["path"], "-o", str(ctx.scratch / ("out." + out_ext)), "--to", to]
+        return argv + (["--max-shard-size", str(shard_bytes(fx))] if to == "hf" else [])
     return build
 
 
@@ -414,6 +432,26 @@ T = {
     "hf_load_shards": Tool("load_file per shard, merged (as transformers)", "py", py("hf_load_shards")),
     "dcp_load_full": Tool("dcp.load(no_dist) into empty full tensors", "py", py("dcp_load_full")),
     "dcp_to_torch_save_load": Tool("dcp_to_torch_save + torch.load", "py", py("dcp_to_torch_save_load"), writes=True),
+    # S7 (issue 15): every writer's output is fsynced inside its time, as ckptool's output set is.
+    "ck_conv_st": Tool("ckptool convert --to safetensors", "cmd", ck_convert("safetensors", "safetensors"),
+                       writes=True, loads=False, out_ext="safetensors"),
+    "ck_conv_hf": Tool("ckptool convert --to hf", "cmd", ck_convert("hf", "hf"), writes=True, loads=False,
+                       out_ext="hf"),
+    "conv_st_py": Tool("torch.load + save_file + fsync", "py", py("convert_st", "--fsync", out_ext="safetensors"),
+                       writes=True, loads=False, out_ext="safetensors"),
+    "conv_hf_py": Tool("torch.load + save_torch_state_dict + fsync", "py",
+                       py("convert_hf", "--fsync", out_ext="hf", shards=True), writes=True, loads=False, out_ext="hf"),
+    "dcp_resave_hf": Tool("dcp_to_torch_save + torch.load + save_torch_state_dict + fsync", "py",
+                          py("dcp_resave_hf", "--fsync", out_ext="hf", shards=True), writes=True, loads=False,
+                          out_ext="hf"),
+    "dcp_consolidate_hf": Tool("consolidate_safetensors_files + fsync", "py",
+                               py("dcp_consolidate_hf", "--fsync", out_ext="hf", shards=True), writes=True,
+                               loads=False, out_ext="hf",
+                               note="input: dcp_big's tensors saved by 4 ranks through HuggingFaceStorageWriter, "
+                                    "the only DCP form it reads"),
+    "cp_dir_sync": Tool("cp -r + sync (fsync)", "cmd",
+                        lambda fx, ctx: ["sh", "-c", 'cp -r "$1" "$2" && find "$2" -exec sync {} +', "sh", fx["path"],
+                                         ctx.out_path(fx)], writes=True, loads=False),
     "startup_py": Tool("python: import torch, safetensors", "py", py("startup"), loads=False),
     "startup_py_cuda": Tool("python: import torch + CUDA context", "py", py("startup", "--device", "cuda"), loads=False),
 }
@@ -493,14 +531,16 @@ def run_cases(cases: list, repeats: int, ctx: Ctx, title: str) -> None:
             s.parsed = slim(last_json(s.stdout))
             s.stdout = s.stdout[-2000:]  # inspect --json of 100,000 tensors is tens of MB
             if case.tool.writes:
-                out = ctx.out_path(fx)
+                out = ctx.out_path(fx, case.tool)
                 try:
-                    s.extra["out_size"] = os.path.getsize(out)
+                    s.extra["out_size"] = sum(os.path.getsize(f) for f in files_of(out))
                 except OSError:
                     pass
                 if r == 0 and s.rc == 0 and ctx.args.mode == "full":
                     s.extra["valid"] = check_output(case, fx, out, ctx)
-                for p in (out, out + ".tmp"):
+                if os.path.isdir(out):
+                    shutil.rmtree(out, ignore_errors=True)
+                for p in (out, out + ".tmp", out + ".dcp.pt"):
                     try:
                         os.unlink(p)
                     except OSError:
@@ -521,9 +561,30 @@ def run_cases(cases: list, repeats: int, ctx: Ctx, title: str) -> None:
         f"(load {load0} -> {i['load_end']})")
 
 
+# Loads a fixture (argv[1], format argv[2]) by its own reader into `src`.
+LOAD_SOURCE = r"""
+import sys, torch
+import torch.distributed.checkpoint as dcp
+def load_source(path, fmt):
+    if fmt == "pt":
+        return torch.load(path, weights_only=True, mmap=True)
+    if fmt == "dcp":
+        reader = dcp.FileSystemReader(path)
+    else:
+        reader = dcp.HuggingFaceStorageReader(path)
+    md = reader.read_metadata()
+    sd = {k: torch.empty(tuple(v.size), dtype=v.properties.dtype) for k, v in md.state_dict_metadata.items()
+          if isinstance(v, dcp.metadata.TensorStorageMetadata)}
+    dcp.load(sd, storage_reader=reader, no_dist=True)
+    return sd
+"""
+
+
 def check_output(case: Case, fx: dict, out: str, ctx: Ctx) -> Optional[bool]:
     """Outside the timed region: the rekeyed output holds the same tensors under the new names
     (by torch.load / safetensors, never by ckptool)."""
+    if case.scen == "S7" and case.tool.out_ext:
+        return check_converted(fx, out, ctx)
     if case.tool.kind == "cmd" or case.scen != "S5":
         return None
     code = r"""
@@ -540,6 +601,47 @@ print("OK" if ok else "DIFFERENT")
 """
     p = subprocess.run([ctx.python, "-c", code, fx["path"], out, fx["format"]], capture_output=True, text=True)
     return p.stdout.strip() == "OK"
+
+
+def check_converted(fx: dict, out: str, ctx: Ctx) -> bool:
+    """S7: the output (one safetensors file, or a shard set read shard by shard with
+    safetensors) holds every tensor of the source bit for bit, as the source's own reader loads
+    it; a source key may be missing only as an exact alias of a kept one (a tied weight)."""
+    code = LOAD_SOURCE + r"""
+import os
+from safetensors.torch import load_file
+src = load_source(sys.argv[1], sys.argv[2])
+out = sys.argv[3]
+got = {}
+for f in ([os.path.join(out, n) for n in sorted(os.listdir(out)) if n.endswith(".safetensors")]
+          if os.path.isdir(out) else [out]):
+    got.update(load_file(f))
+def alias(v):
+    return (v.untyped_storage().data_ptr(), v.storage_offset(), tuple(v.shape), tuple(v.stride()))
+kept = {alias(src[k]) for k in got if k in src}
+ok = all(k in src and got[k].dtype == src[k].dtype and got[k].shape == src[k].shape
+         and torch.equal(got[k], src[k]) for k in got)
+ok = ok and all(alias(v) in kept for k, v in src.items() if k not in got)
+print("OK" if ok else "DIFFERENT")
+"""
+    p = subprocess.run([ctx.python, "-c", code, fx["path"], fx["format"], out], capture_output=True, text=True)
+    return p.stdout.strip() == "OK"
+
+
+def largest_tensor(fx: dict, ctx: Ctx) -> Optional[int]:
+    """Bytes of the fixture's largest tensor (its own reader's metadata), for S7's memory bound."""
+    code = LOAD_SOURCE + r"""
+path, fmt = sys.argv[1], sys.argv[2]
+if fmt == "pt":
+    sizes = [v.numel() * v.element_size() for v in load_source(path, fmt).values()]
+else:
+    md = dcp.FileSystemReader(path).read_metadata()
+    sizes = [torch.Size(v.size).numel() * v.properties.dtype.itemsize for v in md.state_dict_metadata.values()
+             if isinstance(v, dcp.metadata.TensorStorageMetadata)]
+print(max(sizes))
+"""
+    p = subprocess.run([ctx.python, "-c", code, fx["path"], fx["format"]], capture_output=True, text=True)
+    return int(p.stdout.strip()) if p.returncode == 0 and p.stdout.strip().isdigit() else None
 
 
 # ---------------------------------------------------------------- statistics
@@ -567,7 +669,7 @@ def summarize(case: Case, ctx: Ctx) -> dict:
         "res_before_min": min([s.res_before for s in ok], default=None),
         "res_after": med([s.res_after for s in ok]),
         "file_size": fx["file_size"], "payload": fx["payload"], "tensors": fx["tensors"],
-        "note": case.tool.note,
+        "largest": fx.get("largest"), "note": case.tool.note,
     }
     if case.tool.kind == "py":
         d["op_rchar"] = med([s.parsed.get("rchar") for s in ok])
@@ -800,6 +902,21 @@ def build_scenarios(ctx: Ctx, mode: str, gpu: bool, want: set, counts: list) -> 
             ("core", "S6", "dcp_big", "warm", "dcp_load_full", "peer", "S6 dcp"),
             ("quick", "S6", "dcp_big", "warm", "dcp_to_torch_save_load", "peer", "S6 dcp"),
         ])
+    if "s7" in want:
+        # Issue 15: convert at >= 5x the Python ways, within 1.5x of cp (both fsynced), memory
+        # <= the largest tensor x 2 + 64 MiB. hf outputs are split at shard_bytes (4 shards).
+        block("S7 convert, source warm, every output fsynced", [
+            ("core", "S7", "llm_bf16.pt", "warm", "ck_conv_st", "ck", "S7 pt to st"),
+            ("core", "S7", "llm_bf16.pt", "warm", "conv_st_py", "peer", "S7 pt to st"),
+            ("core", "S7", "llm_bf16.pt", "warm", "cp_sync", "peer", "S7 pt to st"),
+            ("quick", "S7", "llm_bf16.pt", "warm", "cp", "peer", "S7 pt to st"),
+            ("core", "S7", "llm_bf16.pt", "warm", "ck_conv_hf", "ck", "S7 pt to hf"),
+            ("core", "S7", "llm_bf16.pt", "warm", "conv_hf_py", "peer", "S7 pt to hf"),
+            ("core", "S7", "dcp_big", "warm", "ck_conv_hf", "ck", "S7 dcp to hf"),
+            ("core", "S7", "dcp_big", "warm", "dcp_resave_hf", "peer", "S7 dcp to hf"),
+            ("core", "S7", "dcp_hf_big", "warm", "dcp_consolidate_hf", "peer", "S7 dcp to hf"),
+            ("quick", "S7", "dcp_big", "warm", "cp_dir_sync", "peer", "S7 dcp to hf"),
+        ])
     if "s8" in want:
         # Issue 15: diff of two 2 GiB checkpoints at >= 70% of the page-cache read rate.
         block("S8 diff of a .pt and its safetensors twin, both warm", [
@@ -871,7 +988,12 @@ def make_rows(summaries: list, calib: dict) -> list:
             cp = next((x for x in groups[d["group"]] if x["tool"] == "cp"), None)
             if cp and cp["t"] and d["t"] and d["tool"] != "cp":
                 ceil = f"{100 * cp['t'] / d['t']:.0f}% of cp"
-        if d["scen"] in ("S4", "S5") or d["cache"] == "cold":
+        if d["scen"] == "S7":  # against cp + fsync of the same input, as durable as every S7 output
+            cp = next((x for x in summaries if x["scen"] == "S7" and x["fixture"] == d["fixture"]
+                       and x["tool"] in (T["cp_sync"].label, T["cp_dir_sync"].label)), None)
+            if cp and cp["t"] and d["t"] and d is not cp and d["tool"] != "cp":
+                ceil = f"{100 * cp['t'] / d['t']:.0f}% of cp + fsync"
+        if d["scen"] in ("S4", "S5", "S7") or d["cache"] == "cold":
             read = fmt_bytes(d.get("read_bytes")) + " disk"
             if d["scen"] == "S4" and d["cache"] == "cold" and d["res_after"] is not None:
                 read = fmt_bytes(d["res_after"] * d["file_size"]) + " paged in"
@@ -998,6 +1120,31 @@ def targets(summaries: list, calib: dict, counts: list) -> list:
             add(d["anon_max"] <= 1.05 * d["payload"], f"S6 materialize {fx}: peak anonymous memory ≤ 1.05× the "
                 f"tensor bytes: {d['anon_max'] / d['payload']:.3f}× ({fmt_mib(d['anon_max'])} MiB for "
                 f"{fmt_mib(d['payload'])} MiB, ckptool's startup with LibTorch included)")
+    # S7 (issue 15)
+    cps = find(summaries, "S7", "llm_bf16.pt", "cp_sync")
+    for fx, ck_key, peers in (("llm_bf16.pt", "ck_conv_st", ("conv_st_py",)),
+                              ("llm_bf16.pt", "ck_conv_hf", ("conv_hf_py",)),
+                              ("dcp_big", "ck_conv_hf", ("dcp_resave_hf", "dcp_consolidate_hf"))):
+        d = find(summaries, "S7", fx, ck_key)
+        if not d or not d["t"]:
+            continue
+        what = f"S7 {fx} → {ck_key[len('ck_conv_'):].replace('st', 'safetensors')}"
+        for key in peers:
+            p = next((x for x in summaries if x["scen"] == "S7" and x["tool"] == T[key].label), None)
+            if p and p["t"]:
+                add(p["t"] / d["t"] >= 5, f"{what} ≥ 5× faster than {p['tool']}"
+                    f"{' (on ' + p['fixture'] + ')' if p['fixture'] != fx else ''}: {p['t'] / d['t']:.2f}× "
+                    f"({fmt_t(d['t'])} vs {fmt_t(p['t'])}; process walls {fmt_t(d['wall'])} vs {fmt_t(p['wall'])})")
+        if fx == "llm_bf16.pt" and cps and cps["t"]:
+            add(d["t"] <= 1.5 * cps["t"], f"{what} within 1.5× of cp + fsync of the same file: "
+                f"{d['t'] / cps['t']:.2f}× ({fmt_t(d['t'])} vs {fmt_t(cps['t'])})")
+        if d["anon_max"] is not None and d.get("largest"):
+            bound = 2 * d["largest"] + 64 * MiB
+            add(d["anon_max"] <= bound, f"{what}: peak anonymous memory ≤ largest tensor × 2 + 64 MiB: "
+                f"{fmt_mib(d['anon_max'])} MiB ≤ {fmt_mib(bound)} MiB (largest tensor {fmt_mib(d['largest'])} MiB; "
+                f"max of samples)")
+        elif d["anon_max"] is not None:
+            add(None, f"{what}: peak anonymous memory {fmt_mib(d['anon_max'])} MiB (largest tensor unknown)")
     # S5
     d = find(summaries, "S5", "compiled_bf16.pt", "ck_rekey")
     cp = find(summaries, "S5", "compiled_bf16.pt", "cp")
@@ -1211,10 +1358,13 @@ def main() -> int:
         what.append("compiled_bf16")
     if want & {"s3", "s4"}:
         what.append("s3")
-    if "s6" in want:
+    if want & {"s6", "s7"}:
         what.append("s6")
+    if "s7" in want:
+        what.append("s7")
     need = 3 * size + (2 * size if "llm_fp32" in what else 0) + (3 * s5_size if "compiled_bf16" in what else 0) \
-        + (10 * s3_size if "s3" in what else 0) + (4 * size if "s6" in what else 0) + 256 * MiB
+        + (10 * s3_size if "s3" in what else 0) + (4 * size if "s6" in what else 0) \
+        + (3 * size if "s7" in what else 0) + 256 * MiB  # S7: dcp_hf_big, a peer's output and its temporary
     free = shutil.disk_usage(scratch).free
     params_path = fxdir / "params.json"
     params = {"size": size, "s3_size": s3_size, "s5_size": s5_size, "counts": counts}
@@ -1252,6 +1402,10 @@ def main() -> int:
             return 1
     info = machine_info(ctx)
 
+    if "s7" in want:
+        for key in ("llm_bf16.pt", "dcp_big"):
+            if key in manifest:
+                manifest[key]["largest"] = largest_tensor(manifest[key], ctx)
     calibrate(ctx, "llm_bf16.pt", args.gpu, mode != "full")
     blocks = build_scenarios(ctx, mode, args.gpu, want, counts)
     all_cases = list(getattr(ctx, "startup_cases", []))
@@ -1330,6 +1484,10 @@ def main() -> int:
     lines.append("")
     lines.append(md_table(HEADER, rows))
     lines.append("")
+    notes = dict.fromkeys(f"{d['tool']}: {d['note']}" for d in summaries if d["note"])
+    if notes:
+        lines.append("Notes on rows: " + "; ".join(notes))
+        lines.append("")
     lines.append("Targets (issues 6 and 14):")
     lines.append("")
     for status, text in tg:

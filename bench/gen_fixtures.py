@@ -19,6 +19,7 @@ Fixtures (sizes in bytes of tensor payload, close to the requested size):
                                  for rekey --strip-compiled; --s5-size bytes.
   s3_{N}.{pt,safetensors}       the same total bytes as N tensors (N = 8, ~300, 20000, 100000).
   hf_many/, dcp_many/, hf_big/, dcp_big/  sharded checkpoints (S6): see gen_sharded.py.
+  dcp_hf_big/                   dcp_big through HuggingFaceStorageWriter (S7, `--what ...,s7`).
 
 Writes manifest.json in the output directory: per fixture its path, format, file size,
 payload bytes (unique storage bytes) and tensor count. Every file is fsynced, so that
@@ -267,7 +268,7 @@ def main() -> int:
             manifest[name] = {"name": name, "format": fmt, "path": str(path), "file_size": size,
                               "payload": payload, "tensors": count}
             print(f"  {path.name}/: {size / 2**20:.1f} MiB, {count} tensors", flush=True)
-        gen_sharded.write_all(d, args.size, args.s6_count, gen, record_dir)
+        gen_sharded.write_all(d, args.size, args.s6_count, gen, record_dir, hf_dcp="s7" in what)
     manifest_path = d / "manifest.json"
     manifest_path.write_text(json.dumps(manifest, indent=1))
     print(f"  fixtures written in {time.perf_counter() - t_all:.1f} s", flush=True)

@@ -7,6 +7,9 @@ torch.distributed.checkpoint.save in 4 gloo processes for DCP directories.
              give zero-size chunks, as real uneven splits do)
   hf_big/    the llm_bf16 layout at the main size, shards of about a quarter of it
   dcp_big/   the same layout at the main size, every tensor sharded on dim 0 over 4 ranks
+  dcp_hf_big/  (S7 only) dcp_big's layout saved by 4 ranks through HuggingFaceStorageWriter
+             (save_distributed=True: one safetensors file per rank), the only DCP form that
+             PyTorch's consolidate_safetensors_files reads; ckptool does not read it
 
 Each rank of a DCP save draws only its own chunk (its own generator), so the writers hold
 one copy of the data between them, not four. Values are random and finite, as in
@@ -38,7 +41,7 @@ def _local_rows(rows: int, rank: int) -> tuple:
     return first, max(0, min(per, rows - first))
 
 
-def _dcp_rank(rank: int, port: int, out: str, shapes: list, seed: int) -> None:
+def _dcp_rank(rank: int, port: int, out: str, shapes: list, seed: int, hf_writer: bool) -> None:
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from torch.distributed.device_mesh import init_device_mesh
@@ -62,16 +65,21 @@ def _dcp_rank(rank: int, port: int, out: str, shapes: list, seed: int) -> None:
                 acc *= d
             sd[key] = DTensor.from_local(local, mesh, [Shard(0)], run_check=False, shape=torch.Size(shape),
                                          stride=tuple(stride))
-        dcp.save(sd, checkpoint_id=out)
+        if hf_writer:
+            from torch.distributed.checkpoint import HuggingFaceStorageWriter
+            dcp.save(sd, storage_writer=HuggingFaceStorageWriter(out, save_distributed=True))
+        else:
+            dcp.save(sd, checkpoint_id=out)
     finally:
         dist.destroy_process_group()
 
 
-def write_dcp(out: Path, shapes: list, seed: int) -> None:
-    """dcp.save of `shapes` ([(key, shape)]) in RANKS gloo processes on 127.0.0.1."""
+def write_dcp(out: Path, shapes: list, seed: int, hf_writer: bool = False) -> None:
+    """dcp.save of `shapes` ([(key, shape)]) in RANKS gloo processes on 127.0.0.1 (hf_writer:
+    through HuggingFaceStorageWriter)."""
     import torch.multiprocessing as mp
     out.mkdir(parents=True, exist_ok=True)
-    mp.start_processes(_dcp_rank, args=(_free_port(), str(out), shapes, seed), nprocs=RANKS, join=True,
+    mp.start_processes(_dcp_rank, args=(_free_port(), str(out), shapes, seed, hf_writer), nprocs=RANKS, join=True,
                        start_method="spawn")
 
 
@@ -109,8 +117,9 @@ def payload_of(shapes: list, esize: int = 2) -> int:
     return total
 
 
-def write_all(d: Path, size: int, count: int, gen: torch.Generator, record) -> None:
-    """The four S6 fixtures; record(name, fmt, path, payload, tensors) adds each to the manifest."""
+def write_all(d: Path, size: int, count: int, gen: torch.Generator, record, hf_dcp: bool = False) -> None:
+    """The four S6 fixtures (and dcp_hf_big with hf_dcp); record(name, fmt, path, payload,
+    tensors) adds each to the manifest."""
     from gen_fixtures import for_safetensors, llm_state_dict, many_state_dict, payload_bytes
 
     # At the main size, not the S3 size: issue 14 speaks of multi-GB sets, and the share of
@@ -139,3 +148,8 @@ def write_all(d: Path, size: int, count: int, gen: torch.Generator, record) -> N
     write_dcp(p, shapes, 62)
     fsync_dir(p)
     record("dcp_big", "dcp", p, payload_of(shapes), len(shapes))
+    if hf_dcp:
+        p = d / "dcp_hf_big"
+        write_dcp(p, shapes, 62, hf_writer=True)
+        fsync_dir(p)
+        record("dcp_hf_big", "dcp-hf", p, payload_of(shapes), len(shapes))

@@ -137,6 +137,63 @@ def hf_shards(path: str) -> list:
     return [os.path.join(path, n) for n in sorted(set(weight_map.values()))]
 
 
+def fsync_tree(path: str) -> None:
+    """fsync a file, or every file of a directory and the directory: as durable as ckptool's
+    output (formats.md §11 syncs each file and the directory before it is complete)."""
+    paths = [os.path.join(path, n) for n in os.listdir(path)] + [path] if os.path.isdir(path) else [path]
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def for_save_file(sd) -> dict:
+    """What save_file accepts, nothing lost: a tensor that is an exact alias of an earlier one
+    (a tied weight) is left out, as transformers does; other views are saved contiguous."""
+    out, seen, owners = {}, set(), set()
+    for k, v in sd.items():
+        s = v.untyped_storage()
+        alias = (s.data_ptr(), v.storage_offset(), tuple(v.shape), tuple(v.stride()))
+        if alias in seen:
+            continue
+        seen.add(alias)
+        whole = v.is_contiguous() and v.storage_offset() == 0 and v.numel() * v.element_size() == s.nbytes()
+        out[k] = v if whole and s.data_ptr() not in owners else v.contiguous().clone()
+        if whole:
+            owners.add(s.data_ptr())
+    return out
+
+
+def consolidation_mapping(path: str, shard_bytes: int) -> dict:
+    """fqn -> output file index for consolidate_safetensors_files, split as huggingface_hub
+    splits (the same shards ckptool's --max-shard-size writes), from the global shapes in the
+    per-rank files' DCP_SHARDING_INFO. An input the user already has (torchtitan derives it
+    from the original checkpoint's index): computed outside the timed region."""
+    import torch
+    from huggingface_hub import split_torch_state_dict_into_shards
+    from safetensors import safe_open
+    full, dtypes = {}, {}
+    for name in sorted(os.listdir(path)):
+        if not name.endswith(".safetensors"):
+            continue
+        with safe_open(os.path.join(path, name), framework="pt") as g:
+            info = json.loads(g.metadata()["DCP_SHARDING_INFO"])
+            for k in g.keys():
+                sl = g.get_slice(k)
+                end = [o + n for o, n in zip(info[k]["saved_offsets"], sl.get_shape())]
+                full[k] = [max(a, b) for a, b in zip(full.get(k, end), end)]
+                dtypes[k] = sl.get_dtype()
+    st_dtypes = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "F64": torch.float64,
+                 "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+                 "BOOL": torch.bool}
+    meta = {k: torch.empty(full[k], dtype=st_dtypes[dtypes[k]], device="meta") for k in full}
+    split = split_torch_state_dict_into_shards(meta, max_shard_size=shard_bytes)
+    files = sorted(split.filename_to_tensors)
+    return {k: files.index(f) + 1 for f, keys in split.filename_to_tensors.items() for k in keys}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("op")
@@ -145,7 +202,8 @@ def main() -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--read-all", action="store_true", help="after the timed region, time a read of every byte")
     ap.add_argument("--fsync", action="store_true",
-                    help="rekey ops: fsync the output inside the timed region (as durable as ckptool's)")
+                    help="rekey and convert ops: fsync the output inside the timed region (as durable as ckptool's)")
+    ap.add_argument("--max-shard-size", type=int, default=0, help="convert ops writing a shard set: bytes per shard")
     args = ap.parse_args()
 
     if args.op != "list_raw_header":  # the one peer that needs no torch
@@ -169,6 +227,9 @@ def main() -> int:
 
     op = args.op
     f = args.file
+    if op == "dcp_consolidate_hf":
+        mapping = consolidation_mapping(f, args.max_shard_size)
+        os.makedirs(args.out, exist_ok=True)
     io0, cpu0 = proc_io(), cpu_now()
     t0 = time.perf_counter()
     lazy = None
@@ -278,6 +339,33 @@ def main() -> int:
         dcp_to_torch_save(f, args.out)
         sd = torch.load(args.out, weights_only=True)
         tensors = list(sd.values())
+    # ---- S7: convert, as users do it in Python today (each writes its output with --fsync)
+    elif op == "convert_st":  # torch.load + safetensors save_file
+        from safetensors.torch import save_file
+        sd = for_save_file(torch.load(f, weights_only=True))
+        save_file(sd, args.out, metadata={"format": "pt"})
+        res["tensors"] = len(sd)
+    elif op == "convert_hf":  # torch.load + save_torch_state_dict (what save_pretrained writes)
+        from huggingface_hub import save_torch_state_dict
+        # for_save_file first: save_torch_state_dict would drop a strided view sharing a storage
+        sd = for_save_file(torch.load(f, weights_only=True))
+        res["tensors"] = len(sd)
+        os.makedirs(args.out, exist_ok=True)
+        save_torch_state_dict(sd, args.out, max_shard_size=args.max_shard_size)
+    elif op == "dcp_resave_hf":  # dcp_to_torch_save, torch.load, save_torch_state_dict
+        from huggingface_hub import save_torch_state_dict
+        from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+        one = args.out + ".dcp.pt"
+        dcp_to_torch_save(f, one)
+        sd = torch.load(one, weights_only=True)
+        os.unlink(one)
+        res["tensors"] = len(sd)
+        os.makedirs(args.out, exist_ok=True)
+        save_torch_state_dict(sd, args.out, max_shard_size=args.max_shard_size)
+    elif op == "dcp_consolidate_hf":  # PyTorch's own DCP (safetensors form) -> HF consolidation
+        from torch.distributed.checkpoint._consolidate_hf_safetensors import consolidate_safetensors_files
+        consolidate_safetensors_files(f, args.out, mapping)
+        res["tensors"] = len(mapping)
     # ---- S5: load -> rename -> save
     elif op == "rekey_torch":
         sd = torch.load(f, weights_only=True)
@@ -298,12 +386,8 @@ def main() -> int:
     else:
         print(f"unknown op {op}", file=sys.stderr)
         return 2
-    if op.startswith("rekey") and args.fsync:
-        fd = os.open(args.out, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+    if args.fsync and args.out:
+        fsync_tree(args.out)
 
     touch_s = None
     if tensors is not None:
