@@ -191,6 +191,7 @@ set(CKPT_SHARED_HEADERS
   ${CKPT_ROOT}/src/model/open_hf_set.h
   ${CKPT_ROOT}/src/model/open_dcp.h
   ${CKPT_ROOT}/src/model/read_plan.h
+  ${CKPT_ROOT}/src/model/row_major.h
   ${CKPT_ROOT}/src/pickle/node_marks.h
   ${CKPT_ROOT}/src/pickle/pickle_accessors.h
   ${CKPT_ROOT}/src/pickle/pickle_builder.h

@@ -11,6 +11,7 @@
 #include "base/text.h"
 #include "formats/safetensors_writer.h"
 #include "model/assembly.h"
+#include "model/row_major.h"
 
 namespace ckpt {
 namespace {
@@ -61,15 +62,6 @@ std::vector<source_key> keys_below(const checkpoint& c, const value_path& root) 
     throw error(errc::usage, "--state-dict " + text::quote(path_to_string(root)) + " holds no tensor keyed by name")
         .with_file(c.path);
   return out;
-}
-
-bool contiguous(const tensor_record& t) {
-  int64_t expected = 1;
-  for (size_t d = t.shape.size(); d-- > 0;) {
-    if (t.shape[d] != 1 && t.stride[d] != expected) return false;
-    expected *= t.shape[d];
-  }
-  return true;
 }
 
 // Refuses a record whose values the writers cannot reproduce exactly as a plain tensor.
@@ -223,7 +215,7 @@ convert_plan plan_convert(const checkpoint& c, const convert_request& r) {
       t.record = keys[i].record;
       t.type = rec.type;
       t.shape = rec.shape;
-      const view_id id{*rec.storage, rec.storage_offset, rec.shape, contiguous(rec) ? std::vector<int64_t>{}
+      const view_id id{*rec.storage, rec.storage_offset, rec.shape, detail::is_row_major(rec) ? std::vector<int64_t>{}
                                                                                       : std::vector<int64_t>(rec.stride),
                        rec.type};
       auto [it, fresh] = first_of_view.emplace(id, plan.tensors.size());

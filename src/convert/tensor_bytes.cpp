@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "ckpt/error.h"
+#include "model/row_major.h"
 
 namespace ckpt::detail {
 namespace {
@@ -74,11 +75,7 @@ tensor_bytes::tensor_bytes(const checkpoint& c, const convert_plan& plan, const 
 std::optional<file_range> tensor_bytes::straight_range(const convert_tensor& t) const {
   if (!t.record || t.type != t.source_type) return std::nullopt;
   const tensor_record& r = c_.tensors[*t.record];
-  int64_t expected = 1;
-  for (size_t d = r.shape.size(); d-- > 0;) {
-    if (r.shape[d] != 1 && r.stride[d] != expected) return std::nullopt;
-    expected *= r.shape[d];
-  }
+  if (!is_row_major(r)) return std::nullopt;
   const storage_record& s = c_.storages[*r.storage];
   const source_file& f = c_.files[s.file];
   const file_extent extent = f.source->in_file();

@@ -10,6 +10,7 @@
 
 #include "ckpt/error.h"
 #include "ckpt/torchscript_code.h"
+#include "model/row_major.h"
 #include "torch/loader/storage_loader.h"
 
 namespace ckpt::detail {
@@ -288,15 +289,6 @@ value_path split_dotted(const std::string& name) {
   return p;
 }
 
-bool contiguous(const tensor_record& t) {
-  int64_t expected = 1;
-  for (size_t d = t.shape.size(); d-- > 0;) {
-    if (t.shape[d] != 1 && t.stride[d] != expected) return false;
-    expected *= t.shape[d];
-  }
-  return true;
-}
-
 // [first, last] element of the storage a view touches; nullopt for an empty view.
 std::optional<std::pair<int64_t, int64_t>> extent(const tensor_record& t) {
   int64_t last = t.storage_offset;
@@ -391,7 +383,7 @@ model_file_fill fill_from_model_file(torch::jit::Module& m, const checkpoint& mo
         const at::Tensor& param = filled_by_name.at(shared->second.first);
         const tensor_record& prec = model_file.tensors[shared->second.second];
         auto a = extent(rec), pe = extent(prec);
-        if (rec.quant || prec.quant || !contiguous(prec) || !param.is_contiguous() ||
+        if (rec.quant || prec.quant || !is_row_major(prec) || !param.is_contiguous() ||
             (a && (!pe || a->first < pe->first || a->second > pe->second)))
           refuse(first, "it shares storage with parameter " + shared->second.first +
                             " in a way that cannot be carried over to the checkpoint's tensor");

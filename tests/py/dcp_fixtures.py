@@ -345,6 +345,22 @@ def build(out_dir, names=None, timeout: float = 240.0) -> dict[str, Path]:
     return built
 
 
+def run_bounded(argv: list, timeout: float) -> tuple[int, str]:
+    """Runs argv (a Python script that may spawn ranks) in a session of its own; returns
+    (exit code, output). On a timeout the whole session is killed and TimeoutError raised,
+    so no rank outlives the test."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    p = subprocess.Popen([sys.executable, *map(str, argv)], env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        log, _ = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, 9)
+        p.communicate()
+        raise TimeoutError(f"{Path(str(argv[0])).name} did not finish within {timeout} s") from None
+    return p.returncode, log.decode("utf-8", "replace")
+
+
 def build_lightning(out_dir, timeout: float = 300.0) -> Path:
     """Lightning's FSDP checkpoint directory (DCP + meta.pt), written by Lightning's own
     Fabric on CPU (lightning_fsdp_fixture.py says why it is ModelParallelStrategy), into
@@ -356,19 +372,14 @@ def build_lightning(out_dir, timeout: float = 300.0) -> Path:
         return target
     shutil.rmtree(target, ignore_errors=True)
     target.parent.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    p = subprocess.Popen([sys.executable, str(HERE / "lightning_fsdp_fixture.py"), str(target)], env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        log, _ = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, 9)
-        p.communicate()
+        rc, log = run_bounded([HERE / "lightning_fsdp_fixture.py", target], timeout)
+    except TimeoutError:
         shutil.rmtree(target, ignore_errors=True)
         raise RuntimeError(f"the Lightning FSDP fixture did not finish within {timeout} s") from None
-    if p.returncode != 0 or not expected.exists():
+    if rc != 0 or not expected.exists():
         shutil.rmtree(target, ignore_errors=True)
-        raise RuntimeError(f"the Lightning FSDP fixture failed ({p.returncode}):\n" + log.decode("utf-8", "replace")[-4000:])
+        raise RuntimeError(f"the Lightning FSDP fixture failed ({rc}):\n" + log[-4000:])
     return target
 
 

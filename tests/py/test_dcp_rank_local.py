@@ -21,7 +21,6 @@ import json
 import os
 import pickle
 import shutil
-import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -233,16 +232,11 @@ def load_renamed(tmp_path, ckpt: Path, expected: Path) -> str:
     script = tmp_path / "load_renamed.py"
     script.write_text(LOADER)
     result = tmp_path / "result.txt"
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    p = subprocess.Popen([sys.executable, str(script), str(ckpt), str(expected), str(result)],
-                         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        log, _ = p.communicate(timeout=300)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, 9)
-        p.communicate()
+        _, log = dcp_fixtures.run_bounded([script, ckpt, expected, result], timeout=300)
+    except TimeoutError:
         pytest.fail("the 2-process dcp.load did not finish within 300 s")
-    assert result.exists(), log.decode("utf-8", "replace")[-3000:]
+    assert result.exists(), log[-3000:]
     return result.read_text()
 
 

@@ -128,16 +128,11 @@ def load_uncompiled(tmp_path, ckpt: Path, expected: Path) -> str:
     script = tmp_path / "load_uncompiled.py"
     script.write_text(LOADER)
     result = tmp_path / f"result-{ckpt.name}.txt"
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    p = subprocess.Popen([sys.executable, str(script), str(ckpt), str(expected), str(HERE), str(result)],
-                         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        log, _ = p.communicate(timeout=300)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, 9)
-        p.communicate()
+        _, log = dcp_fixtures.run_bounded([script, ckpt, expected, HERE, result], timeout=300)
+    except TimeoutError:
         pytest.fail("the 2-process dcp.load did not finish within 300 s")
-    assert result.exists(), log.decode("utf-8", "replace")[-3000:]
+    assert result.exists(), log[-3000:]
     return result.read_text()
 
 
