@@ -42,6 +42,9 @@ struct materialize_options {
   code_options code;
   std::string plan;                  // --plan: a JSON file or a preset name
   std::optional<int64_t> rank, world;
+  int64_t rank_flag = 0, world_flag = 1;
+  CLI::Option* rank_opt = nullptr;
+  CLI::Option* world_opt = nullptr;
 };
 
 // The rank and world of --plan: the flags, else the launcher's RANK and WORLD_SIZE (torchrun
@@ -78,6 +81,8 @@ int run_materialize(materialize_options& o) {
   // A directory stands for the one model file it holds, or its shard index, or is a DCP checkpoint.
   o.checkpoint = ckpt::resolve_checkpoint_path(o.checkpoint);
   o.req.strict = !o.no_strict;
+  if (o.rank_opt->count()) o.rank = o.rank_flag;
+  if (o.world_opt->count()) o.world = o.world_flag;
   if (!o.plan.empty()) {
     if (!o.req.model.empty()) throw ckpt::error(ckpt::errc::usage, "--plan cannot be combined with --model");
     o.req.slices = selection_of(o);
@@ -267,9 +272,10 @@ verb setup_materialize(CLI::App& app) {
                   "Load only this rank's slice of each tensor: a JSON file {\"GLOB\": \"Shard(D)|Replicate()|"
                   "Range(D,START,LEN)\"} (first match wins; unmatched keys are left out), or llama-tp")
       ->check(non_empty_path());
-  cmd->add_option("--rank", o->rank, "With --plan: this process's rank (default: $RANK)")->check(CLI::NonNegativeNumber);
-  cmd->add_option("--world", o->world, "With --plan: the number of ranks (default: $WORLD_SIZE)")
-      ->check(CLI::PositiveNumber);
+  o->rank_opt = cmd->add_option("--rank", o->rank_flag, "With --plan: this process's rank (default: $RANK)")
+                     ->check(CLI::NonNegativeNumber);
+  o->world_opt = cmd->add_option("--world", o->world_flag, "With --plan: the number of ranks (default: $WORLD_SIZE)")
+                      ->check(CLI::PositiveNumber);
   cmd->add_flag("--json", o->json, "Print the report as JSON");
   add_reader_flags(*cmd, o->reader);
   add_code_flags(*cmd, o->code);

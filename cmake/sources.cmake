@@ -152,6 +152,7 @@ set(CKPT_SHARED_HEADERS
   ${CKPT_ROOT}/include/ckpt/input_file.h
   ${CKPT_ROOT}/include/ckpt/key_table.h
   ${CKPT_ROOT}/include/ckpt/load.h
+  ${CKPT_ROOT}/include/ckpt/load_slices.h
   ${CKPT_ROOT}/include/ckpt/materialize.h
   ${CKPT_ROOT}/include/ckpt/output_dir.h
   ${CKPT_ROOT}/include/ckpt/output_set.h

@@ -20,7 +20,6 @@
 #include <vector>
 
 #include "ckpt/checkpoint.h"
-#include "ckpt/slice.h"
 
 namespace ckpt {
 
@@ -65,19 +64,6 @@ std::vector<std::pair<std::string, at::Tensor>> load_tensors(const std::string& 
 /// their LibTorch tensors in memory at once.
 std::vector<std::pair<std::string, at::Tensor>> load_tensors_releasing(checkpoint& c, const load_options& options,
                                                                        std::vector<std::string>* converted);
-
-/// This rank's part of each tensor the selection matches (ckpt/slice.h), under its full
-/// name, as a contiguous CPU tensor of the slice's shape, then moved to options.device.
-/// Only the slice's bytes are read: each piece of a key (the tensor held whole, or DCP
-/// chunks) is met with the slice's box, and the shared elements are read as runs, one per
-/// row for a column slice. Tensors sharing a storage (tied weights) each get their own
-/// slice. Throws errc::usage for a placement naming a dimension the tensor lacks, and with
-/// options.mmap; errc::unsupported for a Shard or Range of a tensor that is not stored as
-/// row-major bytes (quantized, sparse, a non-row-major view, packed sub-byte types): such
-/// a tensor loads only whole (Replicate).
-std::vector<std::pair<std::string, at::Tensor>> load_tensors(const checkpoint& c, const load_options& options,
-                                                          const slice_selection& selection,
-                                                          slice_load_report* report = nullptr);
 
 struct module_load_report {
   std::string key_edit;                        // the wrapper-segment edit applied

@@ -11,7 +11,7 @@
 #include <unordered_map>
 
 #include "ckpt/error.h"
-#include "ckpt/load.h"
+#include "ckpt/load_slices.h"
 #include "model/assembly.h"
 #include "model/read_plan.h"
 #include "model/row_major.h"

@@ -10,6 +10,7 @@
 #include "torch/aten_types.h"
 #include "ckpt/error.h"
 #include "ckpt/load.h"
+#include "ckpt/load_slices.h"
 #include "ckpt/output_set.h"
 #include "torch/finite_check.h"
 #include "torch/meta_kernels.h"
