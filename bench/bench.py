@@ -394,6 +394,11 @@ T = {
                         startup="materialize_cpu", note="zero-copy: every page mapped before it returns"),
     "ck_mat_cuda": Tool("ckptool materialize --device cuda", "ck", ck("materialize", "--json", "--device", "cuda", "{f}"),
                         startup="materialize_cuda"),
+    # S9 (issue 17): rank 1 of 4 under the Llama column/row-parallel preset (docs/formats.md §16).
+    "ck_mat_slice": Tool("ckptool materialize --plan llama-tp --rank 1 --world 4", "ck",
+                         ck("materialize", "--json", "--device", "cpu", "--plan", "llama-tp", "--rank", "1", "--world",
+                            "4", "{f}"), startup="materialize_cpu", loads=False,
+                         note="reads only rank 1's slices; its peer is the whole load"),
     "ck_inspect": Tool("ckptool inspect --json", "ck", ck("inspect", "--json", "{f}"), loads=False),
     "ck_rekey": Tool("ckptool rekey --strip-compiled", "ck",
                      lambda fx, ctx: [ctx.ckptool, "rekey", "--json", "--strip-compiled", fx["path"], "-o", ctx.out_path(fx)],
@@ -923,6 +928,14 @@ def build_scenarios(ctx: Ctx, mode: str, gpu: bool, want: set, counts: list) -> 
             ("core", "S8", "llm_bf16.pt", "warm", "ck_diff", "ck", "S8 diff"),
             ("core", "S8", "llm_bf16.pt", "warm", "cat_both", "peer", "S8 diff"),
         ])
+    if "s9" in want:
+        # Issue 17: a rank of W = 4 reads <= 1/4 + 1% of the bytes, in <= 0.35x the whole load's time.
+        block("S9 tensor-parallel slices: rank 1 of 4 vs the whole checkpoint, warm", [
+            ("core", "S9", "llm_bf16.safetensors", "warm", "ck_mat_slice", "ck", "S9 st"),
+            ("core", "S9", "llm_bf16.safetensors", "warm", "ck_mat_cpu", "peer", "S9 st"),
+            ("core", "S9", "dcp_big", "warm", "ck_mat_slice", "ck", "S9 dcp"),
+            ("core", "S9", "dcp_big", "warm", "ck_mat_cpu", "peer", "S9 dcp"),
+        ])
     return blocks
 
 
@@ -1151,6 +1164,19 @@ def targets(summaries: list, calib: dict, counts: list) -> list:
     if d and c and d["t"] and c["t"]:
         add(c["t"] / d["t"] >= 0.7, f"S8 diff of a .pt and its safetensors twin at ≥ 70% of the page-cache read rate (cat of both, "
             f"same run): {100 * c['t'] / d['t']:.0f}% ({fmt_t(d['t'])} vs {fmt_t(c['t'])})")
+    # S9 (issue 17): bytes from ckptool's own counter (io.bytes_read), times as every ck row's.
+    for fx in ("llm_bf16.safetensors", "dcp_big"):
+        d = find(summaries, "S9", fx, "ck_mat_slice")
+        w = find(summaries, "S9", fx, "ck_mat_cpu")
+        if not d or not d["t"]:
+            continue
+        if d.get("self_bytes_read") is not None:
+            frac = d["self_bytes_read"] / d["payload"]
+            add(frac <= 0.26, f"S9 {fx}: rank 1 of 4 reads ≤ 1/4 + 1% of the checkpoint's bytes: {100 * frac:.2f}% "
+                f"({fmt_mib(d['self_bytes_read'])} of {fmt_mib(d['payload'])} MiB)")
+        if w and w["t"]:
+            add(d["t"] <= 0.35 * w["t"], f"S9 {fx}: rank 1 of 4 in ≤ 0.35× the whole load's time: "
+                f"{d['t'] / w['t']:.2f}× ({fmt_t(d['t'])} vs {fmt_t(w['t'])})", d, w)
     # S5
     d = find(summaries, "S5", "compiled_bf16.pt", "ck_rekey")
     cp = find(summaries, "S5", "compiled_bf16.pt", "cp")
@@ -1364,7 +1390,7 @@ def main() -> int:
         what.append("compiled_bf16")
     if want & {"s3", "s4"}:
         what.append("s3")
-    if want & {"s6", "s7"}:
+    if want & {"s6", "s7", "s9"}:
         what.append("s6")
     if "s7" in want:
         what.append("s7")

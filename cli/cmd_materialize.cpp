@@ -1,6 +1,8 @@
 #include "cmd_materialize.h"
 
+#include <cerrno>
 #include <cmath>
+#include <cstdlib>
 #include <iomanip>
 #include <iostream>
 #include <memory>
@@ -9,6 +11,8 @@
 #include <spdlog/spdlog.h>
 
 #include "ckpt/error.h"
+#include "ckpt/input_file.h"
+#include "ckpt/slice.h"
 #include "ckpt/output_set.h"
 #include "ckpt/report.h"
 #include "base/text_escape.h"
@@ -36,7 +40,35 @@ struct materialize_options {
   CLI::Option* output_opt = nullptr;
   ckpt::open_options reader;
   code_options code;
+  std::string plan;                  // --plan: a JSON file or a preset name
+  std::optional<int64_t> rank, world;
+  int64_t rank_flag = 0, world_flag = 1;
+  CLI::Option* rank_opt = nullptr;
+  CLI::Option* world_opt = nullptr;
 };
+
+// The rank and world of --plan: the flags, else the launcher's RANK and WORLD_SIZE (torchrun
+// and most launchers set both), else a usage error.
+int64_t launcher_value(const std::optional<int64_t>& flag, const char* flag_name, const char* env) {
+  if (flag) return *flag;
+  const char* v = std::getenv(env);
+  if (!v || !*v)
+    throw ckpt::error(ckpt::errc::usage, std::string("--plan needs ") + flag_name + " (or " + env + " set by a launcher)");
+  char* end = nullptr;
+  errno = 0;
+  const long long n = std::strtoll(v, &end, 10);
+  if (errno || *end || n < 0)
+    throw ckpt::error(ckpt::errc::usage, std::string(env) + "='" + v + "' is not a non-negative integer");
+  return n;
+}
+
+ckpt::slice_selection selection_of(const materialize_options& o) {
+  // Each from its flag, else from the launcher: `--plan P` alone under torchrun just works.
+  const int64_t rank = launcher_value(o.rank, "--rank", "RANK");
+  const int64_t world = launcher_value(o.world, "--world", "WORLD_SIZE");
+  if (auto preset = ckpt::slice_preset(o.plan, rank, world)) return *preset;
+  return ckpt::parse_slice_plan(ckpt::read_text_input(o.plan), "--plan " + o.plan, rank, world);
+}
 
 void print_list(std::ostream& out, const char* title, const std::vector<std::string>& items) {
   if (items.empty()) return;
@@ -49,6 +81,14 @@ int run_materialize(materialize_options& o) {
   // A directory stands for the one model file it holds, or its shard index, or is a DCP checkpoint.
   o.checkpoint = ckpt::resolve_checkpoint_path(o.checkpoint);
   o.req.strict = !o.no_strict;
+  if (o.rank_opt->count()) o.rank = o.rank_flag;
+  if (o.world_opt->count()) o.world = o.world_flag;
+  if (!o.plan.empty()) {
+    if (!o.req.model.empty()) throw ckpt::error(ckpt::errc::usage, "--plan cannot be combined with --model");
+    o.req.slices = selection_of(o);
+  } else if (o.rank || o.world) {
+    throw ckpt::error(ckpt::errc::usage, "--rank and --world select a slice of each tensor: they need --plan");
+  }
   for (const auto& s : o.inputs) o.req.run_inputs.push_back(parse_input_spec(s));
   for (const auto& s : o.args) o.req.run_args.push_back(parse_arg_spec(s));
   if ((!o.req.run_inputs.empty() || !o.req.run_args.empty()) && o.req.run_method.empty()) o.req.run_method = "forward";
@@ -124,6 +164,14 @@ int run_materialize(materialize_options& o) {
     doc["filled_from_model"] = r.filled_from_model;
     doc["from_model_file"] = r.from_model_file;
     if (o.req.check_finite) doc["non_finite"] = r.non_finite;
+    if (r.slices) {
+      const ckpt::slice_load_report& sr = *r.slices;
+      doc["slices"] = {{"rank", o.req.slices->rank},         {"world", o.req.slices->world},
+                       {"sliced", sr.sliced},                {"replicated", sr.whole},
+                       {"left_out", sr.left_out},            {"slice_bytes", sr.slice_bytes},
+                       {"full_bytes", sr.full_bytes}};
+      doc["io"] = {{"bytes_read", sr.bytes_read}};
+    }
     if (!r.run_method.empty()) {
       nlohmann::json outs = nlohmann::json::array();
       for (size_t i = 0; i < r.outputs.size(); ++i) {
@@ -147,6 +195,13 @@ int run_materialize(materialize_options& o) {
               << std::fixed << std::setprecision(3) << r.seconds << " s";
     if (r.bytes) report << " (" << std::setprecision(2) << gbps << " GB/s)";
     report << "\n";
+    if (r.slices) {
+      const ckpt::slice_load_report& sr = *r.slices;
+      report << "rank " << o.req.slices->rank << " of " << o.req.slices->world << ": " << sr.sliced << " sliced, "
+             << sr.whole << " replicated, " << sr.left_out << " left out (no rule matched); read "
+             << human_bytes(sr.bytes_read) << " for " << human_bytes(sr.slice_bytes) << " of slices ("
+             << human_bytes(sr.full_bytes) << " whole)\n";
+    }
     if (!o.req.model.empty()) report << "key edit: " << ckpt::escape_controls(r.key_edit) << "\n";
     print_list(report, "missing from the checkpoint", r.missing);
     print_list(report, "filled from the model file", r.filled_from_model);
@@ -213,6 +268,14 @@ verb setup_materialize(CLI::App& app) {
   cmd->add_flag("--check-finite", o->req.check_finite, "Report floating tensors holding NaN or Inf (exit 1 if any)");
   cmd->add_flag("--mmap", o->req.mmap, "CPU: back the tensors with the mapped file, every page mapped (zero-copy, copy-on-write)");
   cmd->add_option("--threads", o->req.threads, "Reader threads, 1 to 256 (default: up to 8)")->check(thread_count());
+  cmd->add_option("--plan", o->plan,
+                  "Load only this rank's slice of each tensor: a JSON file {\"GLOB\": \"Shard(D)|Replicate()|"
+                  "Range(D,START,LEN)\"} (first match wins; unmatched keys are left out), or llama-tp")
+      ->check(non_empty_path());
+  o->rank_opt = cmd->add_option("--rank", o->rank_flag, "With --plan: this process's rank (default: $RANK)")
+                     ->check(CLI::NonNegativeNumber);
+  o->world_opt = cmd->add_option("--world", o->world_flag, "With --plan: the number of ranks (default: $WORLD_SIZE)")
+                      ->check(CLI::PositiveNumber);
   cmd->add_flag("--json", o->json, "Print the report as JSON");
   add_reader_flags(*cmd, o->reader);
   add_code_flags(*cmd, o->code);

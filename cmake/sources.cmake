@@ -62,6 +62,8 @@ set(CKPT_CORE_SOURCES
   ${CKPT_ROOT}/src/model/open_dcp.cpp
   ${CKPT_ROOT}/src/model/key_table.cpp
   ${CKPT_ROOT}/src/model/read_plan.cpp
+  ${CKPT_ROOT}/src/model/slice.cpp
+  ${CKPT_ROOT}/src/model/slice_plan.cpp
   ${CKPT_ROOT}/src/rekey/dcp_byte_items.cpp
   ${CKPT_ROOT}/src/rekey/dcp_metadata_rewrite.cpp
   ${CKPT_ROOT}/src/rekey/dcp_planner_path.cpp
@@ -86,6 +88,7 @@ set(CKPT_TORCH_SOURCES
   ${CKPT_ROOT}/src/torch/cast_values.cpp
   ${CKPT_ROOT}/src/torch/finite_check.cpp
   ${CKPT_ROOT}/src/torch/load.cpp
+  ${CKPT_ROOT}/src/torch/load_slices.cpp
   ${CKPT_ROOT}/src/torch/loader/assembled_loader.cpp
   ${CKPT_ROOT}/src/torch/loader/cpu_loader.cpp
   ${CKPT_ROOT}/src/torch/loader/cuda_module.cpp
@@ -149,6 +152,7 @@ set(CKPT_SHARED_HEADERS
   ${CKPT_ROOT}/include/ckpt/input_file.h
   ${CKPT_ROOT}/include/ckpt/key_table.h
   ${CKPT_ROOT}/include/ckpt/load.h
+  ${CKPT_ROOT}/include/ckpt/load_slices.h
   ${CKPT_ROOT}/include/ckpt/materialize.h
   ${CKPT_ROOT}/include/ckpt/output_dir.h
   ${CKPT_ROOT}/include/ckpt/output_set.h
@@ -161,6 +165,7 @@ set(CKPT_SHARED_HEADERS
   ${CKPT_ROOT}/include/ckpt/rekey_set.h
   ${CKPT_ROOT}/include/ckpt/report.h
   ${CKPT_ROOT}/include/ckpt/safetensors.h
+  ${CKPT_ROOT}/include/ckpt/slice.h
   ${CKPT_ROOT}/include/ckpt/sys_io.h
   ${CKPT_ROOT}/include/ckpt/torchscript.h
   ${CKPT_ROOT}/include/ckpt/torchscript_code.h
@@ -192,6 +197,7 @@ set(CKPT_SHARED_HEADERS
   ${CKPT_ROOT}/src/model/open_dcp.h
   ${CKPT_ROOT}/src/model/read_plan.h
   ${CKPT_ROOT}/src/model/row_major.h
+  ${CKPT_ROOT}/src/model/slice_plan.h
   ${CKPT_ROOT}/src/pickle/node_marks.h
   ${CKPT_ROOT}/src/pickle/pickle_accessors.h
   ${CKPT_ROOT}/src/pickle/pickle_builder.h
@@ -216,6 +222,7 @@ set(CKPT_SHARED_HEADERS
   ${CKPT_ROOT}/src/torch/meta_kernels.h
   ${CKPT_ROOT}/src/torch/method_args.h
   ${CKPT_ROOT}/src/torch/model_file_tensors.h
+  ${CKPT_ROOT}/src/torch/named_tensors.h
   ${CKPT_ROOT}/src/torch/torch_message.h
   ${CKPT_ROOT}/src/torch/torchscript_module.h
   ${CKPT_ROOT}/src/zip/zip_format.h

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "ckpt/checkpoint.h"
+#include "ckpt/slice.h"
 #include "ckpt/torchscript.h"
 
 namespace ckpt {
@@ -35,6 +36,9 @@ struct materialize_request {
   /// The caller is done with the checkpoint: without --model, its pickle tree is freed once
   /// the tensors are named (release_pickle), which for a million tensors halves the peak.
   bool release_input = false;
+  /// --rank/--world/--plan: only this rank's slices of the tensors the plan matches
+  /// (load_tensors with a selection); not with a model.
+  std::optional<slice_selection> slices;
 };
 
 struct materialize_report {
@@ -52,6 +56,7 @@ struct materialize_report {
   std::vector<double> checksums;         // --run: sum of each tensor output, as float64
   std::string run_method;
   bool output_written = false;           // false when --check-finite found NaN or Inf
+  std::optional<slice_load_report> slices;  // with request.slices
 };
 
 /// Throws ckpt::error: device (exit 4) for an unavailable device; check_failed (exit 1)

@@ -9,21 +9,14 @@
 #include "ckpt/rekey.h"
 #include "torch/torchscript_module.h"
 #include "torch/model_file_tensors.h"
+#include "torch/named_tensors.h"
 #include "model/assembly.h"
 #include "model/read_plan.h"
 #include "torch/loader/assembled_loader.h"
 #include "torch/loader/storage_loader.h"
 
 namespace ckpt {
-namespace {
-
-// A tensor to return: a record of c.tensors, or a key assembled from pieces.
-struct named_tensor {
-  std::string name;
-  size_t tensor = 0;  // index into c.tensors, unless `assembled`
-  bool assembled = false;
-  size_t key = 0;  // index into c.keys when `assembled`
-};
+namespace detail {
 
 // Names for every tensor: state-dict keys where there is a state dict (a tied tensor
 // under each of its keys), paths elsewhere, and every further path the pickle shares a
@@ -61,6 +54,13 @@ std::vector<named_tensor> named_tensors(const checkpoint& c) {
     if (!in_state_dict(a.path)) out.push_back({path_to_string(a.path), a.tensor});
   return out;
 }
+
+}  // namespace detail
+
+namespace {
+
+using detail::named_tensor;
+using detail::named_tensors;
 
 std::string dtype_text(c10::ScalarType t) { return c10::getDtypeNames(t).first; }
 

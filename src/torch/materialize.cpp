@@ -10,6 +10,7 @@
 #include "torch/aten_types.h"
 #include "ckpt/error.h"
 #include "ckpt/load.h"
+#include "ckpt/load_slices.h"
 #include "ckpt/output_set.h"
 #include "torch/finite_check.h"
 #include "torch/meta_kernels.h"
@@ -200,7 +201,25 @@ materialize_report materialize(checkpoint& c, const materialize_request& req) {
     throw error(errc::usage, "--check-finite cannot check values on meta (meta tensors have none); use --device cpu or cuda");
 
   try {
-    if (!req.model.empty()) {
+    if (req.slices) {
+      if (!req.model.empty()) throw error(errc::usage, "--plan cannot be combined with --model");
+      slice_load_report sr;
+      auto t0 = std::chrono::steady_clock::now();
+      auto tensors = load_tensors(c, o, *req.slices, &sr);
+      synchronize(o.device);
+      r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      r.tensors = tensors.size();
+      r.bytes = sr.bytes_read;
+      r.dtype_converted = sr.converted;
+      if (req.check_finite) r.non_finite = detail::non_finite(tensors);
+      // A slice is a new tensor, not the saved object: written plain (no Parameter, no
+      // attributes), each with a storage of its own.
+      if (req.output && r.non_finite.empty()) {
+        save_tensors(tensors, *req.output);
+        r.output_written = true;
+      }
+      r.slices = std::move(sr);
+    } else if (!req.model.empty()) {
       module_load_report mr;
       auto t0 = std::chrono::steady_clock::now();
       torch::jit::Module m = load_module(req.model, c, o, req.strict, &mr);

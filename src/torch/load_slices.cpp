@@ -1,0 +1,281 @@
+// load_tensors with a selection (ckpt/load.h, docs/formats.md §16): each matched tensor's
+// slice is allocated empty on the CPU and filled from the spans where its pieces meet the
+// slice (model/slice_plan.h), read by a few threads; nothing outside the slice is read
+// but the few bytes between close rows. Tensors that are not plain row-major bytes load
+// whole through the ordinary loader when replicated, and are refused when sliced.
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+
+#include "ckpt/error.h"
+#include "ckpt/load_slices.h"
+#include "model/assembly.h"
+#include "model/read_plan.h"
+#include "model/row_major.h"
+#include "model/slice_plan.h"
+#include "torch/aten_types.h"
+#include "torch/loader/storage_loader.h"
+#include "torch/named_tensors.h"
+
+namespace ckpt {
+namespace {
+
+using detail::slice_read;
+using detail::slice_span;
+
+struct stored_piece {
+  std::vector<dim_range> box;
+  uint32_t file = 0;
+  uint64_t offset = 0;  // its first byte, in files[file]
+};
+
+struct tensor_source {
+  dtype type = dtype::float32;
+  std::vector<int64_t> shape;
+  std::vector<stored_piece> pieces;
+  std::string unsliceable;  // why its bytes cannot be read by box; empty: they can
+};
+
+std::vector<dim_range> whole_box(const std::vector<int64_t>& shape) {
+  std::vector<dim_range> b;
+  for (int64_t n : shape) b.push_back({0, n});
+  return b;
+}
+
+uint64_t box_numel(const std::vector<dim_range>& b) {
+  uint64_t n = 1;
+  for (const dim_range& r : b) n *= uint64_t(r.length);
+  return n;
+}
+
+// Where the bytes of tensor `n` are, as row-major boxes.
+tensor_source source_of(const checkpoint& c, const detail::named_tensor& n) {
+  tensor_source t;
+  if (n.assembled) {
+    // plan_assembly refuses (corrupt, unsupported) pieces that overlap, leave elements
+    // unwritten, or are not exactly their box's bytes: what is met below is sound.
+    (void)detail::plan_assembly(c, {n.key});
+    t.type = c.keys.type(n.key, c.tensors);
+    const dim_list& dims = c.keys.shape(n.key, c.tensors);
+    t.shape.assign(dims.begin(), dims.end());
+    for (size_t p = 0; p < c.keys.piece_count(n.key); ++p) {
+      const tensor_piece piece = c.keys.piece(n.key, p);
+      const tensor_record& r = c.tensors[piece.tensor];
+      stored_piece s;
+      for (size_t d = 0; d < t.shape.size(); ++d)
+        s.box.push_back({piece.offsets.empty() ? 0 : piece.offsets[d], r.shape[d]});
+      if (box_numel(s.box) == 0) continue;
+      const storage_record& st = c.storages[*r.storage];
+      if (st.archive_range) {
+        t.unsliceable = "its chunk archive was not opened (metadata only)";
+        return t;
+      }
+      s.file = st.file;
+      s.offset = *st.file_offset;
+      t.pieces.push_back(std::move(s));
+    }
+    return t;
+  }
+  const tensor_record& r = c.tensors[n.tensor];
+  t.type = r.type;
+  t.shape.assign(r.shape.begin(), r.shape.end());
+  const uint64_t e = element_size(r.type);
+  if (r.quant || r.kind || r.composite()) {
+    t.unsliceable = "it is a " + (r.kind ? r.kind->description() : std::string("quantized")) + " tensor";
+  } else if (elements_per_byte(r.type) != 1 || e == 0) {
+    t.unsliceable = "its dtype " + std::string(name(r.type)) + " packs several elements in a byte";
+  } else if (!r.storage || !c.storages[*r.storage].file_offset || c.storages[*r.storage].archive_range) {
+    t.unsliceable = "it has no data in the file";
+  } else if (!detail::is_row_major(r) || r.storage_offset < 0) {
+    t.unsliceable = "its view is not row-major (its strides step out of order)";
+  } else {
+    const storage_record& s = c.storages[*r.storage];
+    const uint64_t numel = r.numel();
+    if (numel && (uint64_t(r.storage_offset) + numel) * e > s.nbytes)
+      t.unsliceable = "its view reaches past its storage";
+    else if (numel)
+      t.pieces.push_back({whole_box(t.shape), s.file, *s.file_offset + uint64_t(r.storage_offset) * e});
+  }
+  return t;
+}
+
+// Each thread's bounce buffer for reads of close rows, kept for the next read.
+class bounce_pool {
+ public:
+  std::unique_ptr<uint8_t[]> take(uint64_t n) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (free_.empty()) return std::unique_ptr<uint8_t[]>(new uint8_t[size_]);
+    auto b = std::move(free_.back());
+    free_.pop_back();
+    (void)n;
+    return b;
+  }
+  void give(std::unique_ptr<uint8_t[]> b) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    free_.push_back(std::move(b));
+  }
+  explicit bounce_pool(uint64_t size) : size_(size) {}
+
+ private:
+  uint64_t size_;
+  std::mutex mutex_;
+  std::vector<std::unique_ptr<uint8_t[]>> free_;
+};
+
+struct slice_job {
+  uint8_t* base = nullptr;  // the slice tensor's first byte
+  uint32_t file = 0;
+  std::vector<slice_span> spans;
+};
+
+struct read_item {
+  size_t job = 0;
+  slice_read read;
+};
+
+// Runs every read of every job; returns the bytes read.
+uint64_t execute(const checkpoint& c, const std::vector<slice_job>& jobs, const load_options& o) {
+  const detail::slice_read_options ro;
+  std::vector<read_item> items;
+  uint64_t total = 0;
+  for (size_t j = 0; j < jobs.size(); ++j)
+    for (const slice_read& r : detail::plan_slice_reads(jobs[j].spans, ro)) {
+      items.push_back({j, r});
+      total += r.nbytes;
+    }
+  bounce_pool pool(ro.max_read);
+  std::atomic<uint64_t> done{0};
+  detail::for_each_piece(items.size(), detail::loader_threads(o), [&](size_t i) {
+    const read_item& it = items[i];
+    const slice_job& job = jobs[it.job];
+    const slice_span& s = job.spans[it.read.span];
+    const byte_source& file = *c.files[job.file].source;
+    switch (it.read.how) {
+      case slice_read::mode::direct:
+        file.read_exact(it.read.offset, job.base + s.dst + (it.read.offset - s.src), size_t(it.read.nbytes));
+        break;
+      case slice_read::mode::rows:
+        for (uint64_t r = it.read.first_row; r < it.read.first_row + it.read.row_count; ++r)
+          file.read_exact(s.src + r * s.src_pitch, job.base + s.dst + r * s.dst_pitch, size_t(s.width));
+        break;
+      case slice_read::mode::bounce: {
+        std::unique_ptr<uint8_t[]> b = pool.take(it.read.nbytes);
+        file.read_exact(it.read.offset, b.get(), size_t(it.read.nbytes));
+        for (uint64_t k = 0; k < it.read.row_count; ++k) {
+          const uint64_t r = it.read.first_row + k;
+          std::memcpy(job.base + s.dst + r * s.dst_pitch, b.get() + k * s.src_pitch, size_t(s.width));
+        }
+        pool.give(std::move(b));
+        break;
+      }
+    }
+    const uint64_t now = done += it.read.nbytes;
+    if (o.progress) o.progress(now, total);
+  });
+  return total;
+}
+
+at::Tensor cast(at::Tensor t, const load_options& o, const std::string& name, std::vector<std::string>& converted) {
+  if (!o.dtype || !at::isFloatingType(t.scalar_type()) || t.scalar_type() == *o.dtype) return t;
+  converted.push_back(name + ": " + c10::getDtypeNames(t.scalar_type()).first + " -> " +
+                      c10::getDtypeNames(*o.dtype).first);
+  return t.to(*o.dtype);
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, at::Tensor>> load_tensors(const checkpoint& c, const load_options& o,
+                                                          const slice_selection& sel, slice_load_report* report) {
+  slice_load_report local;
+  slice_load_report& r = report ? *report : local;
+  r = slice_load_report{};
+  if (o.mmap) throw error(errc::usage, "--mmap cannot load slices: a slice is not one range of the file");
+  if (sel.world < 1 || sel.rank < 0 || sel.rank >= sel.world)
+    throw error(errc::usage, "rank " + std::to_string(sel.rank) + " is not in a world of " + std::to_string(sel.world));
+  detail::check_device(o.device);
+  const bool meta = o.device.is_meta();
+  std::vector<detail::named_tensor> names = detail::named_tensors(c);
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  std::vector<slice_job> jobs;
+  std::vector<size_t> whole_records, whole_slots;  // loaded by the ordinary loader
+  std::unordered_map<std::string, size_t> first_of;  // "record placement" -> its slot in out
+  std::vector<std::pair<size_t, size_t>> alias_of;    // (slot, slot of the same slice)
+  for (detail::named_tensor& n : names) {
+    const std::optional<placement> p = sel.match(n.name);
+    if (!p) {
+      ++r.left_out;
+      continue;
+    }
+    const std::string what = "key '" + n.name + "'";
+    // A tensor object saved under two names (tied weights) with one placement is one
+    // slice under both, read once and still tied.
+    if (!n.assembled) {
+      auto [it, fresh] = first_of.emplace(std::to_string(n.tensor) + " " + placement_text(*p), out.size());
+      if (!fresh) {
+        ++(p->type == placement::kind::replicate ? r.whole : r.sliced);
+        alias_of.emplace_back(out.size(), it->second);
+        out.emplace_back(std::move(n.name), at::Tensor());
+        continue;
+      }
+    }
+    tensor_source src = source_of(c, n);
+    const std::vector<dim_range> box = slice_box(*p, src.shape, sel.rank, sel.world, what);
+    const uint64_t e = element_size(src.type);
+    r.full_bytes += box_numel(whole_box(src.shape)) * e;
+    r.slice_bytes += box_numel(box) * e;
+    if (p->type == placement::kind::replicate) ++r.whole; else ++r.sliced;
+    if (!src.unsliceable.empty()) {
+      if (p->type != placement::kind::replicate)
+        throw_unsupported(what + ": " + placement_text(*p) + " cannot be read as a slice because " + src.unsliceable +
+                          "; only Replicate() loads it (whole)");
+      whole_records.push_back(n.tensor);
+      whole_slots.push_back(out.size());
+      out.emplace_back(std::move(n.name), at::Tensor());
+      continue;
+    }
+    std::vector<int64_t> shape;
+    for (const dim_range& d : box) shape.push_back(d.length);
+    const c10::ScalarType st = detail::scalar_type(src.type);
+    at::Tensor t = at::empty(shape, at::TensorOptions().dtype(st).device(meta ? c10::kMeta : c10::kCPU));
+    std::vector<slice_span> all;
+    for (const stored_piece& piece : src.pieces) {
+      slice_job job;
+      job.file = piece.file;
+      detail::intersect_piece(box, piece.box, e, piece.offset, job.spans);
+      if (job.spans.empty()) continue;
+      all.insert(all.end(), job.spans.begin(), job.spans.end());
+      if (!meta && t.numel()) {
+        job.base = static_cast<uint8_t*>(t.data_ptr());
+        jobs.push_back(std::move(job));
+      }
+    }
+    // Pieces cover their tensor exactly (plan_assembly), so they cover every slice of it.
+    if (detail::span_bytes(all) != box_numel(box) * e)
+      throw_corrupt(what + ": its pieces hold " + std::to_string(detail::span_bytes(all)) + " of the " +
+                    std::to_string(box_numel(box) * e) + " bytes of its slice");
+    out.emplace_back(std::move(n.name), std::move(t));
+  }
+  if (!meta) r.bytes_read += execute(c, jobs, o);
+  for (auto& [name, t] : out)
+    if (t.defined()) {
+      if (!meta && !o.device.is_cpu()) t = t.to(o.device);
+      t = cast(std::move(t), o, name, r.converted);
+    }
+  if (!whole_records.empty()) {
+    const std::vector<bool> needed = detail::storages_of(c, whole_records);
+    for (size_t i = 0; i < needed.size(); ++i)
+      if (needed[i] && !meta) r.bytes_read += c.storages[i].nbytes;
+    std::vector<at::Tensor> storages = detail::load_storages(c, needed, o);
+    for (size_t k = 0; k < whole_records.size(); ++k) {
+      auto& slot = out[whole_slots[k]];
+      slot.second = cast(detail::view_of(c.tensors[whole_records[k]], storages, o.device), o, slot.first, r.converted);
+    }
+  }
+  for (const auto& [slot, same] : alias_of) out[slot].second = out[same].second;
+  return out;
+}
+
+}  // namespace ckpt
