@@ -37,6 +37,7 @@ set(CKPT_CORE_SOURCES
   ${CKPT_ROOT}/src/convert/convert.cpp
   ${CKPT_ROOT}/src/convert/convert_plan.cpp
   ${CKPT_ROOT}/src/convert/tensor_bytes.cpp
+  ${CKPT_ROOT}/src/convert/write_dcp.cpp
   ${CKPT_ROOT}/src/convert/write_safetensors.cpp
   ${CKPT_ROOT}/src/convert/write_torch.cpp
   ${CKPT_ROOT}/src/formats/dcp_coverage.cpp
