@@ -94,6 +94,7 @@ void report(const convert_options& o, const ckpt::convert_request& req, const ck
     doc["input"] = o.input;
     doc["output"] = o.output;
     doc["to"] = o.to;
+    if (req.to == ckpt::convert_target::dcp) doc["ranks"] = req.ranks;
     nlohmann::json ops = nlohmann::json::array();
     for (const auto& op : req.ops) ops.push_back(op.describe());
     doc["operations"] = ops;
