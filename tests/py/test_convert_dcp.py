@@ -101,10 +101,10 @@ def dcp_loaded(d: Path) -> dict:
     return sd
 
 
-def ckptool_reads_back(d: Path, tmp: Path) -> dict:
+def ckptool_reads_back(d: Path, tmp: Path, *flags) -> dict:
     """ckptool's own reading of a DCP directory, as a torch.save file torch.load reads."""
     out = tmp / f"{d.name}.readback.pt"
-    convert(d, out, "--to", "torch")
+    convert(d, out, "--to", "torch", *flags)
     return torch.load(out, weights_only=True)
 
 
@@ -272,12 +272,14 @@ def test_outdir_rules(work, tmp_path):
     convert(work / "sample.pt", out, "--to", "dcp", "--force")
     assert (out / "notes.txt").read_text() == "mine"
     assert sorted(p.name for p in out.iterdir()) == [".metadata", "__0_0.distcp", "notes.txt"]
-    # A hf set is another layout: refused, nothing written.
+    # A shard set (an index) is another layout: refused even with --force, nothing written.
     hf = tmp_path / "hf"
-    convert(work / "sample.pt", hf, "--to", "hf", "--select", "f32")
+    convert(work / "sample.pt", hf, "--to", "hf", "--select", "f*", "--max-shard-size", "200")
+    before = sorted(p.name for p in hf.iterdir())
+    assert "model.safetensors.index.json" in before
     rc, _, err = convert(work / "sample.pt", hf, "--to", "dcp", "--force", ok=False)
     assert rc == 2, err
-    assert sorted(p.name for p in hf.iterdir()) == ["model.safetensors"]
+    assert sorted(p.name for p in hf.iterdir()) == before
     # OUTDIR inside the input DCP directory: refused.
     rc, _, err = convert(out, out / "inner", "--to", "dcp", ok=False)
     assert rc == 2 and not (out / "inner").exists(), err
@@ -302,17 +304,26 @@ def test_reshard_4_to_3(dcp_dirs, tmp_path):
     src = dcp_dirs["grid4"]
     want = dcp_loaded(src)
     out = tmp_path / "grid3"
-    rc, _, err = convert(src, out, "--to", "dcp", "--ranks", "3", ok=False)
-    if rc != 0:  # rank_count, a BYTE_IO item, is refused unless carried or dropped
-        assert rc == 3 and "--drop-other" in err, err
-        convert(src, out, "--to", "dcp", "--ranks", "3", "--drop-other")
+    convert(src, out, "--to", "dcp", "--ranks", "3")
     assert sorted(p.name for p in out.glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp", "__2_0.distcp"]
     assert_same(dcp_loaded(out), want)
+    # rank_count, a BYTE_IO item, is carried byte for byte: dcp.load gives it back.
+    md_in, md_out = read_md(src), read_md(out)
+    blob = lambda d, md: next((d / i.relative_path).read_bytes()[i.offset:i.offset + i.length]
+                              for k, i in md.storage_data.items() if k.fqn == "rank_count")
+    assert blob(out, md_out) == blob(src, md_in)
+    import torch.distributed.checkpoint as dcp
+    holder = {"rank_count": None}
+    dcp.load(holder, checkpoint_id=str(out), no_dist=True)
+    assert holder["rank_count"] == 4
+    # Dropped on request, with key edits (whose effect on a value convert cannot check).
+    rc, _, err = convert(src, tmp_path / "renamed", "--to", "dcp", "--add-prefix", "m.", ok=False)
+    assert rc == 3 and "rank_count" in err and not (tmp_path / "renamed").exists(), err
     expected = tmp_path / "grid4.expected.pt"
     torch.save(want, expected)
     res = load_in_processes(tmp_path, out, expected, 3)
     assert res == ["OK"] * 3, res
-    assert_same(ckptool_reads_back(out, tmp_path), want)
+    assert_same(ckptool_reads_back(out, tmp_path, "--drop-other"), want)
 
 
 def peak_rss_mib(args) -> float:
