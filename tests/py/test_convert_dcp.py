@@ -165,7 +165,9 @@ def main(rank, world, port, ckpt, expected, result):
 if __name__ == "__main__":
     world = int(sys.argv[4])
     s = __import__("socket").socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
-    mp.spawn(main, args=(world, port, sys.argv[1], sys.argv[2], sys.argv[3]), nprocs=world, join=True)
+    # fork: the ranks inherit the imported torch instead of importing it again each.
+    mp.start_processes(main, args=(world, port, sys.argv[1], sys.argv[2], sys.argv[3]), nprocs=world, join=True,
+                       start_method="fork")
 '''
 
 
