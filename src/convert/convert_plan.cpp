@@ -94,7 +94,7 @@ uint64_t contiguous_bytes(dtype type, const std::vector<int64_t>& shape) {
 // names them is not kept). Not from rank-local metadata (§9.8), whose items are per rank.
 void carry_byte_items(const checkpoint& c, const convert_request& r, convert_plan& plan) {
   if (r.to != convert_target::dcp || c.layout != checkpoint_layout::dcp || !r.ops.empty() || !r.select.empty() ||
-      r.state_dict || !c.unsafe_globals.empty())
+      r.state_dict || !c.unsafe_globals.empty() || c.entries.empty())
     return;
   const std::string& index = c.index_path;
   const size_t slash = index.rfind('/');

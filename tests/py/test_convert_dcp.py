@@ -238,8 +238,10 @@ def test_torch_save_to_dcp(work, world):
     # The pickle is exactly what CPython writes for the object it holds.
     raw = (out / ".metadata").read_bytes()
     assert pickle.dumps(pickle.loads(raw), protocol=2) == raw
-    # Then ckptool's own reader.
+    # Then ckptool's own reader, and its CRC check of every record.
     assert_same(ckptool_reads_back(out, work), want)
+    rc, _, err = run_ckptool("verify", out)
+    assert rc == 0, err
 
 
 @pytest.mark.parametrize("world", [2, 3])
