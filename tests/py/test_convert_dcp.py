@@ -402,3 +402,17 @@ def test_reshard_band_by_band_bounded(tmp_path):
     assert len(md.state_dict_metadata["w"].chunks) == 8
     got = dcp_loaded(tmp_path / "d8")
     assert torch.equal(got["w"], t) and torch.equal(got["b"], torch.ones(3))
+
+
+@pytest.mark.skipif(not Path("/usr/bin/time").exists(), reason="needs GNU time")
+@pytest.mark.skipif(SANITIZED, reason="ASan's shadow memory is not the program's")
+def test_band_of_transposed_view_windowed(tmp_path):
+    # A 96 MiB transposed view cut in 4 bands of 24 MiB: each band's elements reach across
+    # the whole storage (more than the band + 64 MiB), so the span is read in 64 MiB
+    # windows rather than element by element or whole: bound 24 x 2 + 64 = 112 MiB.
+    t = torch.arange(4096 * 6144, dtype=torch.int32).reshape(4096, 6144)
+    torch.save({"tt": t.t()}, tmp_path / "t.pt")
+    peak = peak_rss_mib(["convert", tmp_path / "t.pt", "-o", tmp_path / "d4", "--to", "dcp", "--ranks", "4"])
+    assert peak <= 112, f"peak RSS {peak:.0f} MiB"
+    got = dcp_loaded(tmp_path / "d4")
+    assert torch.equal(got["tt"], t.t())
