@@ -382,7 +382,8 @@ def test_shard_set_to_dcp(tmp_path):
 
 
 def peak_rss_mib(args) -> float:
-    p = subprocess.run(["/usr/bin/time", "-f", "%M", str(CKPTOOL), *map(str, args)], capture_output=True, text=True)
+    p = subprocess.run(["/usr/bin/time", "-f", "%M", str(CKPTOOL), *map(str, args)], capture_output=True, text=True,
+                       timeout=120)
     assert p.returncode == 0, p.stderr
     return int(p.stderr.strip().splitlines()[-1]) / 1024
 
