@@ -26,6 +26,7 @@ namespace {
 
 struct convert_options {
   std::string input, output, to, max_shard_size, state_dict, dtype;
+  uint32_t ranks = 0;  // 0: not given
   std::vector<std::string> select;
   bool drop_other = false, json = false, force = false;
   ckpt::open_options reader;
@@ -50,8 +51,12 @@ ckpt::value_path parse_state_dict_path(const std::string& text) {
 ckpt::convert_request make_request(const convert_options& o) {
   ckpt::convert_request req;
   const auto target = ckpt::convert_target_named(o.to);
-  if (!target) throw ckpt::error(ckpt::errc::usage, "--to must be torch, safetensors or hf, not '" + o.to + "'");
+  if (!target) throw ckpt::error(ckpt::errc::usage, "--to must be torch, safetensors, hf or dcp, not '" + o.to + "'");
   req.to = *target;
+  if (o.ranks) {
+    if (req.to != ckpt::convert_target::dcp) throw ckpt::error(ckpt::errc::usage, "--ranks applies to --to dcp only");
+    req.ranks = o.ranks;
+  }
   if (!o.max_shard_size.empty()) {
     if (req.to != ckpt::convert_target::hf)
       throw ckpt::error(ckpt::errc::usage, "--max-shard-size applies to --to hf only");
@@ -89,6 +94,7 @@ void report(const convert_options& o, const ckpt::convert_request& req, const ck
     doc["input"] = o.input;
     doc["output"] = o.output;
     doc["to"] = o.to;
+    if (req.to == ckpt::convert_target::dcp) doc["ranks"] = req.ranks;
     nlohmann::json ops = nlohmann::json::array();
     for (const auto& op : req.ops) ops.push_back(op.describe());
     doc["operations"] = ops;
@@ -109,15 +115,18 @@ void report(const convert_options& o, const ckpt::convert_request& req, const ck
   if (plan.keys.changed) out << " (" << plan.keys.changed << " renamed)";
   out << " to " << o.to << "; wrote " << ckpt::display_name(o.output);
   if (req.to == ckpt::convert_target::hf) out << " (" << r.files.size() << " files)";
+  if (req.to == ckpt::convert_target::dcp)
+    out << " (" << req.ranks << " rank" << (req.ranks == 1 ? "" : "s") << ", " << r.files.size() << " files)";
   out << " (" << human_bytes(r.bytes_written) << ")\n";
 }
 
 int run_convert(const convert_options& o) {
   ckpt::convert_request req = make_request(o);
-  const bool to_set = req.to == ckpt::convert_target::hf;
+  const bool to_dcp = req.to == ckpt::convert_target::dcp;
+  const bool to_set = req.to == ckpt::convert_target::hf || to_dcp;
   if (!to_set && o.force)
-    throw ckpt::error(ckpt::errc::usage, "--force applies to --to hf (an output directory) only; convert never "
-                                         "replaces its input");
+    throw ckpt::error(ckpt::errc::usage, "--force applies to --to hf and --to dcp (an output directory) only; convert "
+                                         "never replaces its input");
   const std::vector<std::string> inputs = ckpt::checkpoint_input_files(o.input);
 
   // Everything read and everything written, declared before anything is read or written.
@@ -131,8 +140,11 @@ int run_convert(const convert_options& o) {
   for (const auto& path : o.edits.match->results())
     for (const auto& f : ckpt::checkpoint_input_files(path)) set.add_input(f);
   if (to_set) {
-    if (o.output == "-") throw ckpt::error(ckpt::errc::usage, "a shard set is written to a directory, not to standard output");
-    dir = std::make_unique<ckpt::output_dir>(o.output, ckpt::set_layout::hf_index, o.force);
+    if (o.output == "-")
+      throw ckpt::error(ckpt::errc::usage, std::string(to_dcp ? "a DCP checkpoint" : "a shard set") +
+                                               " is written to a directory, not to standard output");
+    dir = std::make_unique<ckpt::output_dir>(o.output, to_dcp ? ckpt::set_layout::dcp : ckpt::set_layout::hf_index,
+                                             o.force);
     // A set's directory is an input: OUTDIR may be neither inside it nor around it. A
     // single file's directory is not (OUTDIR beside model.pt is the usual case); the file
     // itself is fingerprinted by `set`, and no file of OUTDIR that is not of a previous
@@ -152,7 +164,11 @@ int run_convert(const convert_options& o) {
   if (bar.enabled()) req.progress = [&bar](uint64_t done, uint64_t total) { bar.update(done, total); };
   ckpt::convert_result r;
   try {
-    if (to_set) {
+    if (to_dcp) {
+      const std::vector<std::string> files = ckpt::dcp_files(plan, req.ranks);
+      dir->open(files, files.back());
+      r = ckpt::write_converted_dcp(c, plan, *dir, req);
+    } else if (to_set) {
       const std::vector<std::string> files = ckpt::hf_set_files(plan, req.max_shard_size);
       if (files.empty())
         throw ckpt::error(ckpt::errc::usage, "no tensor to write: an empty state dict makes no shard set").with_file(c.path);
@@ -183,21 +199,29 @@ int run_convert(const convert_options& o) {
 verb setup_convert(CLI::App& app) {
   auto o = std::make_shared<convert_options>();
   CLI::App* cmd = app.add_subcommand(
-      "convert", "Write a checkpoint's state dict as a torch.save file, a safetensors file or a Hugging Face shard "
-                 "set, tensor by tensor, every value bit-identical");
+      "convert", "Write a checkpoint's state dict as a torch.save file, a safetensors file, a Hugging Face shard "
+                 "set or a torch.distributed.checkpoint directory, tensor by tensor, every value bit-identical");
   cmd->add_option("IN", o->input,
                   "A checkpoint ckptool reads: a torch.save or safetensors file, a Hugging Face shard set (its "
                   "*.index.json or directory), a torch.distributed.checkpoint directory")
       ->required();
-  cmd->add_option("-o,--output", o->output, "Where to write: a file ('-' for standard output), or for --to hf a directory")
+  cmd->add_option("-o,--output", o->output,
+                  "Where to write: a file ('-' for standard output), or for --to hf and --to dcp a directory")
       ->required()
       ->check(non_empty_path());
-  cmd->add_option("--to", o->to, "torch (torch.save zip), safetensors (one file) or hf (a shard set)")
+  cmd->add_option("--to", o->to,
+                  "torch (torch.save zip), safetensors (one file), hf (a shard set) or dcp (a "
+                  "torch.distributed.checkpoint directory)")
       ->required()
       ->type_name("FORMAT");
   cmd->add_option("--max-shard-size", o->max_shard_size,
                   "--to hf: the most bytes per shard, in the Hub's decimal units (\"5GB\", the default; \"500MB\")")
       ->type_name("SIZE");
+  cmd->add_option("--ranks", o->ranks,
+                  "--to dcp: lay the checkpoint out as this many ranks would have saved it, each tensor split in "
+                  "row bands as DTensor's Shard(0) (default 1)")
+      ->type_name("K")
+      ->check(CLI::Range(1u, 1u << 20));
   cmd->add_option("--dtype", o->dtype,
                   "Cast floating tensors to this floating dtype, rounding as torch's Tensor.to does (integers and "
                   "bool are kept)")
@@ -213,7 +237,7 @@ verb setup_convert(CLI::App& app) {
                 "Leave out (and list) what the output cannot hold: entries besides the state dict's tensors, unsafe "
                 "globals, safetensors metadata a torch file has no place for");
   cmd->add_flag("--json", o->json, "Print the result as JSON");
-  cmd->add_flag("--force", o->force, "--to hf: allow OUTDIR to hold other files (left alone)");
+  cmd->add_flag("--force", o->force, "--to hf, --to dcp: allow OUTDIR to hold other files (left alone)");
   add_key_edit_flags(*cmd, o->edits);
   add_reader_flags(*cmd, o->reader);
   add_code_flags(*cmd, o->code);

@@ -37,6 +37,8 @@ set(CKPT_CORE_SOURCES
   ${CKPT_ROOT}/src/convert/convert.cpp
   ${CKPT_ROOT}/src/convert/convert_plan.cpp
   ${CKPT_ROOT}/src/convert/tensor_bytes.cpp
+  ${CKPT_ROOT}/src/convert/dcp_metadata_pickle.cpp
+  ${CKPT_ROOT}/src/convert/write_dcp.cpp
   ${CKPT_ROOT}/src/convert/write_safetensors.cpp
   ${CKPT_ROOT}/src/convert/write_torch.cpp
   ${CKPT_ROOT}/src/formats/dcp_coverage.cpp
@@ -182,6 +184,7 @@ set(CKPT_SHARED_HEADERS
   ${CKPT_ROOT}/src/diff/key_reader.h
   ${CKPT_ROOT}/src/diff/value_compare.h
   ${CKPT_ROOT}/src/convert/convert_writers.h
+  ${CKPT_ROOT}/src/convert/dcp_layout.h
   ${CKPT_ROOT}/src/convert/tensor_bytes.h
   ${CKPT_ROOT}/src/formats/dcp_transforms.h
   ${CKPT_ROOT}/src/formats/format_detect.h

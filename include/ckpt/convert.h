@@ -1,6 +1,6 @@
 // `ckptool convert`: the state dict of any checkpoint ckptool reads (one file, a Hugging
-// Face shard set, a DCP directory) written as one torch.save zip, one safetensors file or
-// a Hugging Face shard set (formats.md §13). Tensor by tensor: bytes that need no change
+// Face shard set, a DCP directory) written as one torch.save zip, one safetensors file, a
+// Hugging Face shard set or a DCP directory laid out for K ranks (formats.md §13, §9.9). Tensor by tensor: bytes that need no change
 // are copied straight from the input file (copy_file_range where the kernel can); a
 // strided view or a tensor assembled from DCP pieces is gathered in a buffer of its own
 // size, freed before the next. Values are never converted, except by an explicit --dtype
@@ -25,8 +25,8 @@
 
 namespace ckpt {
 
-enum class convert_target { torch, safetensors, hf };
-/// "torch", "safetensors", "hf"; nullopt for another name.
+enum class convert_target { torch, safetensors, hf, dcp };
+/// "torch", "safetensors", "hf", "dcp"; nullopt for another name.
 std::optional<convert_target> convert_target_named(const std::string& name);
 
 struct convert_request {
@@ -50,6 +50,9 @@ struct convert_request {
   std::function<void(const void* src, dtype from, void* dst, dtype to, uint64_t count)> cast;
   /// hf only: the Hub's max_shard_size in bytes.
   uint64_t max_shard_size = 5'000'000'000ULL;
+  /// dcp only: the ranks the output is laid out for (each tensor split in row bands as
+  /// DTensor's Shard(0) splits it over that many ranks; formats.md §9.9).
+  uint32_t ranks = 1;
   /// Bytes of tensor data written so far and the total. Called often; keep it cheap.
   std::function<void(uint64_t done, uint64_t total)> progress;
 };
@@ -69,8 +72,20 @@ struct convert_tensor {
   uint64_t source_nbytes = 0;  // contiguous bytes read
   /// Another tensor of the plan (an earlier index) holding the same values from the same
   /// bytes: a tie. torch writes it as the same object; safetensors cannot, so it is
-  /// written once (under the earlier name) and listed in convert_plan::ties.
+  /// written once (under the earlier name) and listed in convert_plan::ties. DCP saves
+  /// each key as an item of its own, as dcp.save does for a tied parameter: never set.
   std::optional<size_t> tie_of;
+};
+
+/// --to dcp from a DCP directory: one of its BYTE_IO items (a torch.save blob of a Python
+/// value), copied byte for byte under its own name and path (formats.md §9.9).
+struct convert_byte_item {
+  std::string name;     // its fqn
+  value_path path;      // its planner_data path
+  size_t file = 0;      // the checkpoint::files entry (a .distcp) holding it
+  uint64_t offset = 0;  // its bytes in that file
+  uint64_t length = 0;
+  std::vector<std::string> transforms;  // _StorageInfo.transform_descriptors, kept as they were
 };
 
 struct convert_plan {
@@ -79,6 +94,8 @@ struct convert_plan {
   rekey_plan keys;                 // input key -> output key, for the selected keys
   /// safetensors and hf: {alias, kept name} for each tie written once.
   std::vector<std::pair<std::string, std::string>> ties;
+  /// dcp only: the input's BYTE_IO items carried as they are.
+  std::vector<convert_byte_item> byte_items;
   /// With drop_other: what the output does not hold (entry paths, "unsafe global X").
   std::vector<std::string> dropped;
   /// What the Hub calls `metadata`: the input's own safetensors `__metadata__` (a
@@ -123,5 +140,17 @@ std::vector<std::string> hf_set_files(const convert_plan& plan, uint64_t max_sha
 /// last is its index) and commits. Throws as write_converted_file.
 convert_result write_converted_hf_set(const checkpoint& c, const convert_plan& plan, output_dir& out,
                                       const convert_request& request);
+
+/// The files of the DCP directory the plan makes for `ranks` ranks: `__{r}_0.distcp` for
+/// every rank, then `.metadata` (written last).
+std::vector<std::string> dcp_files(const convert_plan& plan, uint32_t ranks);
+
+/// Writes the DCP directory (formats.md §9.9) into `out`, which the caller opened with
+/// dcp_files' names and commits: each tensor cut in dim-0 bands over request.ranks ranks,
+/// each band a torch.save item of its rank's file, gathered band by band (never the whole
+/// tensor when it has several bands); `.metadata` last, decoded and checked again before
+/// it is written. Throws as write_converted_file.
+convert_result write_converted_dcp(const checkpoint& c, const convert_plan& plan, output_dir& out,
+                                   const convert_request& request);
 
 }  // namespace ckpt

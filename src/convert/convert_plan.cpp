@@ -7,6 +7,8 @@
 #include <tuple>
 
 #include "ckpt/convert.h"
+#include "ckpt/dcp.h"
+#include "ckpt/byte_source.h"
 #include "ckpt/error.h"
 #include "base/text.h"
 #include "formats/safetensors_writer.h"
@@ -85,10 +87,66 @@ uint64_t contiguous_bytes(dtype type, const std::vector<int64_t>& shape) {
   return n;
 }
 
+// --to dcp from a DCP directory with one `.metadata`: its BYTE_IO items can be copied as
+// they are, since a DCP directory holds them the same way. Not with key edits, --select or
+// --state-dict (a value may name keys, as an optimizer's param_groups do, and is not
+// re-encoded: rekey the output, which checks them), nor with unsafe globals (which item
+// names them is not kept). Not from rank-local metadata (§9.8), whose items are per rank.
+void carry_byte_items(const checkpoint& c, const convert_request& r, convert_plan& plan) {
+  if (r.to != convert_target::dcp || c.layout != checkpoint_layout::dcp || !r.ops.empty() || !r.select.empty() ||
+      r.state_dict || !c.unsafe_globals.empty() || c.entries.empty())
+    return;
+  const std::string& index = c.index_path;
+  const size_t slash = index.rfind('/');
+  const std::string base = slash == std::string::npos ? index : index.substr(slash + 1);
+  if (base != ".metadata") return;
+  const std::string dir = slash == std::string::npos ? std::string() : index.substr(0, slash + 1);
+  dcp::metadata md;
+  try {
+    md = dcp::decode_metadata(file_source(index));
+  } catch (error& e) {
+    e.with_file(index);
+    throw;
+  }
+  for (const dcp::item& it : md.items) {
+    if (it.is_tensor) continue;
+    convert_byte_item b;
+    b.name = it.fqn;
+    b.path = {it.fqn};
+    for (const auto& p : md.planner_data)
+      if (p.fqn == it.fqn) {
+        b.path.clear();
+        for (const auto& e : p.path) b.path.push_back(e.is_index ? path_element(e.index) : path_element(e.key));
+      }
+    const dcp::storage_item* s = nullptr;
+    for (const auto& x : md.storage_data)
+      if (x.fqn == it.fqn && !x.offsets) s = &x;
+    if (!s) throw error(errc::corrupt, "BYTE_IO item '" + it.fqn + "' has no storage entry").with_file(index);
+    size_t f = c.files.size();
+    for (size_t i = 0; i < c.files.size(); ++i)
+      if (!c.files[i].within && c.files[i].path == dir + s->relative_path) f = i;
+    if (f == c.files.size())
+      throw error(errc::corrupt, "BYTE_IO item '" + it.fqn + "': its file " + s->relative_path + " is not open")
+          .with_file(index);
+    if (s->offset > c.files[f].size || s->length > c.files[f].size - s->offset)
+      throw error(errc::corrupt, "BYTE_IO item '" + it.fqn + "' reaches past the end of its file", s->offset)
+          .with_file(c.files[f].path);
+    b.file = f;
+    b.offset = s->offset;
+    b.length = s->length;
+    b.transforms = s->transform_descriptors;
+    plan.byte_items.push_back(std::move(b));
+  }
+}
+
 // The entries the output cannot hold, unless the request says to drop them.
 void check_other_entries(const checkpoint& c, const convert_request& r, convert_plan& plan) {
   std::vector<std::string> other;
-  for (const entry_summary& e : c.entries) other.push_back(path_to_string(e.path) + " (" + e.type + ")");
+  for (const entry_summary& e : c.entries) {
+    const bool carried = std::any_of(plan.byte_items.begin(), plan.byte_items.end(),
+                                     [&](const convert_byte_item& b) { return b.path == e.path; });
+    if (!carried) other.push_back(path_to_string(e.path) + " (" + e.type + ")");
+  }
   if (!c.unsafe_globals.empty()) {
     if (!r.drop_other)
       throw error(errc::unsafe, "names globals torch.load(weights_only=True) refuses: " + listed(c.unsafe_globals) +
@@ -112,14 +170,16 @@ void choose_metadata(const checkpoint& c, const convert_request& r, convert_plan
   const bool from_safetensors = c.format == file_format::safetensors;
   std::vector<std::pair<std::string, std::string>> user;
   if (from_safetensors && c.files.front().st_header) user = c.files.front().st_header->metadata;
-  if (r.to == convert_target::torch) {
-    // A torch.save file has no place for it: what says more than "format: pt" is dropped.
+  if (r.to == convert_target::torch || r.to == convert_target::dcp) {
+    // A torch.save file (or DCP directory) has no place for it: what says more than
+    // "format: pt" is dropped.
     std::vector<std::string> lost;
     for (const auto& [k, v] : user)
       if (k != "format") lost.push_back("__metadata__ " + k);
     if (lost.empty()) return;
     if (!r.drop_other)
-      throw error(errc::unsupported, "a torch.save file has no place for safetensors metadata " + listed(lost) +
+      throw error(errc::unsupported, std::string(r.to == convert_target::dcp ? "a DCP directory" : "a torch.save file") +
+                                         " has no place for safetensors metadata " + listed(lost) +
                                          "; pass --drop-other to leave it out")
           .with_file(c.path);
     plan.dropped.insert(plan.dropped.end(), lost.begin(), lost.end());
@@ -135,6 +195,7 @@ std::optional<convert_target> convert_target_named(const std::string& name) {
   if (name == "torch") return convert_target::torch;
   if (name == "safetensors") return convert_target::safetensors;
   if (name == "hf") return convert_target::hf;
+  if (name == "dcp") return convert_target::dcp;
   return std::nullopt;
 }
 
@@ -176,6 +237,7 @@ convert_plan plan_convert(const checkpoint& c, const convert_request& r) {
         throw error(errc::usage, "--select " + text::quote(r.select[g]) + " matches no key").with_file(c.path);
     keys = std::move(chosen);
   }
+  carry_byte_items(c, r, plan);
   check_other_entries(c, r, plan);
   choose_metadata(c, r, plan);
 
@@ -219,11 +281,12 @@ convert_plan plan_convert(const checkpoint& c, const convert_request& r) {
                                                                                       : std::vector<int64_t>(rec.stride),
                        rec.type};
       auto [it, fresh] = first_of_view.emplace(id, plan.tensors.size());
-      if (!fresh) t.tie_of = it->second;
+      if (!fresh && r.to != convert_target::dcp) t.tie_of = it->second;
     }
     t.source_type = t.type;
     if (r.cast_to && info(t.type).is_floating) t.type = *r.cast_to;
-    if (r.to != convert_target::torch && !safetensors::writable_dtype_name(t.type))
+    const bool safetensors_file = r.to == convert_target::safetensors || r.to == convert_target::hf;
+    if (safetensors_file && !safetensors::writable_dtype_name(t.type))
       throw error(errc::unsupported, "tensor " + text::quote(t.source_key) + ": safetensors has no dtype " +
                                          name(t.type))
           .with_file(c.path);

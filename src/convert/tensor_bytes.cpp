@@ -95,10 +95,47 @@ std::optional<file_range> tensor_bytes::straight_range(const convert_tensor& t) 
 tensor_buffer tensor_bytes::gather(const convert_tensor& t) const {
   tensor_buffer in = t.assembled ? gather_assembled(*t.assembled, t.source_nbytes)
                                  : gather_view(c_.tensors[*t.record], t.source_nbytes);
+  return cast(t, std::move(in));
+}
+
+tensor_buffer tensor_bytes::cast(const convert_tensor& t, tensor_buffer in) const {
   if (t.type == t.source_type) return in;
-  tensor_buffer out = make_buffer(t.nbytes);
-  request_.cast(in.bytes.get(), t.source_type, out.bytes.get(), t.type, t.source_nbytes / element_size(t.source_type));
+  const uint64_t count = in.nbytes / element_size(t.source_type);
+  tensor_buffer out = make_buffer(count * element_size(t.type));
+  request_.cast(in.bytes.get(), t.source_type, out.bytes.get(), t.type, count);
   return out;
+}
+
+namespace {
+// Elements in one row of dimension 0 (a 0-dim tensor is one row of one element).
+uint64_t row_elements(const std::vector<int64_t>& shape) {
+  uint64_t n = 1;
+  for (size_t d = 1; d < shape.size(); ++d) n *= uint64_t(shape[d]);
+  return n;
+}
+}  // namespace
+
+std::optional<file_range> tensor_bytes::straight_rows(const convert_tensor& t, int64_t row0, int64_t rows) const {
+  std::optional<file_range> whole = straight_range(t);
+  if (!whole) return whole;
+  const uint64_t row_bytes = row_elements(t.shape) * element_size(t.type);
+  const uint64_t skip = uint64_t(row0) * row_bytes, n = uint64_t(rows) * row_bytes;
+  if (skip == 0 && n == whole->nbytes) return whole;
+  whole->offset += skip;
+  whole->nbytes = n;
+  whole->crc32.reset();  // the record's CRC is of the whole tensor
+  return whole;
+}
+
+tensor_buffer tensor_bytes::gather_rows(const convert_tensor& t, int64_t row0, int64_t rows) const {
+  const uint64_t row_bytes = row_elements(t.shape) * element_size(t.source_type);
+  if (t.shape.empty() || (row0 == 0 && rows == t.shape[0])) return gather(t);
+  if (t.assembled) return cast(t, gather_assembled_rows(*t.assembled, row_bytes, row0, rows));
+  // The band of a view is a view: the same strides, `rows` rows from row0's element on.
+  tensor_record band = c_.tensors[*t.record];
+  band.storage_offset += row0 * band.stride[0];
+  band.shape[0] = rows;
+  return cast(t, gather_view(band, uint64_t(rows) * row_bytes));
 }
 
 tensor_buffer tensor_bytes::gather_view(const tensor_record& r, uint64_t nbytes) const {
@@ -119,6 +156,21 @@ tensor_buffer tensor_bytes::gather_view(const tensor_record& r, uint64_t nbytes)
       std::memcpy(dst, window.get() + at * es, n * es);
       dst += n * es;
     });
+  } else if (r.shape.back() > 1 && r.stride.back() != 1) {
+    // Element by element (a row band of a transposed tensor reaches across its whole
+    // storage): one pread per element would take forever, so the span is read in windows
+    // of kSpanSlack bytes, each pass landing the elements that fall in it.
+    std::unique_ptr<uint8_t[]> window(new uint8_t[kSpanSlack]);
+    for (uint64_t from = 0; from < span; from += kSpanSlack) {
+      const uint64_t n = std::min(kSpanSlack, span - from);
+      read_from(src, base + from, window.get(), n);
+      uint8_t* at_dst = out.bytes.get();
+      for_each_run(r.shape, r.stride, [&](uint64_t at, uint64_t) {
+        const uint64_t byte = at * es;
+        if (byte >= from && byte < from + n) std::memcpy(at_dst, window.get() + (byte - from), es);
+        at_dst += es;
+      });
+    }
   } else {
     for_each_run(r.shape, r.stride, [&](uint64_t at, uint64_t n) {
       read_from(src, base + at * es, dst, n * es);
@@ -149,6 +201,48 @@ tensor_buffer tensor_bytes::gather_assembled(size_t key, uint64_t nbytes) const 
         for (uint64_t row = 0; row < sp.rows; ++row)
           std::memcpy(dst + sp.dst_offset + row * sp.pitch, bounce.get() + (sp.piece_offset - from) + row * sp.width,
                       sp.width);
+      });
+    }
+  }
+  return out;
+}
+
+// The band is bytes [band_begin, band_end) of the row-major tensor. A piece's rows of
+// dimension 0 are its outermost, so the piece rows inside the band are one range of the
+// piece: read it (through the bounce buffer) and land its spans less band_begin.
+tensor_buffer tensor_bytes::gather_assembled_rows(size_t key, uint64_t row_bytes, int64_t row0, int64_t rows) const {
+  const uint64_t band_begin = uint64_t(row0) * row_bytes, band_bytes = uint64_t(rows) * row_bytes;
+  tensor_buffer out = make_buffer(band_bytes);
+  if (band_bytes == 0) return out;
+  uint8_t* dst = out.bytes.get();
+  std::unique_ptr<uint8_t[]> bounce;
+  const size_t pieces = c_.keys.piece_count(key);
+  for (size_t p = 0; p < pieces; ++p) {
+    const tensor_piece piece = c_.keys.piece(key, p);
+    const tensor_record& r = c_.tensors[piece.tensor];
+    if (!r.storage) continue;
+    const box_landing* l = assembly_.landing(*r.storage);
+    if (!l) continue;  // an empty box: nothing lands
+    const int64_t p0 = piece.offsets.empty() ? 0 : piece.offsets[0];
+    const int64_t p_rows = r.shape.empty() ? 1 : r.shape[0];
+    const int64_t lo = std::max(p0, row0), hi = std::min(p0 + p_rows, row0 + rows);
+    if (lo >= hi) continue;
+    const uint64_t piece_row = l->nbytes / uint64_t(p_rows);
+    const uint64_t from = uint64_t(lo - p0) * piece_row, n = uint64_t(hi - lo) * piece_row;
+    const storage_record& st = c_.storages[*r.storage];
+    const byte_source& src = *c_.files[st.file].source;
+    if (!bounce) bounce.reset(new uint8_t[kBounceBytes]);
+    for (uint64_t at = from; at < from + n; at += kBounceBytes) {
+      const uint64_t len = std::min(kBounceBytes, from + n - at);
+      read_from(src, *st.file_offset + at, bounce.get(), len);
+      for_each_span(*l, at, len, [&](const box_span& sp) {
+        for (uint64_t row = 0; row < sp.rows; ++row) {
+          const uint64_t to = sp.dst_offset + row * sp.pitch;
+          if (to < band_begin || to + sp.width > band_begin + band_bytes)
+            throw error(errc::io, "a piece of key '" + std::string(c_.keys.key(key)) +
+                                      "' lands outside its band (internal error)");
+          std::memcpy(dst + (to - band_begin), bounce.get() + (sp.piece_offset - at) + row * sp.width, sp.width);
+        }
       });
     }
   }

@@ -46,9 +46,18 @@ class tensor_bytes {
   /// (naming the file) when the input ends early or cannot be read.
   tensor_buffer gather(const convert_tensor& t) const;
 
+  /// Rows [row0, row0 + rows) of dimension 0 (a 0-dim tensor is one row): one band of the
+  /// row-major tensor, which is what a DCP Shard(0) chunk holds. straight_rows is the file
+  /// range the band is, when the tensor is one; gather_rows reads the band alone (cast),
+  /// never the whole tensor, from a view or from the DCP pieces it overlaps.
+  std::optional<file_range> straight_rows(const convert_tensor& t, int64_t row0, int64_t rows) const;
+  tensor_buffer gather_rows(const convert_tensor& t, int64_t row0, int64_t rows) const;
+
  private:
   tensor_buffer gather_view(const tensor_record& r, uint64_t nbytes) const;
   tensor_buffer gather_assembled(size_t key, uint64_t nbytes) const;
+  tensor_buffer gather_assembled_rows(size_t key, uint64_t row_bytes, int64_t row0, int64_t rows) const;
+  tensor_buffer cast(const convert_tensor& t, tensor_buffer in) const;
 
   const checkpoint& c_;
   const convert_request& request_;
