@@ -14,6 +14,10 @@
 namespace ckpt {
 
 class output_file;  // ckpt/output_set.h
+namespace aoti {
+struct model;      // ckpt/aoti.h
+struct swap_plan;
+}  // namespace aoti
 
 struct materialize_request {
   std::string device = "cpu";            // cpu, cuda, cuda:N, meta
@@ -35,6 +39,11 @@ struct materialize_request {
   /// The caller is done with the checkpoint: without --model, its pickle tree is freed once
   /// the tensors are named (release_pickle), which for a million tensors halves the peak.
   bool release_input = false;
+  /// --model naming an AOTInductor package: the model read from it (ckpt/aoti.h) and the
+  /// checked plan of which checkpoint keys replace which constants. `model` is then the
+  /// package's path. Loading the package runs its native code (formats.md §15.5).
+  const aoti::model* aoti_model = nullptr;
+  const aoti::swap_plan* aoti_plan = nullptr;
 };
 
 struct materialize_report {
