@@ -183,6 +183,7 @@ int inspect_aoti(const std::string& path, bool json, bool pretty) {
   aoti_opened o = open_aoti_package(path);
   if (json) {
     nlohmann::json doc;
+    doc["schema"] = 1;
     doc["ckptool_version"] = CKPTOOL_VERSION;
     doc["file"] = path;
     doc["format"] = "aoti-package";
