@@ -154,11 +154,32 @@ void print_model(std::ostream& out, const model& m) {
   out << "  not swappable: " << kLiteralRule << "\n";
 }
 
+// Whether the first record's name is one a pt2 writer puts first (its data/ folder or its
+// small fixed records): a cheap look at 30 bytes and a name, so that every other zip is
+// not opened twice (its central directory may list a million records).
+bool first_record_may_be_pt2(const ckpt::byte_source& src) {
+  uint8_t head[30];
+  if (src.size() < sizeof head) return false;
+  src.read_exact(0, head, sizeof head);
+  if (head[0] != 'P' || head[1] != 'K' || head[2] != 3 || head[3] != 4) return false;
+  const size_t n = size_t(head[26]) | size_t(head[27]) << 8;
+  if (n == 0 || src.size() < sizeof head + n) return false;
+  std::string name(n, '\0');
+  src.read_exact(sizeof head, name.data(), n);
+  const size_t slash = name.find('/');
+  if (slash == std::string::npos) return false;
+  const std::string rest = name.substr(slash + 1);
+  for (const char* p : {"data/", "archive_format", "archive_version", "byteorder", ".data/", "models/", "extra/"})
+    if (rest.rfind(p, 0) == 0) return rest != "data.pkl";
+  return false;
+}
+
 }  // namespace
 
 bool is_aoti_package_file(const std::string& path) {
   try {
     ckpt::file_source src(path);
+    if (!first_record_may_be_pt2(src)) return false;
     auto ar = ckpt::zip::archive::open(src);
     return ckpt::aoti::is_aoti_package(*ar);
   } catch (const ckpt::error&) {

@@ -21,6 +21,7 @@
 #include <memory>
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <torch/csrc/inductor/aoti_runner/model_container_runner.h>
 #include <torch/csrc/inductor/aoti_torch/c/shim.h>
 
@@ -29,6 +30,7 @@
 #include "ckpt/file_opener.h"
 #include "ckpt/load.h"
 #include "io/temp_registry.h"
+#include "model/assembly.h"
 #include "model/read_plan.h"
 #include "plugin/module_loader.h"
 #include "torch/aten_types.h"
