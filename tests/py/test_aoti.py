@@ -25,7 +25,12 @@ torch = pytest.importorskip("torch")
 
 @pytest.fixture(scope="session")
 def aoti(tmp_path_factory) -> Path:
-    d = tmp_path_factory.mktemp("aoti")
+    # CKPTOOL_AOTI_FIXTURES: a directory to build the packages in once and reuse (for
+    # running this file against several binaries).
+    keep = os.environ.get("CKPTOOL_AOTI_FIXTURES")
+    if keep and (Path(keep) / "expected.json").exists():
+        return Path(keep)
+    d = Path(keep) if keep else tmp_path_factory.mktemp("aoti")
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(d / "inductor-cache"))
     p = subprocess.run([sys.executable, str(HERE / "aoti_fixtures.py"), str(d)], capture_output=True, env=env,
                        timeout=600 * TIME_SCALE)
