@@ -39,12 +39,12 @@ def aoti(tmp_path_factory) -> Path:
     return d
 
 
-def ck(tmp_path, *args, timeout=120):
+def ck(tmp_path, *args, timeout=120, env=None):
     """ckptool with a private TMPDIR, which must be empty again afterwards: no extraction
     directory is left on any path."""
     tmp = tmp_path / "tmpdir"
     tmp.mkdir(exist_ok=True)
-    rc, out, err = run_ckptool(*args, timeout=timeout * TIME_SCALE, env={"TMPDIR": str(tmp)})
+    rc, out, err = run_ckptool(*args, timeout=timeout * TIME_SCALE, env={"TMPDIR": str(tmp), **(env or {})})
     assert list(tmp.iterdir()) == [], f"left behind: {list(tmp.iterdir())}"
     return rc, out, err
 
@@ -107,8 +107,9 @@ def test_inspect_text_and_verify(aoti, tmp_path):
     assert doc["ok"] and doc["format"] == "aoti-package" and doc["tensors"] == 3 and doc["records_checked"] >= 10
 
 
-def run_swap(tmp_path, ckpt, pkg, *extra):
-    return ck(tmp_path, "materialize", ckpt, "--model", pkg, "--run", "forward", "--input", "3x8", "--json", *extra)
+def run_swap(tmp_path, ckpt, pkg, *extra, env=None):
+    return ck(tmp_path, "materialize", ckpt, "--model", pkg, "--run", "forward", "--input", "3x8", "--json", *extra,
+              env=env)
 
 
 def checksum(rows) -> float:
@@ -145,15 +146,16 @@ def test_swap_solves_compiled_prefix(aoti, tmp_path):
 
 
 def refused(tmp_path, ckpt, pkg, *words):
-    rc, out, err = run_swap(tmp_path, ckpt, pkg)
+    # The LibTorch plugin named here does not exist: had ckptool tried to load it, the
+    # answer would be exit 4 naming it. A refusal comes first, from ckptool's own reading.
+    rc, out, err = run_swap(tmp_path, ckpt, pkg, env={"CKPTOOL_TORCH_PLUGIN": str(tmp_path / "no-plugin.so")})
     assert rc == 3, (rc, out, err)
     line = err.strip()
     assert "\n" not in line, line
     for w in words:
         assert w in line, line
-    # Refused before LibTorch was loaded: no plugin-side message, nothing extracted
-    # (ck checks the TMPDIR is empty).
-    assert "LibTorch" not in line
+    # Nothing extracted either (ck checks the TMPDIR is empty).
+    assert "LibTorch" not in line and "no-plugin" not in line
     return line
 
 
