@@ -67,6 +67,18 @@ def loader_view(pkg: Path):
     return fqns, spec, meta
 
 
+def runner_view(pkg: Path, tmp_path: Path):
+    """The model library's own table: internal name -> (FQN, c10::ScalarType code)."""
+    d = tmp_path / "extracted"
+    with zipfile.ZipFile(pkg) as z:
+        so = next(n for n in z.namelist() if n.endswith(".so"))
+        z.extract(so, d)
+    runner = torch._C._aoti.AOTIModelContainerRunnerCpu(str(d / so), 1)
+    fqns = runner.get_constant_names_to_original_fqns()
+    dtypes = runner.get_constant_names_to_dtypes()
+    return {n: (fqns[n], dtypes[n]) for n in fqns}
+
+
 @pytest.mark.parametrize("name,fqns", [("default", ["fc1.bias", "fc1.weight", "fc2.weight"]),
                                        ("keep", ["fc1.bias", "fc1.weight", "fc2.bias", "fc2.weight", "shift"])])
 def test_inspect_agrees_with_loader_and_state_dict(aoti, tmp_path, name, fqns):
@@ -88,7 +100,10 @@ def test_inspect_agrees_with_loader_and_state_dict(aoti, tmp_path, name, fqns):
         assert c["shape"] == list(t.shape) and c["stride"] == list(t.stride())
         assert c["data_size"] == (t.numel() * t.element_size() + 63) // 64 * 64
         assert c["kind"] == ("buffer" if c["fqn"] == "shift" else "parameter")
-    # The runner's own dtypes (c10::ScalarType codes) for the same constants.
+    # The library's own table: the same internal names, FQNs and dtypes (6 is
+    # c10::ScalarType::Float).
+    assert runner_view(pkg, tmp_path) == {c["name"]: (c["fqn"], 6) for c in m["constants"]}
+    assert all(c["dtype"] == "float32" for c in m["constants"])
     # The input check: float32 [batch, 8]; the batch bounds as Inductor generated them.
     (inp,) = m["inputs"]
     assert inp["dtype"] == "float32" and inp["device"] == "cpu"
