@@ -229,8 +229,8 @@ int inspect_aoti(const std::string& path, bool json, bool pretty) {
 
 int verify_aoti(const std::string& path, bool json) {
   aoti_opened o = open_aoti_package(path);
-  std::vector<std::string> problems = ckpt::aoti::check_package(*o.archive, o.package);
   std::vector<std::string> notes;
+  std::vector<std::string> problems = ckpt::aoti::check_package(*o.archive, o.package, &notes);
   uint64_t checked = 0, without = 0, bytes = 0;
   for (const auto& e : o.archive->entries()) {
     ckpt::zip::crc_result r = o.archive->record_crc(e);
@@ -246,8 +246,6 @@ int verify_aoti(const std::string& path, bool json) {
   for (const auto& m : o.package.models) {
     constants += m.constants.size();
     for (const auto& w : m.warnings) notes.push_back("model '" + m.name + "': " + w);
-    if (m.weights == weights_place::in_so)
-      notes.push_back("model '" + m.name + "': weights inside the model library, not checked against the table");
   }
   const bool ok = problems.empty();
   if (json) {

@@ -100,9 +100,11 @@ package read_package(const zip::archive& ar);
 void parse_wrapper(std::string_view text, model& m, std::optional<uint64_t> base);
 
 /// verify: problems found (empty: consistent). Checks the constants table against the
-/// blob's size, every constant's byte extent against its reserved size, and the records'
-/// presence; reads no weight bytes.
-std::vector<std::string> check_package(const zip::archive& ar, const package& p);
+/// blob's size or the weights the library's symbol table delimits, every constant's byte
+/// extent against its reserved size, and the records' presence; reads no weight bytes.
+/// `notes` (optional) receives what could not be checked.
+std::vector<std::string> check_package(const zip::archive& ar, const package& p,
+                                       std::vector<std::string>* notes = nullptr);
 
 /// Which state-dict keys of `c` go into which constants of `m`, solved as materialize
 /// --model solves TorchScript (wrapper segments such as `_orig_mod.`).

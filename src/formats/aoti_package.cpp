@@ -7,6 +7,7 @@
 #include <sys/utsname.h>
 
 #include <algorithm>
+#include <cstring>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -201,6 +202,54 @@ void read_model(const zip::archive& ar, model& m) {
   check_host(m);
 }
 
+uint64_t le(const uint8_t* p, int n) {
+  uint64_t v = 0;
+  for (int i = n - 1; i >= 0; --i) v = v << 8 | p[i];
+  return v;
+}
+
+// The size of the weights a default package's library holds: the distance between the
+// symbols _binary_constants_bin_start and _end of its ELF symbol table (formats.md §15.3).
+// nullopt when the record is not a stored little-endian ELF64 file with those symbols;
+// every offset read from the file is checked against the record first.
+std::optional<uint64_t> library_weight_bytes(const zip::archive& ar, const zip::entry& e) {
+  if (e.method != 0 || e.uncompressed_size < 64) return std::nullopt;
+  const byte_source& src = ar.source();
+  const uint64_t size = e.uncompressed_size;
+  auto read = [&](uint64_t at, size_t n) {
+    if (at > size || n > size - at) throw error(errc::corrupt, "the model library's ELF tables point past its end", e.data_offset);
+    return src.read_vector(e.data_offset + at, n);
+  };
+  auto h = read(0, 64);
+  if (h[0] != 0x7f || h[1] != 'E' || h[2] != 'L' || h[3] != 'F' || h[4] != 2 || h[5] != 1) return std::nullopt;
+  const uint64_t shoff = le(&h[0x28], 8), shentsize = le(&h[0x3a], 2), shnum = le(&h[0x3c], 2);
+  if (shentsize < 64 || shnum == 0) return std::nullopt;
+  auto sh = read(shoff, size_t(shentsize * shnum));
+  std::optional<uint64_t> start, end;
+  for (uint64_t i = 0; i < shnum; ++i) {
+    const uint8_t* s = &sh[size_t(i * shentsize)];
+    if (le(s + 4, 4) != 2) continue;  // SHT_SYMTAB
+    const uint64_t off = le(s + 0x18, 8), bytes = le(s + 0x20, 8), link = le(s + 0x28, 4), ent = le(s + 0x38, 8);
+    if (ent < 24 || link >= shnum || bytes > (64u << 20)) return std::nullopt;
+    const uint8_t* l = &sh[size_t(link * shentsize)];
+    const uint64_t str_off = le(l + 0x18, 8), str_bytes = le(l + 0x20, 8);
+    if (str_bytes > (64u << 20)) return std::nullopt;
+    auto syms = read(off, size_t(bytes));
+    auto strs = read(str_off, size_t(str_bytes));
+    for (uint64_t k = 0; k + ent <= bytes; k += ent) {
+      const uint64_t name = le(&syms[size_t(k)], 4);
+      if (name >= strs.size()) continue;
+      const char* n = reinterpret_cast<const char*>(&strs[size_t(name)]);
+      const size_t len = strnlen(n, strs.size() - size_t(name));
+      const std::string_view sym(n, len);
+      if (sym == "_binary_constants_bin_start") start = le(&syms[size_t(k) + 8], 8);
+      if (sym == "_binary_constants_bin_end") end = le(&syms[size_t(k) + 8], 8);
+    }
+  }
+  if (!start || !end || *end < *start) return std::nullopt;
+  return *end - *start;
+}
+
 }  // namespace
 
 const char* kind_name(constant_kind k) {
@@ -291,7 +340,7 @@ std::optional<uint64_t> constant_extent(const constant& c) {
   return uint64_t(bytes);
 }
 
-std::vector<std::string> check_package(const zip::archive& ar, const package& p) {
+std::vector<std::string> check_package(const zip::archive& ar, const package& p, std::vector<std::string>* notes) {
   std::vector<std::string> problems;
   for (const auto& m : p.models) {
     const std::string who = "model '" + m.name + "': ";
@@ -308,6 +357,16 @@ std::vector<std::string> check_package(const zip::archive& ar, const package& p)
       if (auto extent = constant_extent(c); extent && *extent > c.data_size)
         problems.push_back(at + "its view reaches byte " + std::to_string(*extent) + " of a " + std::to_string(c.data_size) +
                            "-byte slot");
+    }
+    if (m.weights == weights_place::in_so) {
+      if (const zip::entry* lib = ar.find(m.library_record)) {
+        std::optional<uint64_t> held = library_weight_bytes(ar, *lib);
+        if (!held && notes)
+          notes->push_back(who + "weights inside the model library, not located (no constants symbols): not checked");
+        if (held && *held != reserved)
+          problems.push_back(who + m.library_record + " holds " + std::to_string(*held) +
+                             " bytes of weights; the constants table reserves " + std::to_string(reserved));
+      }
     }
     if (!m.blob_record.empty()) {
       const zip::entry* b = ar.find(m.blob_record);

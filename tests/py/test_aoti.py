@@ -303,10 +303,22 @@ def test_verify_finds_blob_size_mismatch(aoti, tmp_path):
                 data = data.replace(b"std::move(cubin_dir),\n                           true)",
                                     b"std::move(cubin_dir),\n                           false)")
             z.writestr(i.filename, data)
-        root = src.namelist()[0].split("/")[0]
         wrapper = next(n for n in src.namelist() if n.endswith(".wrapper.cpp"))
         z.writestr(wrapper.replace(".wrapper.cpp", ".wrapper_weights.blob"), b"\0" * 100)
     rc, out, err = ck(tmp_path, "verify", p, "--json")
     assert rc == 1, out + err
     doc = json.loads(out)
     assert any("832" in x and "100" in x for x in doc["problems"]), doc
+
+
+def test_verify_finds_library_weights_mismatch(aoti, tmp_path):
+    """The weights the library holds (its _binary_constants_bin symbols) against a table
+    that reserves 64 bytes more for fc1.weight: verify fails; the twin passes."""
+    p = rewrite(aoti, tmp_path, "libsize", lambda t: t.replace("constants_info_[0].data_size = 512;",
+                                                                "constants_info_[0].data_size = 576;"))
+    rc, out, err = ck(tmp_path, "verify", p, "--json")
+    assert rc == 1, out + err
+    assert any("832" in x and "896" in x for x in json.loads(out)["problems"]), out
+    twin = rewrite(aoti, tmp_path, "libsize_twin", lambda t: t)
+    rc, out, err = ck(tmp_path, "verify", twin, "--json")
+    assert rc == 0 and json.loads(out)["notes"] == [n for n in json.loads(out)["notes"] if "not located" not in n], out
