@@ -12,6 +12,7 @@
 #include "ckpt/report.h"
 #include "plugin/torch_plugin.h"
 #include "ckpt/torchscript_code.h"
+#include "aoti_cli.h"
 #include "common.h"
 #include "input_spec.h"
 #include "inspect_text.h"
@@ -43,6 +44,14 @@ int run_inspect(const inspect_options& given) {
   o.file = ckpt::resolve_checkpoint_path(given.file);
   ckpt::output_set inputs;  // no outputs: it refuses a FIFO and sees the file change
   add_checkpoint_inputs(inputs, o.file);
+  // AOTInductor packages (formats.md §15): read here until pt2 detection joins the generic open.
+  if (is_aoti_package_file(o.file)) {
+    if (!o.inputs.empty() || !o.args.empty())
+      throw ckpt::error(ckpt::errc::usage, "--input/--arg: an AOTInductor package is not run by inspect");
+    int rc = inspect_aoti(o.file, o.json, o.pretty);
+    inputs.check_inputs_unchanged();
+    return rc;
+  }
   // Metadata only, unless --chunks asks where each chunk's data lies.
   o.reader.read_chunk_archives = o.text.chunks;
   auto owned = std::make_unique<ckpt::checkpoint>(ckpt::open_checkpoint(o.file, o.reader));

@@ -18,6 +18,7 @@
 #include "base/text_escape.h"
 #include "plugin/torch_plugin.h"
 #include "ckpt/torchscript_code.h"
+#include "aoti_cli.h"
 #include "common.h"
 #include "base/text.h"
 #include "input_spec.h"
@@ -104,7 +105,23 @@ int run_materialize(materialize_options& o) {
   }
   std::ostream& report = set.writes_stdout() ? std::cerr : std::cout;
   ckpt::checkpoint c = ckpt::open_checkpoint(o.checkpoint, o.reader);
-  if (!o.req.model.empty() && !o.code.allow_code) {
+  // An AOTInductor package (formats.md §15.5): every key is paired with a constant and
+  // checked against the package's table here, before LibTorch is loaded.
+  std::optional<aoti_opened> package;
+  ckpt::aoti::swap_plan plan;
+  if (!o.req.model.empty() && is_aoti_package_file(o.req.model)) {
+    package.emplace(open_aoti_package(o.req.model));
+    const ckpt::aoti::model& m = ckpt::aoti::pick_model(package->package, "");
+    try {
+      plan = ckpt::aoti::plan_swap(c, m, o.req.strict);
+    } catch (ckpt::error& e) {
+      e.with_file(o.checkpoint);
+      throw;
+    }
+    o.req.aoti_model = &m;
+    o.req.aoti_plan = &plan;
+  }
+  if (!o.req.model.empty() && !o.code.allow_code && !package) {
     // Refused from ckptool's own reading of code/, before LibTorch is loaded (a quarter of
     // a second) or sees the file, as inspect and rekey --match do.
     ckpt::checkpoint model = ckpt::open_checkpoint(o.req.model, o.reader);
@@ -127,7 +144,7 @@ int run_materialize(materialize_options& o) {
     const ckpt::torch_plugin_api& plugin = ckpt::torch_plugin();
     exit_on_sigbus(o.checkpoint);  // the checkpoint is mapped (--mmap, and the CPU loader's page filler)
     std::optional<load_guard> guard;
-    if (!o.req.model.empty()) guard.emplace(o.req.model, o.code.load_timeout);
+    if (!o.req.model.empty() && !package) guard.emplace(o.req.model, o.code.load_timeout);
     o.req.allow_code = o.code.allow_code;
     o.req.model_built = [&guard] {
       if (guard) guard->disarm();

@@ -10,6 +10,7 @@
 #include "ckpt/report.h"
 #include "base/text_escape.h"
 #include "ckpt/verify.h"
+#include "aoti_cli.h"
 #include "common.h"
 #include "progress.h"
 
@@ -35,6 +36,12 @@ int run_verify(const verify_options& given) {
     if (e.kind() == ckpt::errc::io || e.kind() == ckpt::errc::usage || e.kind() == ckpt::errc::unsupported) throw;
   }
   for (const std::string& f : files) inputs.add_input(f);
+  // AOTInductor packages (formats.md §15): checked here until pt2 detection joins the generic open.
+  if (is_aoti_package_file(o.file)) {
+    int rc = verify_aoti(o.file, o.json);
+    inputs.check_inputs_unchanged();
+    return rc;
+  }
   progress_bar bar("verify");
   ckpt::verify_report r = ckpt::verify_file(o.file, o.reader, [&bar](uint64_t d, uint64_t t) { bar.update(d, t); });
   bar.finish();

@@ -41,6 +41,9 @@ set(CKPT_CORE_SOURCES
   ${CKPT_ROOT}/src/convert/write_dcp.cpp
   ${CKPT_ROOT}/src/convert/write_safetensors.cpp
   ${CKPT_ROOT}/src/convert/write_torch.cpp
+  ${CKPT_ROOT}/src/formats/aoti_package.cpp
+  ${CKPT_ROOT}/src/formats/aoti_swap_plan.cpp
+  ${CKPT_ROOT}/src/formats/aoti_wrapper.cpp
   ${CKPT_ROOT}/src/formats/dcp_coverage.cpp
   ${CKPT_ROOT}/src/formats/dcp_rank_local.cpp
   ${CKPT_ROOT}/src/formats/dcp_metadata.cpp
@@ -86,6 +89,7 @@ set(CKPT_CORE_SOURCES
 
 # libckpt_torch.so: everything that creates tensors or TorchScript modules through LibTorch.
 set(CKPT_TORCH_SOURCES
+  ${CKPT_ROOT}/src/torch/aoti_swap.cpp
   ${CKPT_ROOT}/src/torch/aten_types.cpp
   ${CKPT_ROOT}/src/torch/cast_values.cpp
   ${CKPT_ROOT}/src/torch/finite_check.cpp
@@ -119,6 +123,7 @@ set(CKPT_CUDA_MODULE_ENTRY ${CKPT_ROOT}/src/plugin/cuda_plugin_entry.cpp)
 
 # The command-line executable: one file per verb plus its shared helpers.
 set(CKPTOOL_CLI_SOURCES
+  ${CKPT_ROOT}/cli/aoti_cli.cpp
   ${CKPT_ROOT}/cli/cmd_diff.cpp
   ${CKPT_ROOT}/cli/cmd_convert.cpp
   ${CKPT_ROOT}/cli/cmd_inspect.cpp
@@ -141,6 +146,7 @@ set(CKPTOOL_CLI_SOURCES
 # Every header the executable and the LibTorch modules share: their hash is the build id
 # (cmake/build_id.cmake) checked when a module is opened.
 set(CKPT_SHARED_HEADERS
+  ${CKPT_ROOT}/include/ckpt/aoti.h
   ${CKPT_ROOT}/include/ckpt/byte_source.h
   ${CKPT_ROOT}/include/ckpt/checkpoint.h
   ${CKPT_ROOT}/include/ckpt/convert.h
@@ -186,6 +192,7 @@ set(CKPT_SHARED_HEADERS
   ${CKPT_ROOT}/src/convert/convert_writers.h
   ${CKPT_ROOT}/src/convert/dcp_layout.h
   ${CKPT_ROOT}/src/convert/tensor_bytes.h
+  ${CKPT_ROOT}/src/formats/aoti_package.h
   ${CKPT_ROOT}/src/formats/dcp_transforms.h
   ${CKPT_ROOT}/src/formats/format_detect.h
   ${CKPT_ROOT}/src/formats/legacy_reader.h
@@ -216,6 +223,7 @@ set(CKPT_SHARED_HEADERS
   ${CKPT_ROOT}/src/rekey/rename_spec.h
   ${CKPT_ROOT}/src/report/json_input.h
   ${CKPT_ROOT}/src/report/json_writer.h
+  ${CKPT_ROOT}/src/torch/aoti_swap.h
   ${CKPT_ROOT}/src/torch/aten_types.h
   ${CKPT_ROOT}/src/torch/cuda/cuda_copy_engine.h
   ${CKPT_ROOT}/src/torch/finite_check.h

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "ckpt/aoti.h"
 #include "ckpt/byte_source.h"
 #include "ckpt/checkpoint.h"
 #include "ckpt/dcp.h"
@@ -968,6 +969,27 @@ int dcp_metadata_target(const uint8_t* data, size_t size) {
 
 // ======================================================================================
 
+int aoti_wrapper_target(const uint8_t* data, size_t size) {
+  aoti::model m;
+  try {
+    aoti::parse_wrapper(std::string_view(reinterpret_cast<const char*>(data), size), m, 0);
+  } catch (const error& swallowed) {
+    note(__func__, swallowed);
+    return 0;
+  }
+  // What a parsed table promises its readers: one input check per input, sizes and
+  // strides of equal rank, every dim index below its vector's size.
+  if (m.inputs.size() != m.num_inputs || m.output_names.size() != m.num_outputs) std::abort();
+  for (const auto& c : m.constants)
+    if (c.shape.size() != c.stride.size() || c.shape.size() > 64) std::abort();
+  for (const auto& in : m.inputs)
+    for (size_t d = 0; d < in.dims.size(); ++d)
+      if (in.dims[d].dim != int64_t(d)) std::abort();
+  return 0;
+}
+
+// ======================================================================================
+
 namespace {
 const target kTargets[] = {
     {"pickle", pickle_target},
@@ -979,6 +1001,7 @@ const target kTargets[] = {
     {"rekey_ops", rekey_ops_target},
     {"dcp_metadata", dcp_metadata_target},
     {"hf_index", hf_index_target},
+    {"aoti_wrapper", aoti_wrapper_target},
 };
 }  // namespace
 

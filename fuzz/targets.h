@@ -35,6 +35,9 @@ int safetensors_target(const uint8_t* data, size_t size);
 /// which the target packs into a TorchScript-shaped archive with a storage record of the
 /// right size for every storage id the pickles name, so mutations reach the tensor table.
 int torchscript_meta_target(const uint8_t* data, size_t size);
+/// An AOTInductor wrapper.cpp's text (src/formats/aoti_wrapper.cpp, docs/formats.md §15.3):
+/// parse, then check every index the result holds against its own sizes.
+int aoti_wrapper_target(const uint8_t* data, size_t size);
 /// open_checkpoint of a torch zip (or TorchScript archive); if it parses, data.pkl is
 /// rewritten with pickle::write and every record copied through zip::writer into a memfd,
 /// and (torch zip) the file is also rekeyed with an identity mapping by rekey_file; each

@@ -15,6 +15,10 @@
 namespace ckpt {
 
 class output_file;  // ckpt/output_set.h
+namespace aoti {
+struct model;      // ckpt/aoti.h
+struct swap_plan;
+}  // namespace aoti
 
 struct materialize_request {
   std::string device = "cpu";            // cpu, cuda, cuda:N, meta
@@ -39,6 +43,11 @@ struct materialize_request {
   /// --rank/--world/--plan: only this rank's slices of the tensors the plan matches
   /// (load_tensors with a selection); not with a model.
   std::optional<slice_selection> slices;
+  /// --model naming an AOTInductor package: the model read from it (ckpt/aoti.h) and the
+  /// checked plan of which checkpoint keys replace which constants. `model` is then the
+  /// package's path. Loading the package runs its native code (formats.md §15.5).
+  const aoti::model* aoti_model = nullptr;
+  const aoti::swap_plan* aoti_plan = nullptr;
 };
 
 struct materialize_report {

@@ -16,6 +16,7 @@
 #include "torch/meta_kernels.h"
 #include "torch/method_args.h"
 #include "torch/torch_message.h"
+#include "torch/aoti_swap.h"
 
 namespace ckpt {
 namespace {
@@ -175,6 +176,13 @@ void run_method(torch::jit::Module& m, const materialize_request& req, const c10
 }  // namespace
 
 materialize_report materialize(checkpoint& c, const materialize_request& req) {
+  if (req.aoti_model) {
+    try {
+      return detail::materialize_aoti(c, req);
+    } catch (const c10::Error& e) {
+      throw error(errc::unsupported, "LibTorch: " + one_line(e.what_without_backtrace()));
+    }
+  }
   materialize_report r;
 #ifdef CKPTOOL_WITH_CUDA
   r.cuda_build = true;
