@@ -9,11 +9,13 @@
 #include "torch/c10d_group.h"
 
 #include <c10/util/Exception.h>
+#include <c10/util/Logging.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/csrc/distributed/c10d/control_collectives/StoreCollectives.hpp>
 
 #include <algorithm>
+#include <cstdlib>
 #include <thread>
 
 #include "ckpt/error.h"
@@ -37,6 +39,9 @@ std::string to_string(const std::vector<uint8_t>& v) { return std::string(v.begi
 class c10d_group final : public process_group {
  public:
   c10d_group(const launch_info& launch, std::chrono::milliseconds timeout) : launch_(launch), timeout_(timeout) {
+    // c10d logs its socket timeouts and retries to stderr as warnings; ckptool reports a
+    // failure as one line of its own. TORCH_CPP_LOG_LEVEL, when set, still decides.
+    if (!std::getenv("TORCH_CPP_LOG_LEVEL")) FLAGS_caffe2_log_level = 2;  // errors only
     const std::string where = launch.master_addr + ":" + std::to_string(launch.master_port);
     try {
       c10d::TCPStoreOptions opts;

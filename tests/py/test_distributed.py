@@ -37,12 +37,14 @@ from conftest import CKPTOOL, SOURCE_DIR, TIME_SCALE, run_ckptool  # noqa: E402
 warnings.filterwarnings("ignore")
 
 TORCHRUN = Path(sys.executable).parent / "torchrun"
-SHARD = "100KB"  # grid4 in 3 shards and an index
+SHARD = "50"  # bytes: grid4 in 4 shards ([w], [hsdp, tiny], [col], [grid_big]) and an index
 
 
 @pytest.fixture(scope="module")
 def grid4(tmp_path_factory) -> Path:
-    return dcp_fixtures.build(tmp_path_factory.mktemp("dcp"), ["grid4"])["grid4"]
+    reuse = os.environ.get("CKPTOOL_DCP_FIXTURES")
+    out = Path(reuse) if reuse else tmp_path_factory.mktemp("dcp")
+    return dcp_fixtures.build(out, ["grid4"])["grid4"]
 
 
 def expected_grid4() -> dict:
@@ -206,6 +208,7 @@ def test_rank_killed_under_torchrun_leaves_nothing(grid4, tmp_path):
     rc, log = torchrun(3, "convert", grid4, "-o", out, "--to", "hf", "--max-shard-size", SHARD, "--drop-other",
                        "--dist-timeout", 20, env={"CKPTOOL_TEST_KILL_RANK": "1"})
     assert rc != 0, log
+    assert "exitcode: -9" in log, log  # torchrun saw rank 1 SIGKILLed, and ended the others
     assert not out.exists(), log
     assert leftovers(tmp_path) == [], log
 
