@@ -7,6 +7,11 @@
 #include "plugin/torch_plugin.h"
 
 namespace cli {
+namespace {
+bool joined = false;
+}  // namespace
+
+bool joined_a_group() { return joined; }
 
 void add_distributed_flags(CLI::App& cmd, distributed_flags& flags) {
   cmd.add_option("--dist-timeout", flags.timeout_seconds,
@@ -23,7 +28,9 @@ std::unique_ptr<ckpt::process_group> open_process_group(const distributed_flags&
   if (!launch || launch->world == 1) return std::make_unique<ckpt::single_process>();
   // One report, from rank 0; the others' warnings would repeat it.
   if (launch->rank != 0) spdlog::set_level(spdlog::level::err);
-  return ckpt::torch_plugin().open_process_group(*launch, std::chrono::seconds(flags.timeout_seconds));
+  auto group = ckpt::torch_plugin().open_process_group(*launch, std::chrono::seconds(flags.timeout_seconds));
+  joined = true;
+  return group;
 }
 
 }  // namespace cli

@@ -22,4 +22,9 @@ void add_distributed_flags(CLI::App& cmd, distributed_flags& flags);
 /// plugin cannot be loaded, errc::io when the rendezvous fails.
 std::unique_ptr<ckpt::process_group> open_process_group(const distributed_flags& flags);
 
+/// True once open_process_group joined a group of several processes: main() then ends the
+/// process without LibTorch's static destructors (over half a second at exit, on every
+/// rank), its output flushed.
+bool joined_a_group();
+
 }  // namespace cli

@@ -14,6 +14,10 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/csrc/distributed/c10d/control_collectives/StoreCollectives.hpp>
 
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <thread>
@@ -31,6 +35,28 @@ std::string first_line(const std::exception& e) {
   const size_t nl = text.find('\n');
   if (nl != std::string::npos) text.resize(nl);
   return text;
+}
+
+// c10d's client retries a refused connection once a second: a rank that starts before
+// rank 0 listens would lose up to a second. Waiting here for the port to accept, in steps
+// of 10 ms, costs nothing and leaves the rendezvous itself to c10d.
+void wait_until_listening(const std::string& host, uint16_t port, std::chrono::milliseconds timeout) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found) != 0 || !found) return;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  bool listening = false;
+  while (!listening && std::chrono::steady_clock::now() < deadline) {
+    for (addrinfo* a = found; a && !listening; a = a->ai_next) {
+      const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+      if (fd < 0) continue;
+      listening = ::connect(fd, a->ai_addr, a->ai_addrlen) == 0;
+      ::close(fd);
+    }
+    if (!listening) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ::freeaddrinfo(found);
 }
 
 std::vector<uint8_t> to_bytes(const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); }
@@ -53,6 +79,7 @@ class c10d_group final : public process_group {
       opts.waitWorkers = true;
       opts.timeout = timeout;
       opts.multiTenant = true;
+      if (!opts.isServer) wait_until_listening(launch.master_addr, launch.master_port, timeout);
       store_ = c10::make_intrusive<c10d::TCPStore>(launch.master_addr, opts);
       // torchrun's store outlives a restart of the workers: each attempt has its own keys.
       auto prefixed = c10::make_intrusive<c10d::PrefixStore>("ckptool/" + launch.attempt, store_);
