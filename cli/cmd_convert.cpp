@@ -5,7 +5,6 @@
 #include <unistd.h>
 
 #include <cstdlib>
-
 #include <iostream>
 #include <memory>
 
@@ -16,8 +15,8 @@
 #include "ckpt/error.h"
 #include "ckpt/output_dir.h"
 #include "ckpt/output_set.h"
-#include "ckpt/report.h"
 #include "ckpt/parallel_convert.h"
+#include "ckpt/report.h"
 #include "common.h"
 #include "distributed.h"
 #include "formats/hf_shard_plan.h"
