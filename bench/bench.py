@@ -368,6 +368,24 @@ def ck_convert(to: str, out_ext: str) -> Callable:
     return build
 
 
+def free_port() -> int:
+    import socket
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def ck_convert_ranks(n: int) -> Callable:
+    """S10: ck_convert("hf") as n ranks of one parallel command (docs/distributed.md), rank 0
+    hosting the rendezvous store on a free port of 127.0.0.1; fails if any rank fails."""
+    def build(fx, ctx):
+        script = ('p=$1 n=$2; shift 2; pids=(); for ((i = 0; i < n; i++)); do '
+                  'RANK=$i WORLD_SIZE=$n MASTER_ADDR=127.0.0.1 MASTER_PORT=$p "$@" & pids+=($!); done; '
+                  'rc=0; for q in "${pids[@]}"; do wait "$q" || rc=$?; done; exit $rc')
+        return ["bash", "-c", script, "bash", str(free_port()), str(n)] + ck_convert("hf", "hf")(fx, ctx)
+    return build
+
+
 def twin(fx: dict) -> str:
     """The .safetensors file of a .pt fixture's state dict (gen_fixtures.py writes both)."""
     return str(Path(fx["path"]).with_suffix(".safetensors"))
@@ -457,6 +475,12 @@ T = {
     "cp_dir_sync": Tool("cp -r + sync (fsync)", "cmd",
                         lambda fx, ctx: ["sh", "-c", 'cp -r "$1" "$2" && find "$2" -exec sync {} +', "sh", fx["path"],
                                          ctx.out_path(fx)], writes=True, loads=False),
+    # S10 (issue 17): convert --to hf by N processes given the launcher's variables by hand
+    # (as torchrun gives them, without torchrun's own Python startup in the time).
+    "ck_conv_hf_par2": Tool("2 ranks: ckptool convert --to hf", "cmd", ck_convert_ranks(2), writes=True, loads=False,
+                            out_ext="hf", note="every rank loads LibTorch for the rendezvous (c10d): in the time"),
+    "ck_conv_hf_par4": Tool("4 ranks: ckptool convert --to hf", "cmd", ck_convert_ranks(4), writes=True, loads=False,
+                            out_ext="hf"),
     "startup_py": Tool("python: import torch, safetensors", "py", py("startup"), loads=False),
     "startup_py_cuda": Tool("python: import torch + CUDA context", "py", py("startup", "--device", "cuda"), loads=False),
 }
@@ -588,7 +612,7 @@ def load_source(path, fmt):
 def check_output(case: Case, fx: dict, out: str, ctx: Ctx) -> Optional[bool]:
     """Outside the timed region: the rekeyed output holds the same tensors under the new names
     (by torch.load / safetensors, never by ckptool)."""
-    if case.scen == "S7" and case.tool.out_ext:
+    if case.scen in ("S7", "S10") and case.tool.out_ext:
         return check_converted(fx, out, ctx)
     if case.tool.kind == "cmd" or case.scen != "S5":
         return None
@@ -922,6 +946,16 @@ def build_scenarios(ctx: Ctx, mode: str, gpu: bool, want: set, counts: list) -> 
             ("core", "S7", "dcp_hf_big", "warm", "dcp_consolidate_hf", "peer", "S7 dcp to hf"),
             ("quick", "S7", "dcp_big", "warm", "cp_dir_sync", "peer", "S7 dcp to hf"),
         ])
+    if "s10" in want:
+        # Issue 17: parallel convert, 2 ranks >= 1.6x one process on a warm cache; cold reported;
+        # 4 ranks on 2 cores for the scaling model.
+        block("S10 parallel convert --to hf (DCP of 4 ranks), every output fsynced", [
+            ("core", "S10", "dcp_big", "warm", "ck_conv_hf", "ck", "S10 warm"),
+            ("core", "S10", "dcp_big", "warm", "ck_conv_hf_par2", "peer", "S10 warm"),
+            ("quick", "S10", "dcp_big", "warm", "ck_conv_hf_par4", "peer", "S10 warm"),
+            ("core", "S10", "dcp_big", "cold", "ck_conv_hf", "ck", "S10 cold"),
+            ("core", "S10", "dcp_big", "cold", "ck_conv_hf_par2", "peer", "S10 cold"),
+        ])
     if "s8" in want:
         # Issue 15: diff of two 2 GiB checkpoints at >= 70% of the page-cache read rate.
         block("S8 diff of a .pt and its safetensors twin, both warm", [
@@ -1158,6 +1192,19 @@ def targets(summaries: list, calib: dict, counts: list) -> list:
                 f"max of samples)")
         elif d["anon_max"] is not None:
             add(None, f"{what}: peak anonymous memory {fmt_mib(d['anon_max'])} MiB (largest tensor unknown)")
+    # S10 (issue 17): the speedup of 2 ranks over 1, same fixture, same cache state.
+    for cache in ("warm", "cold"):
+        one = find(summaries, "S10", "dcp_big", "ck_conv_hf", cache)
+        for key, n in (("ck_conv_hf_par2", 2), ("ck_conv_hf_par4", 4)):
+            par = find(summaries, "S10", "dcp_big", key, cache)
+            if not (one and par and one["t"] and par["t"]):
+                continue
+            text = (f"S10 convert dcp_big → hf, {n} ranks vs 1, {cache}: {one['t'] / par['t']:.2f}× "
+                    f"({fmt_t(par['t'])} vs {fmt_t(one['t'])})")
+            if n == 2 and cache == "warm":
+                add(one["t"] / par["t"] >= 1.6, "≥ 1.6×: " + text)
+            else:
+                info(text)
     # S8 (issue 15): diff reads both files; cat of both is the page-cache read rate for them.
     d = find(summaries, "S8", "llm_bf16.pt", "ck_diff")
     c = find(summaries, "S8", "llm_bf16.pt", "cat_both")
@@ -1390,7 +1437,7 @@ def main() -> int:
         what.append("compiled_bf16")
     if want & {"s3", "s4"}:
         what.append("s3")
-    if want & {"s6", "s7", "s9"}:
+    if want & {"s6", "s7", "s9", "s10"}:
         what.append("s6")
     if "s7" in want:
         what.append("s7")

@@ -1,7 +1,10 @@
 #include "cmd_convert.h"
 
+#include <signal.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include <cstdlib>
 #include <iostream>
 #include <memory>
 
@@ -12,8 +15,10 @@
 #include "ckpt/error.h"
 #include "ckpt/output_dir.h"
 #include "ckpt/output_set.h"
+#include "ckpt/parallel_convert.h"
 #include "ckpt/report.h"
 #include "common.h"
+#include "distributed.h"
 #include "formats/hf_shard_plan.h"
 #include "key_edits.h"
 #include "load_guard.h"
@@ -32,6 +37,7 @@ struct convert_options {
   ckpt::open_options reader;
   code_options code;
   key_edit_flags edits;
+  distributed_flags dist;
 };
 
 // "state_dict" or "a/b": string keys from the root.
@@ -120,58 +126,95 @@ void report(const convert_options& o, const ckpt::convert_request& req, const ck
   out << " (" << human_bytes(r.bytes_written) << ")\n";
 }
 
+// Test hook for the parallel failure tests (tests/py/test_distributed.py): the rank this
+// names kills itself (SIGKILL: no handler, no cleanup) once it has written part of a file.
+void install_test_kill(ckpt::convert_request& req, int rank) {
+  const char* named = std::getenv("CKPTOOL_TEST_KILL_RANK");
+  if (!named || std::to_string(rank) != named) return;
+  req.progress = [](uint64_t done, uint64_t) {
+    if (done > 0) ::kill(::getpid(), SIGKILL);
+  };
+}
+
 int run_convert(const convert_options& o) {
+  // Under torchrun the ranks divide the output files (docs/distributed.md); rank 0 reports.
+  const std::unique_ptr<ckpt::process_group> group = open_process_group(o.dist);
+  const bool parallel = group->world() > 1;
+  const bool rank0 = group->rank() == 0;
   ckpt::convert_request req = make_request(o);
   const bool to_dcp = req.to == ckpt::convert_target::dcp;
   const bool to_set = req.to == ckpt::convert_target::hf || to_dcp;
   if (!to_set && o.force)
     throw ckpt::error(ckpt::errc::usage, "--force applies to --to hf and --to dcp (an output directory) only; convert "
                                          "never replaces its input");
-  const std::vector<std::string> inputs = ckpt::checkpoint_input_files(o.input);
+  // Only a shard set's files are divided among ranks; one file is one process's work, and
+  // running it on every rank would only race.
+  if (parallel && req.to != ckpt::convert_target::hf)
+    throw ckpt::error(ckpt::errc::usage, "under torchrun only --to hf is divided among ranks; --to " + o.to +
+                                             " is written by one process: run it without a launcher");
 
   // Everything read and everything written, declared before anything is read or written.
   ckpt::output_set set;
   std::unique_ptr<ckpt::output_dir> dir;
   ckpt::output_file* out = nullptr;
-  mode_t mode = 0644;
-  for (const auto& path : inputs) mode = set.add_input(path).mode & 0777;
-  for (const auto& path : o.edits.map->results()) set.add_input(path);
-  // A --match target that is a set (shard set, DCP directory) is every file of it.
-  for (const auto& path : o.edits.match->results())
-    for (const auto& f : ckpt::checkpoint_input_files(path)) set.add_input(f);
-  if (to_set) {
-    if (o.output == "-")
-      throw ckpt::error(ckpt::errc::usage, std::string(to_dcp ? "a DCP checkpoint" : "a shard set") +
-                                               " is written to a directory, not to standard output");
-    dir = std::make_unique<ckpt::output_dir>(o.output, to_dcp ? ckpt::set_layout::dcp : ckpt::set_layout::hf_index,
-                                             o.force);
-    // A set's directory is an input: OUTDIR may be neither inside it nor around it. A
-    // single file's directory is not (OUTDIR beside model.pt is the usual case); the file
-    // itself is fingerprinted by `set`, and no file of OUTDIR that is not of a previous
-    // set is ever replaced.
-    if (inputs.size() > 1)
-      for (const auto& path : inputs) dir->add_input(path);
-  } else {
-    out = &set.add_output(o.output, mode);
+  ckpt::checkpoint c;
+  ckpt::convert_plan plan;
+  std::vector<std::string> files;
+  std::ostream* text = &std::cout;
+  ckpt::run_collectively(*group, "convert/prepare", [&] {
+    const std::vector<std::string> inputs = ckpt::checkpoint_input_files(o.input);
+    mode_t mode = 0644;
+    for (const auto& path : inputs) mode = set.add_input(path).mode & 0777;
+    for (const auto& path : o.edits.map->results()) set.add_input(path);
+    // A --match target that is a set (shard set, DCP directory) is every file of it.
+    for (const auto& path : o.edits.match->results())
+      for (const auto& f : ckpt::checkpoint_input_files(path)) set.add_input(f);
+    if (to_set) {
+      if (o.output == "-")
+        throw ckpt::error(ckpt::errc::usage, std::string(to_dcp ? "a DCP checkpoint" : "a shard set") +
+                                                 " is written to a directory, not to standard output");
+      // Rank 0 alone owns the output directory: its checks, its staging directory, its commit.
+      if (rank0)
+        dir = std::make_unique<ckpt::output_dir>(o.output, to_dcp ? ckpt::set_layout::dcp : ckpt::set_layout::hf_index,
+                                                 o.force);
+      // A set's directory is an input: OUTDIR may be neither inside it nor around it. A
+      // single file's directory is not (OUTDIR beside model.pt is the usual case); the file
+      // itself is fingerprinted by `set`, and no file of OUTDIR that is not of a previous
+      // set is ever replaced.
+      if (dir && inputs.size() > 1)
+        for (const auto& path : inputs) dir->add_input(path);
+    } else {
+      out = &set.add_output(o.output, mode);
+    }
+    if (set.writes_stdout()) text = &std::cerr;
+
+    c = ckpt::open_checkpoint(o.input, o.reader);
+    req.ops = key_ops_in_order(o.edits, {[&c] { return ckpt::keyed_tensors(c); }, c.path}, o.reader, o.code);
+    plan = ckpt::plan_convert(c, req);
+    if (to_dcp) {
+      files = ckpt::dcp_files(plan, req.ranks);
+    } else if (to_set) {
+      files = ckpt::hf_set_files(plan, req.max_shard_size);
+      if (files.empty())
+        throw ckpt::error(ckpt::errc::usage, "no tensor to write: an empty state dict makes no shard set").with_file(c.path);
+    }
+  });
+
+  ckpt::convert_result r;
+  if (parallel) {
+    install_test_kill(req, group->rank());
+    r = ckpt::write_converted_hf_set(*group, c, plan, dir.get(), files, req, [&set] { set.check_inputs_unchanged(); });
+    if (!rank0) return 0;
+    report(o, req, plan, r, *text);
+    return 0;
   }
-  std::ostream& text = set.writes_stdout() ? std::cerr : std::cout;
-
-  ckpt::checkpoint c = ckpt::open_checkpoint(o.input, o.reader);
-  req.ops = key_ops_in_order(o.edits, {[&c] { return ckpt::keyed_tensors(c); }, c.path}, o.reader, o.code);
-  const ckpt::convert_plan plan = ckpt::plan_convert(c, req);
-
   progress_bar bar("convert");
   if (bar.enabled()) req.progress = [&bar](uint64_t done, uint64_t total) { bar.update(done, total); };
-  ckpt::convert_result r;
   try {
     if (to_dcp) {
-      const std::vector<std::string> files = ckpt::dcp_files(plan, req.ranks);
       dir->open(files, files.back());
       r = ckpt::write_converted_dcp(c, plan, *dir, req);
     } else if (to_set) {
-      const std::vector<std::string> files = ckpt::hf_set_files(plan, req.max_shard_size);
-      if (files.empty())
-        throw ckpt::error(ckpt::errc::usage, "no tensor to write: an empty state dict makes no shard set").with_file(c.path);
       dir->open(files, files.back());
       r = ckpt::write_converted_hf_set(c, plan, *dir, req);
     } else {
@@ -190,7 +233,7 @@ int run_convert(const convert_options& o) {
   } else {
     set.commit();
   }
-  report(o, req, plan, r, text);
+  report(o, req, plan, r, *text);
   return 0;
 }
 
@@ -241,6 +284,7 @@ verb setup_convert(CLI::App& app) {
   add_key_edit_flags(*cmd, o->edits);
   add_reader_flags(*cmd, o->reader);
   add_code_flags(*cmd, o->code);
+  add_distributed_flags(*cmd, o->dist);
   return {cmd, [o] { return run_convert(*o); }};
 }
 

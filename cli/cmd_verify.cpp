@@ -12,6 +12,7 @@
 #include "ckpt/verify.h"
 #include "aoti_cli.h"
 #include "common.h"
+#include "distributed.h"
 #include "progress.h"
 
 namespace cli {
@@ -21,21 +22,29 @@ struct verify_options {
   std::string file;
   bool json = false;
   ckpt::open_options reader;
+  distributed_flags dist;
 };
 
 int run_verify(const verify_options& given) {
-  // A directory stands for the one model file it holds, or its shard index, or is a DCP checkpoint.
+  // Under torchrun the ranks share the data (docs/distributed.md); rank 0 reports.
+  const std::unique_ptr<ckpt::process_group> group = open_process_group(given.dist);
   verify_options o = given;
-  o.file = ckpt::resolve_checkpoint_path(given.file);
   ckpt::output_set inputs;  // no outputs: it refuses a FIFO and sees the file change
-  std::vector<std::string> files{o.file};
-  try {
-    files = ckpt::checkpoint_input_files(o.file);
-  } catch (const ckpt::error& e) {
-    // A broken index is a failed check, which verify_file reports; anything else is not.
-    if (e.kind() == ckpt::errc::io || e.kind() == ckpt::errc::usage || e.kind() == ckpt::errc::unsupported) throw;
-  }
-  for (const std::string& f : files) inputs.add_input(f);
+  ckpt::run_collectively(*group, "verify/inputs", [&] {
+    // A directory stands for the one model file it holds, or its shard index, or is a DCP checkpoint.
+    o.file = ckpt::resolve_checkpoint_path(given.file);
+    std::vector<std::string> files{o.file};
+    try {
+      files = ckpt::checkpoint_input_files(o.file);
+    } catch (const ckpt::error& e) {
+      // A broken index is a failed check, which verify_file reports; anything else is not.
+      if (e.kind() == ckpt::errc::io || e.kind() == ckpt::errc::usage || e.kind() == ckpt::errc::unsupported) throw;
+    }
+    for (const std::string& f : files) inputs.add_input(f);
+    // An AOTInductor package is one small file of metadata: nothing to divide among ranks.
+    if (group->world() > 1 && is_aoti_package_file(o.file))
+      throw ckpt::error(ckpt::errc::usage, "verify of an AOTInductor package runs in one process, not under a launcher");
+  });
   // AOTInductor packages (formats.md §15): checked here until pt2 detection joins the generic open.
   if (is_aoti_package_file(o.file)) {
     int rc = verify_aoti(o.file, o.json);
@@ -43,10 +52,13 @@ int run_verify(const verify_options& given) {
     return rc;
   }
   progress_bar bar("verify");
-  ckpt::verify_report r = ckpt::verify_file(o.file, o.reader, [&bar](uint64_t d, uint64_t t) { bar.update(d, t); });
-  bar.finish();
   // An OK for bytes that changed under the check would be an OK for no file at all.
-  inputs.check_inputs_unchanged();
+  ckpt::verify_report r = ckpt::verify_file(
+      o.file, o.reader, *group, [&bar](uint64_t d, uint64_t t) { bar.update(d, t); },
+      [&inputs] { inputs.check_inputs_unchanged(); });
+  bar.finish();
+  const int status = r.ok() ? 0 : ckpt::exit_code(ckpt::errc::check_failed);
+  if (group->rank() != 0) return status;
   if (o.json) {
     nlohmann::json doc = {{"file", o.file},
                           {"ok", r.ok()},
@@ -72,7 +84,7 @@ int run_verify(const verify_options& given) {
     for (const auto& p : r.problems) std::cout << "  problem: " << ckpt::escape_controls(p) << "\n";
     for (const auto& n : r.notes) std::cout << "  note: " << ckpt::escape_controls(n) << "\n";
   }
-  return r.ok() ? 0 : ckpt::exit_code(ckpt::errc::check_failed);
+  return status;
 }
 
 }  // namespace
@@ -85,6 +97,7 @@ verb setup_verify(CLI::App& app) {
   cmd->add_option("FILE", o->file, "torch.save, TorchScript, safetensors or legacy torch file, or a torch.distributed.checkpoint directory")->required();
   cmd->add_flag("--json", o->json, "Print the result as JSON");
   add_reader_flags(*cmd, o->reader);
+  add_distributed_flags(*cmd, o->dist);
   return {cmd, [o] { return run_verify(*o); }};
 }
 

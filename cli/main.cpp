@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <new>
 
@@ -17,6 +18,7 @@
 #include "cmd_rekey.h"
 #include "cmd_verify.h"
 #include "common.h"
+#include "distributed.h"
 #include "signals.h"
 
 namespace {
@@ -85,7 +87,15 @@ int main(int argc, char** argv) {
   // Out of memory anywhere, even while the command line is being set up (ulimit -v): one
   // line, exit 4, and nothing allocated to say so.
   try {
-    return run(argc, argv);
+    const int status = run(argc, argv);
+    if (cli::joined_a_group()) {
+      // A rank of a parallel command: everything is committed and reported, and the group
+      // is closed. What is left is LibTorch's teardown, which only costs time.
+      spdlog::shutdown();
+      std::fflush(nullptr);
+      std::_Exit(status);
+    }
+    return status;
   } catch (const std::bad_alloc&) {
     std::fputs("ckptool: io: out of memory\n", stderr);
     return ckpt::exit_code(ckpt::errc::io);

@@ -83,6 +83,8 @@ set(CKPT_CORE_SOURCES
   ${CKPT_ROOT}/src/report/json_writer.cpp
   ${CKPT_ROOT}/src/report/report.cpp
   ${CKPT_ROOT}/src/report/verify.cpp
+  ${CKPT_ROOT}/src/dist/parallel_convert.cpp
+  ${CKPT_ROOT}/src/dist/process_group.cpp
   ${CKPT_ROOT}/src/plugin/module_loader.cpp
   ${CKPT_ROOT}/src/plugin/torch_plugin.cpp
 )
@@ -91,6 +93,7 @@ set(CKPT_CORE_SOURCES
 set(CKPT_TORCH_SOURCES
   ${CKPT_ROOT}/src/torch/aoti_swap.cpp
   ${CKPT_ROOT}/src/torch/aten_types.cpp
+  ${CKPT_ROOT}/src/torch/c10d_group.cpp
   ${CKPT_ROOT}/src/torch/cast_values.cpp
   ${CKPT_ROOT}/src/torch/finite_check.cpp
   ${CKPT_ROOT}/src/torch/load.cpp
@@ -131,6 +134,7 @@ set(CKPTOOL_CLI_SOURCES
   ${CKPT_ROOT}/cli/cmd_rekey.cpp
   ${CKPT_ROOT}/cli/cmd_verify.cpp
   ${CKPT_ROOT}/cli/common.cpp
+  ${CKPT_ROOT}/cli/distributed.cpp
   ${CKPT_ROOT}/cli/input_spec.cpp
   ${CKPT_ROOT}/cli/key_edits.cpp
   ${CKPT_ROOT}/cli/inspect_set_text.cpp
@@ -154,6 +158,7 @@ set(CKPT_SHARED_HEADERS
   ${CKPT_ROOT}/include/ckpt/dcp_rekey.h
   ${CKPT_ROOT}/include/ckpt/diff.h
   ${CKPT_ROOT}/include/ckpt/dim_list.h
+  ${CKPT_ROOT}/include/ckpt/distributed.h
   ${CKPT_ROOT}/include/ckpt/dtype.h
   ${CKPT_ROOT}/include/ckpt/error.h
   ${CKPT_ROOT}/include/ckpt/file_opener.h
@@ -164,6 +169,7 @@ set(CKPT_SHARED_HEADERS
   ${CKPT_ROOT}/include/ckpt/materialize.h
   ${CKPT_ROOT}/include/ckpt/output_dir.h
   ${CKPT_ROOT}/include/ckpt/output_set.h
+  ${CKPT_ROOT}/include/ckpt/parallel_convert.h
   ${CKPT_ROOT}/include/ckpt/pickle.h
   ${CKPT_ROOT}/include/ckpt/pickle_items.h
   ${CKPT_ROOT}/include/ckpt/pickle_node_text.h
@@ -225,6 +231,7 @@ set(CKPT_SHARED_HEADERS
   ${CKPT_ROOT}/src/report/json_writer.h
   ${CKPT_ROOT}/src/torch/aoti_swap.h
   ${CKPT_ROOT}/src/torch/aten_types.h
+  ${CKPT_ROOT}/src/torch/c10d_group.h
   ${CKPT_ROOT}/src/torch/cuda/cuda_copy_engine.h
   ${CKPT_ROOT}/src/torch/finite_check.h
   ${CKPT_ROOT}/src/torch/loader/host_buffer.h

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "ckpt/checkpoint.h"
+#include "ckpt/distributed.h"
 
 namespace ckpt {
 
@@ -33,5 +34,16 @@ struct verify_report {
 /// usage errors throw ckpt::error.
 verify_report verify_file(const std::string& path, const open_options& options,
                           const std::function<void(uint64_t, uint64_t)>& progress = {});
+
+/// verify_file by every rank of `group` together (docs/distributed.md): each rank opens the
+/// checkpoint and checks its metadata, then computes the CRC-32 of its share of the zip
+/// records (contiguous runs in file order, balanced by bytes: each data byte is read by one
+/// rank), calls `after_check` (the caller's own checks, e.g. that no input changed), and
+/// the shares are gathered. Every rank returns the same report, the one verify_file gives.
+/// An error on any rank is thrown on every rank (run_collectively); `progress` counts this
+/// rank's share.
+verify_report verify_file(const std::string& path, const open_options& options, process_group& group,
+                          const std::function<void(uint64_t, uint64_t)>& progress = {},
+                          const std::function<void()>& after_check = {});
 
 }  // namespace ckpt

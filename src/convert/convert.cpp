@@ -89,13 +89,38 @@ std::vector<std::string> hf_set_files(const convert_plan& plan, uint64_t max_sha
 
 convert_result write_converted_hf_set(const checkpoint& c, const convert_plan& plan, output_dir& out,
                                       const convert_request& request) {
+  return detail::write_hf_set_files(c, plan, out.staging_directory(), {}, request);
+}
+
+std::vector<uint64_t> detail::hf_set_file_bytes(const convert_plan& plan, uint64_t max_shard_size) {
+  const std::vector<size_t> written = written_tensors(plan);
+  const hf::shard_plan shards = shard_plan_of(plan, written, max_shard_size);
+  std::vector<uint64_t> out;
+  for (const auto& tensors : shards.file_tensors) {
+    uint64_t bytes = 0;
+    for (size_t k : tensors) bytes += plan.tensors[written[k]].nbytes;
+    out.push_back(bytes);
+  }
+  if (shards.is_sharded()) out.push_back(0);  // the index: a few bytes per key
+  return out;
+}
+
+convert_result detail::write_hf_set_files(const checkpoint& c, const convert_plan& plan, const std::string& directory,
+                                          const std::vector<bool>& mine, const convert_request& request) {
   const std::vector<size_t> written = written_tensors(plan);
   const hf::shard_plan shards = shard_plan_of(plan, written, request.max_shard_size);
+  const auto is_mine = [&](size_t f) { return mine.empty() || (f < mine.size() && mine[f]); };
   // save_torch_state_dict: "format": "pt" in every shard, the caller's metadata too when
   // there is one shard, else in the index beside total_size.
   const metadata_pairs extra = hub_metadata(plan);
   metadata_pairs per_file{{"format", "pt"}};
   if (!shards.is_sharded()) update(per_file, extra);
+
+  // Progress counts the files written here.
+  uint64_t total = 0;
+  for (size_t f = 0; f < shards.files.size(); ++f)
+    if (is_mine(f))
+      for (size_t k : shards.file_tensors[f]) total += plan.tensors[written[k]].nbytes;
 
   convert_result result;
   uint64_t base = 0;
@@ -106,20 +131,21 @@ convert_result write_converted_hf_set(const checkpoint& c, const convert_plan& p
       indices.push_back(written[k]);
       weight_map[plan.tensors[written[k]].name] = shards.files[f];
     }
+    if (!is_mine(f)) continue;
     output_set set;
     set.set_staged();
-    output_file& o = set.add_output(out.staged(shards.files[f]));
+    output_file& o = set.add_output(directory + "/" + shards.files[f]);
     set.open();
     uint64_t shard_bytes = 0;
     result.bytes_written += detail::write_safetensors_file(c, plan, indices, per_file, o, request, [&](uint64_t done) {
       shard_bytes = done;
-      if (request.progress) request.progress(base + done, plan.data_bytes);
+      if (request.progress) request.progress(base + done, total);
     });
     set.commit();
     base += shard_bytes;
     result.files.push_back(shards.files[f]);
   }
-  if (shards.is_sharded()) {
+  if (shards.is_sharded() && is_mine(shards.files.size())) {
     nlohmann::ordered_json index = nlohmann::ordered_json::object();
     nlohmann::ordered_json metadata = nlohmann::ordered_json::object();
     metadata["total_size"] = shards.total_size;
@@ -130,7 +156,7 @@ convert_result write_converted_hf_set(const checkpoint& c, const convert_plan& p
     const std::string text = index.dump(2, ' ', true);
     output_set set;
     set.set_staged();
-    output_file& o = set.add_output(out.staged(kIndexName));
+    output_file& o = set.add_output(directory + "/" + kIndexName);
     set.open();
     o.write(text.data(), text.size());
     set.commit();

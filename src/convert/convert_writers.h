@@ -27,4 +27,14 @@ uint64_t write_safetensors_file(const checkpoint& c, const convert_plan& plan, c
                                 const std::optional<metadata_pairs>& metadata, output_file& out,
                                 const convert_request& request, const std::function<void(uint64_t)>& on_data);
 
+/// The files of write_converted_hf_set's set (hf_set_files' order, the index last when
+/// there is one): each file's tensor bytes (the index counts 0).
+std::vector<uint64_t> hf_set_file_bytes(const convert_plan& plan, uint64_t max_shard_size);
+
+/// write_converted_hf_set's files into `directory`: only those whose position in
+/// hf_set_files' list `mine` marks (empty: all), so that several processes can write one
+/// set. Each file is byte for byte what the whole set's writer gives it.
+convert_result write_hf_set_files(const checkpoint& c, const convert_plan& plan, const std::string& directory,
+                                  const std::vector<bool>& mine, const convert_request& request);
+
 }  // namespace ckpt::detail

@@ -7,10 +7,13 @@
 // never need this.
 #pragma once
 
+#include <chrono>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "ckpt/convert.h"
+#include "ckpt/distributed.h"
 #include "ckpt/materialize.h"
 #include "ckpt/torchscript.h"
 #include "ckpt/zip_reader.h"
@@ -28,6 +31,8 @@ struct torch_plugin_api {
                                           bool allow_code, const std::vector<arg_spec>& args);
   materialize_report (*materialize)(checkpoint& c, const materialize_request& request);
   void (*cast_values)(const void* src, dtype from, void* dst, dtype to, uint64_t count);  // convert --dtype
+  // Parallel convert and verify: the launcher's process group over c10d (src/torch/c10d_group.h).
+  std::unique_ptr<process_group> (*open_process_group)(const launch_info& launch, std::chrono::milliseconds timeout);
 };
 
 /// The plugin's entry points, loading it on first call from $CKPTOOL_TORCH_PLUGIN, else

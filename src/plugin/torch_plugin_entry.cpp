@@ -3,6 +3,7 @@
 
 #include "plugin/torch_plugin.h"
 #include "plugin/module_loader.h"
+#include "torch/c10d_group.h"
 
 CKPTOOL_MODULE_EXPORT_BUILD_ID
 
@@ -19,6 +20,7 @@ extern "C" __attribute__((visibility("default"))) const ckpt::torch_plugin_api* 
     a.run_on_meta = &ckpt::run_on_meta;
     a.materialize = &ckpt::materialize;
     a.cast_values = &ckpt::cast_values;
+    a.open_process_group = &ckpt::open_c10d_group;
     return a;
   }();
   return &api;

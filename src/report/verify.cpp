@@ -4,14 +4,71 @@
 #include <cstdio>
 #include <set>
 
+#include <nlohmann/json.hpp>
+
 #include "ckpt/error.h"
+#include "ckpt/distributed.h"
 #include "ckpt/torchscript_code.h"
 
 namespace ckpt {
+namespace {
 
-verify_report verify_file(const std::string& path, const open_options& options,
-                          const std::function<void(uint64_t, uint64_t)>& progress) {
-  verify_report r;
+struct record_share {
+  int rank = 0;
+  int world = 1;
+};
+
+// What the CRC pass found: the one part of a report a parallel verify divides among ranks.
+struct crc_pass {
+  size_t records_checked = 0;
+  size_t records_without_crc = 0;
+  uint64_t bytes_checked = 0;
+  std::vector<std::string> problems;
+};
+
+// The notes that sum up the CRC pass, added once it is complete (all ranks' shares).
+struct summary_facts {
+  bool opened = false;
+  bool archives = false;
+  bool dcp = false;
+  bool safetensors = false;
+  size_t keys = 0, chunks = 0;
+};
+
+void add_summary(verify_report& r, const summary_facts& f) {
+  if (!f.opened) return;
+  if (f.archives) {
+    if (r.records_without_crc)
+      r.notes.push_back(std::to_string(r.records_without_crc) +
+                        " records have no CRC recorded (saved with CRC computation off); their data was not checked");
+    if (f.dcp)
+      r.notes.push_back("torch.distributed.checkpoint: " + std::to_string(f.keys) + " tensors from " +
+                        std::to_string(f.chunks) +
+                        " chunks, each chunk's archive checked against .metadata, chunks tiling every tensor exactly");
+  } else if (f.safetensors) {
+    r.notes.push_back("safetensors has no checksums; header, dtypes and byte ranges are valid");
+  } else {
+    r.notes.push_back("legacy torch files have no checksums; structure and views are valid");
+  }
+}
+
+// A rank's share of the records: record k of every archive, in file order, goes to the
+// rank whose 1/world of the total bytes holds the record's middle byte. Contiguous and
+// balanced to within one record; every record checked by exactly one rank.
+bool in_share(uint64_t start, uint64_t size, uint64_t total, const record_share& share) {
+  if (share.world <= 1) return true;
+  if (total == 0) return share.rank == 0;
+  const unsigned __int128 middle = (unsigned __int128)start + size / 2;
+  uint64_t owner = uint64_t(middle * unsigned(share.world) / total);
+  if (owner >= uint64_t(share.world)) owner = uint64_t(share.world) - 1;
+  return owner == uint64_t(share.rank);
+}
+
+// verify_file's work on one share: every check of the metadata (the same on every rank)
+// into `r`, the CRC of the share's records into `crc`; the summary notes left to the caller.
+void verify_share(const std::string& path, const open_options& options,
+                  const std::function<void(uint64_t, uint64_t)>& progress, const record_share& share,
+                  verify_report& r, crc_pass& crc, summary_facts& facts) {
   checkpoint c;
   try {
     c = open_checkpoint(path, options);
@@ -20,8 +77,9 @@ verify_report verify_file(const std::string& path, const open_options& options,
     // check (exit 1) but the refusal every verb gives (exit 3).
     if (e.kind() == errc::io || e.kind() == errc::usage || e.kind() == errc::unsupported) throw;
     r.problems.push_back(std::string(errc_name(e.kind())) + ": " + e.one_line());
-    return r;
+    return;
   }
+  facts.opened = true;
   // The files' format; the layout is its own field (the text says "dcp of N files").
   r.format = format_name(c.format);
   r.layout = layout_name(c.layout);
@@ -51,13 +109,25 @@ verify_report verify_file(const std::string& path, const open_options& options,
 
   // Every record of every archive, against the CRC-32 its central directory records.
   const bool several = c.files.size() > 1;
-  uint64_t total = 0, done = 0;
+  uint64_t all = 0;
   bool archives = false;
   for (const source_file& f : c.files)
     if (f.zip) {
       archives = true;
-      for (const auto& e : f.zip->entries()) total += e.compressed_size;
+      for (const auto& e : f.zip->entries()) all += e.compressed_size;
     }
+  // This rank's bytes, for its progress.
+  uint64_t total = 0, done = 0;
+  {
+    uint64_t at = 0;
+    for (const source_file& f : c.files)
+      if (f.zip)
+        for (const auto& e : f.zip->entries()) {
+          if (in_share(at, e.compressed_size, all, share)) total += e.compressed_size;
+          at += e.compressed_size;
+        }
+  }
+  uint64_t at = 0;  // where the next record starts among all records' bytes
   for (uint32_t fi = 0; fi < c.files.size(); ++fi) {
     const source_file& f = c.files[fi];
     if (!f.zip) continue;
@@ -65,22 +135,25 @@ verify_report verify_file(const std::string& path, const open_options& options,
     // An archive embedded in a file of the set (a DCP chunk) is named by where it starts.
     if (f.within) in_file += " (the archive at byte " + std::to_string(f.offset_within) + ")";
     for (const auto& e : f.zip->entries()) {
+      const bool mine = in_share(at, e.compressed_size, all, share);
+      at += e.compressed_size;
+      if (!mine) continue;
       const uint64_t before = done;
-      const zip::crc_result crc = f.zip->record_crc(e, [&](uint64_t n) {
+      const zip::crc_result result = f.zip->record_crc(e, [&](uint64_t n) {
         done = before + n;
         if (progress) progress(done, total);
       });
       done = before + e.compressed_size;
-      if (crc.outcome == zip::crc_outcome::not_recorded) {
-        ++r.records_without_crc;
+      if (result.outcome == zip::crc_outcome::not_recorded) {
+        ++crc.records_without_crc;
         continue;
       }
-      ++r.records_checked;
-      r.bytes_checked += e.compressed_size;
-      if (crc.outcome == zip::crc_outcome::mismatch) {
+      ++crc.records_checked;
+      crc.bytes_checked += e.compressed_size;
+      if (result.outcome == zip::crc_outcome::mismatch) {
         char crcs[48];
-        std::snprintf(crcs, sizeof crcs, "recorded %08x, data has %08x", e.crc32, crc.computed);
-        r.problems.push_back("CRC-32 mismatch in " + std::string(e.name) + in_file + " at byte " +
+        std::snprintf(crcs, sizeof crcs, "recorded %08x, data has %08x", e.crc32, result.computed);
+        crc.problems.push_back("CRC-32 mismatch in " + std::string(e.name) + in_file + " at byte " +
                              std::to_string(f.source->origin_offset() + e.data_offset) + ": " + crcs);
       }
     }
@@ -95,20 +168,69 @@ verify_report verify_file(const std::string& path, const open_options& options,
       if (unused) r.notes.push_back(std::to_string(unused) + " data records" + in_file + " are not used by any tensor");
     }
   }
-  if (archives) {
-    if (r.records_without_crc)
-      r.notes.push_back(std::to_string(r.records_without_crc) +
-                        " records have no CRC recorded (saved with CRC computation off); their data was not checked");
-    if (c.layout == checkpoint_layout::dcp) {
-      size_t keys = c.keys.size(), chunks = c.tensors.size();
-      r.notes.push_back("torch.distributed.checkpoint: " + std::to_string(keys) + " tensors from " + std::to_string(chunks) +
-                        " chunks, each chunk's archive checked against .metadata, chunks tiling every tensor exactly");
-    }
-  } else if (c.format == file_format::safetensors) {
-    r.notes.push_back("safetensors has no checksums; header, dtypes and byte ranges are valid");
-  } else {
-    r.notes.push_back("legacy torch files have no checksums; structure and views are valid");
+  facts.archives = archives;
+  facts.dcp = c.layout == checkpoint_layout::dcp;
+  facts.safetensors = c.format == file_format::safetensors;
+  facts.keys = c.keys.size();
+  facts.chunks = c.tensors.size();
+}
+
+void add_crc(verify_report& r, crc_pass& crc) {
+  r.records_checked += crc.records_checked;
+  r.records_without_crc += crc.records_without_crc;
+  r.bytes_checked += crc.bytes_checked;
+  for (auto& p : crc.problems) r.problems.push_back(std::move(p));
+}
+
+}  // namespace
+
+verify_report verify_file(const std::string& path, const open_options& options,
+                          const std::function<void(uint64_t, uint64_t)>& progress) {
+  verify_report r;
+  crc_pass crc;
+  summary_facts facts;
+  verify_share(path, options, progress, {0, 1}, r, crc, facts);
+  add_crc(r, crc);
+  add_summary(r, facts);
+  return r;
+}
+
+verify_report verify_file(const std::string& path, const open_options& options, process_group& group,
+                          const std::function<void(uint64_t, uint64_t)>& progress,
+                          const std::function<void()>& after_check) {
+  verify_report r;
+  crc_pass crc;
+  summary_facts facts;
+  run_collectively(group, "verify/check", [&] {
+    verify_share(path, options, progress, {group.rank(), group.world()}, r, crc, facts);
+    if (after_check) after_check();
+  });
+  if (group.world() == 1) {
+    add_crc(r, crc);
+    add_summary(r, facts);
+    return r;
   }
+  // The metadata's checks are the same on every rank; the CRC pass is gathered, in rank
+  // order, which is the records' order: the problems read as one process lists them.
+  const nlohmann::json mine = {{"checked", crc.records_checked},
+                               {"without_crc", crc.records_without_crc},
+                               {"bytes", crc.bytes_checked},
+                               {"problems", crc.problems}};
+  const std::vector<std::string> all = group.all_gather("verify/crc", mine.dump());
+  for (size_t k = 0; k < all.size(); ++k) {
+    crc_pass part;
+    try {
+      const nlohmann::json j = nlohmann::json::parse(all[k]);
+      part.records_checked = j.at("checked").get<size_t>();
+      part.records_without_crc = j.at("without_crc").get<size_t>();
+      part.bytes_checked = j.at("bytes").get<uint64_t>();
+      part.problems = j.at("problems").get<std::vector<std::string>>();
+    } catch (const std::exception&) {
+      throw error(errc::io, "rank " + std::to_string(k) + " sent a verify report this ckptool cannot read");
+    }
+    add_crc(r, part);
+  }
+  add_summary(r, facts);
   return r;
 }
 

@@ -1,0 +1,181 @@
+// The process-group plumbing of parallel convert and verify (ckpt/distributed.h,
+// ckpt/parallel_convert.h) without LibTorch: the launcher's variables, how a step's failure
+// reaches every rank (ranks as threads over an in-memory group), and who writes which file.
+#include <doctest/doctest.h>
+
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "ckpt/distributed.h"
+#include "ckpt/error.h"
+#include "ckpt/parallel_convert.h"
+
+namespace {
+
+// Ranks as threads: each collective waits until every rank has put its bytes.
+struct exchange {
+  explicit exchange(int world) : world(world) {}
+  int world;
+  std::mutex m;
+  std::condition_variable cv;
+  std::map<std::string, std::vector<std::string>> steps;
+
+  std::vector<std::string> put(const std::string& step, int rank, const std::string& bytes) {
+    std::unique_lock<std::mutex> lock(m);
+    auto& slots = steps[step];
+    if (slots.empty()) slots.assign(size_t(world), std::string("\x01unset"));
+    slots[size_t(rank)] = bytes;
+    cv.notify_all();
+    cv.wait(lock, [&] {
+      for (const auto& s : slots)
+        if (s == "\x01unset") return false;
+      return true;
+    });
+    return slots;
+  }
+};
+
+class thread_group final : public ckpt::process_group {
+ public:
+  thread_group(exchange& x, int rank) : x_(x), rank_(rank) {}
+  int rank() const override { return rank_; }
+  int world() const override { return x_.world; }
+  std::vector<std::string> all_gather(const std::string& step, const std::string& bytes) override {
+    return x_.put(step, rank_, bytes);
+  }
+  std::string broadcast(const std::string& step, const std::string& bytes) override {
+    return x_.put(step, rank_, bytes)[0];
+  }
+  void barrier(const std::string& step) override { x_.put(step, rank_, ""); }
+
+ private:
+  exchange& x_;
+  int rank_;
+};
+
+struct outcome {
+  bool threw = false;
+  ckpt::errc kind = ckpt::errc::io;
+  std::string message;
+};
+
+// Runs `work(rank)` as one step on `world` thread ranks; what each rank saw.
+std::vector<outcome> run_step(int world, const std::function<void(int)>& work) {
+  exchange x(world);
+  std::vector<outcome> out(static_cast<size_t>(world));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r)
+    threads.emplace_back([&, r] {
+      thread_group g(x, r);
+      try {
+        ckpt::run_collectively(g, "step", [&] { work(r); });
+      } catch (const ckpt::error& e) {
+        out[size_t(r)] = {true, e.kind(), e.one_line()};
+      }
+    });
+  for (auto& t : threads) t.join();
+  return out;
+}
+
+std::optional<ckpt::launch_info> launch(std::map<std::string, std::string> env) {
+  return ckpt::launch_from([&](const char* name) -> const char* {
+    auto it = env.find(name);
+    return it == env.end() ? nullptr : it->second.c_str();
+  });
+}
+
+ckpt::errc launch_refusal(std::map<std::string, std::string> env) {
+  try {
+    launch(env);
+  } catch (const ckpt::error& e) {
+    return e.kind();
+  }
+  FAIL("accepted");
+  return ckpt::errc::io;
+}
+
+}  // namespace
+
+TEST_CASE("launch: absent, torchrun's variables, and what is refused") {
+  CHECK_FALSE(launch({}).has_value());
+  const auto one = launch({{"RANK", "0"}, {"WORLD_SIZE", "1"}});
+  REQUIRE(one);
+  CHECK(one->world == 1);
+  const auto l = launch({{"RANK", "2"},
+                         {"WORLD_SIZE", "3"},
+                         {"MASTER_ADDR", "127.0.0.1"},
+                         {"MASTER_PORT", "29500"},
+                         {"TORCHELASTIC_USE_AGENT_STORE", "True"},
+                         {"TORCHELASTIC_RESTART_COUNT", "1"}});
+  REQUIRE(l);
+  CHECK(l->rank == 2);
+  CHECK(l->world == 3);
+  CHECK(l->master_addr == "127.0.0.1");
+  CHECK(l->master_port == 29500);
+  CHECK(l->agent_store);
+  CHECK(l->attempt == "1");
+  CHECK_FALSE(launch({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "1"}})->agent_store);
+
+  CHECK(launch_refusal({{"RANK", "0"}}) == ckpt::errc::usage);
+  CHECK(launch_refusal({{"WORLD_SIZE", "2"}}) == ckpt::errc::usage);
+  CHECK(launch_refusal({{"RANK", "2"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "1"}}) ==
+        ckpt::errc::usage);
+  CHECK(launch_refusal({{"RANK", "-1"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "1"}}) ==
+        ckpt::errc::usage);
+  CHECK(launch_refusal({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "1"}}) == ckpt::errc::usage);
+  CHECK(launch_refusal({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "70000"}}) ==
+        ckpt::errc::usage);
+  CHECK(launch_refusal({{"RANK", "0"}, {"WORLD_SIZE", "2x"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "1"}}) ==
+        ckpt::errc::usage);
+}
+
+TEST_CASE("run_collectively: every rank succeeds") {
+  for (const auto& o : run_step(3, [](int) {})) CHECK_FALSE(o.threw);
+}
+
+TEST_CASE("run_collectively: one rank's error is every rank's, naming that rank") {
+  const auto seen = run_step(3, [](int r) {
+    if (r == 1) throw ckpt::error(ckpt::errc::corrupt, "bad bytes", 12).with_file("x.distcp");
+  });
+  for (const auto& o : seen) {
+    CHECK(o.threw);
+    CHECK(o.kind == ckpt::errc::corrupt);
+    CHECK(o.message == "rank 1: x.distcp: byte 12: bad bytes");
+  }
+}
+
+TEST_CASE("run_collectively: the lowest failing rank is the one reported, whatever else failed") {
+  const auto seen = run_step(4, [](int r) {
+    if (r == 3) throw ckpt::error(ckpt::errc::io, "disk full");
+    if (r == 2) throw std::runtime_error("boom");
+  });
+  for (const auto& o : seen) {
+    CHECK(o.threw);
+    CHECK(o.kind == ckpt::errc::corrupt);  // an internal error, as cli/main.cpp reports one
+    CHECK(o.message == "rank 2: internal error: boom");
+  }
+}
+
+TEST_CASE("run_collectively: one process alone throws what it always threw") {
+  ckpt::single_process g;
+  try {
+    ckpt::run_collectively(g, "s", [] { throw ckpt::error(ckpt::errc::usage, "bad flag"); });
+    FAIL("no throw");
+  } catch (const ckpt::error& e) {
+    CHECK(e.one_line() == "bad flag");
+  }
+}
+
+TEST_CASE("assign_files: largest first to the least loaded rank, the index to rank 0") {
+  // Shards of 5, 5, 4, 3, 3 bytes and the index.
+  const std::vector<uint64_t> bytes{5, 5, 4, 3, 3, 0};
+  CHECK(ckpt::assign_files(bytes, 2) == std::vector<int>{0, 1, 0, 1, 1, 0});  // 9 and 11 bytes
+  CHECK(ckpt::assign_files(bytes, 3) == std::vector<int>{0, 1, 2, 2, 0, 0});  // 8, 5 and 7
+  CHECK(ckpt::assign_files(bytes, 1) == std::vector<int>(6, 0));
+  // One file (no index): rank 0's, however many ranks.
+  CHECK(ckpt::assign_files({7}, 4) == std::vector<int>{0});
+  // More ranks than shards: some ranks write nothing.
+  CHECK(ckpt::assign_files({2, 1, 0}, 4) == std::vector<int>{0, 1, 0});
+}
