@@ -357,7 +357,10 @@ int run_rekey(const rekey_options& given) {
   if (!o.save_map.empty()) map_out = &set.add_output(o.save_map, mode);
   std::ostream& report = set.writes_stdout() ? std::cerr : std::cout;
 
-  ckpt::checkpoint c = ckpt::open_checkpoint(o.input, o.reader);
+  // rekey rewrites the pickle and copies the records; --match alone reads the keys' tensors.
+  ckpt::open_options reader = o.reader;
+  if (o.edits.match->count() == 0) reader.intent = ckpt::open_options::purpose::rewrite_pickle;
+  ckpt::checkpoint c = ckpt::open_checkpoint(o.input, reader);
   // Sets take the paths above; anything else of several files is refused before anything
   // is created (rewriting a set means rewriting its index too).
   if (c.layout != ckpt::checkpoint_layout::single_file)

@@ -10,7 +10,9 @@
 // OBJ for INST/OBJ records (protocol 1).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "ckpt/pickle.h"
@@ -26,5 +28,14 @@ namespace ckpt::pickle {
 /// `expected_size`, when known, is reserved up front (the result is grown past it if need be).
 std::vector<uint8_t> write(const value* root, int protocol = 2, const document* owner = nullptr,
                            size_t expected_size = 0);
+
+/// Receives a pickle's bytes in order, in pieces of about a megabyte.
+using byte_sink = std::function<void(const uint8_t* data, size_t size)>;
+
+/// The same bytes as write(), handed to `sink` piece by piece instead of held whole: a
+/// caller that writes them out (rekey, for a million tensors a pickle of 100 MB) never holds
+/// them beside the tree. Returns the number of bytes. An exception the sink throws stops the
+/// writing and is rethrown.
+uint64_t write_to(const byte_sink& sink, const value* root, int protocol = 2, const document* owner = nullptr);
 
 }  // namespace ckpt::pickle

@@ -176,12 +176,12 @@ void read_legacy(checkpoint& c, uint32_t file, const open_options& options) {
 
   tensor_collector collector(
       c,
-      [&c, &index_of](const storage_ref& ref, dtype) -> size_t {
+      [&c, &index_of](const storage_ref& ref, dtype) -> bound_storage {
         size_t i = index_of.at(ref.key);
         if (c.storages[i].location.empty()) c.storages[i].location = ref.location;
-        return i;
+        return {i, c.storages[i].nbytes};
       },
-      options.pickle_limits, options.max_tensors, true);
+      options.pickle_limits, options.max_tensors, true, options.intent == open_options::purpose::read);
   collector.collect(*f.pickle);
 }
 

@@ -227,7 +227,7 @@ void tensor_collector::walk(const value* root, value_path& path, uint64_t depth)
     if (v->type == kind::object) {
       if (const size_t* seen = tensor_of_node(v)) {
         charge_path(path, v);
-        ckpt_.aliases.push_back({path, *seen});
+        if (paths_) ckpt_.aliases.push_back({path, *seen});
         return false;
       }
       if (try_tensor(v, path)) return false;
@@ -289,12 +289,16 @@ bool tensor_collector::try_tensor(const value* v, value_path& path) {
     throw_limit("more than " + std::to_string(max_tensors_) + " tensors (raise with --max-tensors)", v->offset);
   tensor_record t = rebuild(v, 0);
   charge_path(path, v);
-  t.path = path;
+  if (paths_) t.path = path;
   size_t index = ckpt_.tensors.size();
   set_tensor_of_node(v, index, true);
-  if (t.storage) ckpt_.storages[*t.storage].tensor_count++;
+  count_tensor(t);
   ckpt_.tensors.push_back(std::move(t));
   return true;
+}
+
+void tensor_collector::count_tensor(const tensor_record& r) {
+  if (r.storage && *r.storage < ckpt_.storages.size()) ckpt_.storages[*r.storage].tensor_count++;
 }
 
 tensor_record tensor_collector::rebuild(const value* call, uint64_t depth) {
@@ -423,8 +427,9 @@ tensor_record tensor_collector::rebuild(const value* call, uint64_t depth) {
     bad(call, "storage offset overflows");
   t.storage_offset = int64_t(off);
   t.location = ref.location;
-  t.storage = bind_(ref, t.type);
-  validate_view(t, call->offset);
+  const bound_storage bound = bind_(ref, t.type);
+  t.storage = bound.index;
+  validate_view(t, bound, ref.key, call->offset);
   if (qtensor) {
     if (!is_quantized(t.type)) bad(call, "_rebuild_qtensor of a " + std::string(info(t.type).name) + " storage");
     t.quant = std::make_shared<const quantization>(quantizer(arg(args, 4), t, depth));
@@ -478,7 +483,7 @@ void tensor_collector::channel_values(const value* v, const tensor_record& t, in
   // variant by the zero points' dtype, and checks the dtypes itself when it builds it.
   if (r.shape.size() != 1 || uint64_t(r.shape[0]) != channels)
     bad(v, std::string(what) + " must be one value per channel (" + std::to_string(channels) + ")");
-  ckpt_.storages[*r.storage].tensor_count++;
+  count_tensor(r);
   (zero_points ? q.zero_points : q.scales) = std::make_shared<const tensor_record>(std::move(r));
 }
 
@@ -498,7 +503,8 @@ std::vector<int64_t> tensor_collector::dims(const value* v, const char* what) {
   return as_int_tuple(v, what);
 }
 
-void tensor_collector::validate_view(const tensor_record& t, uint64_t offset) const {
+void tensor_collector::validate_view(const tensor_record& t, const bound_storage& s, const std::string& key,
+                                     uint64_t offset) const {
   // CVE-2026-24747 class: a view must lie inside its storage, computed without overflow.
   uint64_t numel = 1;
   uint64_t max_index = uint64_t(t.storage_offset);
@@ -508,7 +514,6 @@ void tensor_collector::validate_view(const tensor_record& t, uint64_t offset) co
     if (!checked_mul(numel, uint64_t(t.shape[i]), &numel))
       throw_corrupt("tensor element count overflows", offset);
   }
-  const storage_record& s = ckpt_.storages[*t.storage];
   if (numel == 0) return;
   for (size_t i = 0; i < t.shape.size(); ++i) {
     uint64_t span;
@@ -522,26 +527,32 @@ void tensor_collector::validate_view(const tensor_record& t, uint64_t offset) co
   const uint32_t per_byte = elements_per_byte(t.type);
   if (per_byte > 1) end_bytes = end_bytes / per_byte + (end_bytes % per_byte != 0);
   if (end_bytes > s.nbytes)
-    throw_corrupt("tensor view needs " + std::to_string(end_bytes) + " bytes of storage '" + s.key +
+    throw_corrupt("tensor view needs " + std::to_string(end_bytes) + " bytes of storage '" + key +
                       "', which has " + std::to_string(s.nbytes),
                   offset);
 }
 
-tensor_collector::binder zip_storage_binder(checkpoint& ckpt, uint32_t file, std::string record_dir) {
+tensor_collector::binder zip_storage_binder(checkpoint& ckpt, uint32_t file, std::string record_dir, bool records,
+                                            size_t first_index) {
   // The storage made for each zip entry, by entry index: a storage shared by many tensors
-  // is found again without building or hashing its record name once more.
+  // is found again without building or hashing its record name once more. Without records,
+  // the entry's bound storage type is kept beside it (its size is the entry's, checked).
   constexpr size_t kNone = ~size_t(0);
   struct state {
     std::string record_dir;
     std::string id;  // reused: one allocation for every lookup
     std::vector<size_t> storage_of_entry;
+    std::vector<dtype> type_of_entry;  // without records
     size_t next_entry = 0;  // the entry after the last one found
+    size_t next_index = 0;  // without records: the index the next storage's record would have
   };
   auto st = std::make_shared<state>();
   st->record_dir = std::move(record_dir);
   const zip::archive& ar = *ckpt.files.at(file).zip;
   st->storage_of_entry.assign(ar.entries().size(), kNone);
-  return [&ckpt, &ar, file, st](const storage_ref& ref, dtype element_type) -> size_t {
+  if (!records) st->type_of_entry.assign(ar.entries().size(), dtype::uint8);
+  st->next_index = first_index;
+  return [&ckpt, &ar, file, st, records](const storage_ref& ref, dtype element_type) -> bound_storage {
     uint64_t nbytes;
     dtype storage_type = ref.typed ? *ref.typed : element_type;
     if (!checked_mul(ref.numel, ref.typed ? element_size(*ref.typed) : 1, &nbytes))
@@ -556,15 +567,17 @@ tensor_collector::binder zip_storage_binder(checkpoint& ckpt, uint32_t file, std
                               : ar.find(st->id);
     if (e) st->next_entry = size_t(e - entries.data()) + 1;
     if (!e) throw_corrupt("storage '" + ref.key + "' has no record " + st->id + " in the archive", ref.pid_offset);
-    size_t& bound = st->storage_of_entry[size_t(e - entries.data())];
+    const size_t entry = size_t(e - entries.data());
+    size_t& bound = st->storage_of_entry[entry];
     if (bound != kNone) {
-      const storage_record& s = ckpt.storages[bound];
-      if (s.type != storage_type || s.nbytes != nbytes)
+      const dtype bound_type = records ? ckpt.storages[bound].type : st->type_of_entry[entry];
+      const uint64_t bound_bytes = records ? ckpt.storages[bound].nbytes : e->uncompressed_size;
+      if (bound_type != storage_type || bound_bytes != nbytes)
         throw_corrupt("storage '" + ref.key + "' reused as " + name(storage_type) + " x " +
-                          std::to_string(ref.numel) + " after " + name(s.type) + " (" +
-                          std::to_string(s.nbytes) + " bytes)",
+                          std::to_string(ref.numel) + " after " + name(bound_type) + " (" +
+                          std::to_string(bound_bytes) + " bytes)",
                       ref.pid_offset);
-      return bound;
+      return {bound, bound_bytes};
     }
     if (e->method != 0)
       throw_unsupported("tensor record " + std::string(e->name) + " is compressed; torch writes them stored",
@@ -573,6 +586,11 @@ tensor_collector::binder zip_storage_binder(checkpoint& ckpt, uint32_t file, std
       throw_corrupt("record " + std::string(e->name) + " holds " + std::to_string(e->uncompressed_size) +
                         " bytes but its storage declares " + std::to_string(nbytes),
                     e->local_header_offset);
+    if (!records) {
+      bound = st->next_index++;
+      st->type_of_entry[entry] = storage_type;
+      return {bound, nbytes};
+    }
     storage_record s;
     s.key = ref.key;
     s.type = storage_type;
@@ -584,7 +602,7 @@ tensor_collector::binder zip_storage_binder(checkpoint& ckpt, uint32_t file, std
     s.file = file;
     ckpt.storages.push_back(std::move(s));
     bound = ckpt.storages.size() - 1;
-    return bound;
+    return {bound, nbytes};
   };
 }
 

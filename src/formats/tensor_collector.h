@@ -29,16 +29,27 @@ struct storage_ref {
 /// Parses a persistent id node; throws corrupt if it is not a storage reference.
 storage_ref parse_storage_pid(const pickle::value* pid_node, bool legacy);
 
+/// A storage a binder found: its index, and its size in bytes (what views are checked
+/// against; its record, when one is kept, says the same).
+struct bound_storage {
+  size_t index;
+  uint64_t nbytes;
+};
+
 class tensor_collector {
  public:
   /// `bind` maps a storage reference (with the element type the tensor finally uses) to a
-  /// storage index in `ckpt.storages`, creating the record on first use.
-  using binder = std::function<size_t(const storage_ref&, dtype element_type)>;
+  /// storage index in `ckpt.storages`, creating the record on first use (or, when the
+  /// binder keeps no records, the index it would have had).
+  using binder = std::function<bound_storage(const storage_ref&, dtype element_type)>;
 
   /// `max_tensors` bounds ckpt.tensors as a whole (several collectors may fill it).
-  tensor_collector(checkpoint& ckpt, binder bind, const pickle::limits& lim, uint64_t max_tensors, bool legacy)
+  /// `paths` false (open_options::purpose::rewrite_pickle) keeps no paths and no aliases:
+  /// they are charged against max_values all the same, so the same files are refused.
+  tensor_collector(checkpoint& ckpt, binder bind, const pickle::limits& lim, uint64_t max_tensors, bool legacy,
+                   bool paths = true)
       : ckpt_(ckpt), bind_(std::move(bind)), max_depth_(lim.max_depth), max_values_(lim.max_values),
-        max_tensors_(max_tensors), legacy_(legacy) {}
+        max_tensors_(max_tensors), legacy_(legacy), paths_(paths) {}
 
   /// Walks `doc` from its root, recording every tensor at the first path it is reached by.
   void collect(const pickle::document& doc);
@@ -53,7 +64,9 @@ class tensor_collector {
   /// A per-channel scale or zero-point vector: a tensor of its own, or a list of numbers.
   void channel_values(const pickle::value* v, const tensor_record& t, int64_t axis, uint64_t depth, bool zero_points,
                       quantization& q);
-  void validate_view(const tensor_record& t, uint64_t offset) const;
+  void validate_view(const tensor_record& t, const bound_storage& s, const std::string& key, uint64_t offset) const;
+  /// One more tensor on r's storage, when its record is kept.
+  void count_tensor(const tensor_record& r);
 
   // Tensors that are not one strided view (tensor_kinds.cpp).
   tensor_record sparse(const pickle::value* call, uint64_t depth);
@@ -81,6 +94,7 @@ class tensor_collector {
   uint64_t path_values_ = 0;
   uint64_t max_tensors_;
   bool legacy_;
+  bool paths_;
   // The tensor record of each node already read (a parameter's data tensor is its
   // parameter's). Most checkpoints never ask (no tensor is reached twice), so the map is
   // built on the first alias: until then a bit per node says which are tensors, and only
@@ -97,7 +111,10 @@ class tensor_collector {
 };
 
 /// Binder for the zip archive of ckpt.files[file]: storage key k lives in record data/<k>
-/// (or constants/<k> for TorchScript constants when `record_dir` says so).
-tensor_collector::binder zip_storage_binder(checkpoint& ckpt, uint32_t file, std::string record_dir);
+/// (or constants/<k> for TorchScript constants when `record_dir` says so). Without
+/// `records` it checks every storage the same way but adds nothing to ckpt.storages, and
+/// numbers the storages from `first_index` (after an earlier binder's of the same archive).
+tensor_collector::binder zip_storage_binder(checkpoint& ckpt, uint32_t file, std::string record_dir,
+                                            bool records = true, size_t first_index = 0);
 
 }  // namespace ckpt::detail

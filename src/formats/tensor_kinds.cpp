@@ -98,7 +98,7 @@ std::string placement_text(const value* p) {
 std::shared_ptr<const tensor_record> tensor_collector::component(const value* v, uint64_t depth, const std::string& what) {
   tensor_record r = rebuild(v, depth + 1);
   if (!r.storage || r.quant || r.kind) bad(v, what + " must be a plain tensor with data");
-  ckpt_.storages[*r.storage].tensor_count++;
+  count_tensor(r);
   return std::make_shared<const tensor_record>(std::move(r));
 }
 

@@ -321,10 +321,11 @@ void read_torch_zip(checkpoint& c, uint32_t file, const open_options& opt) {
 
   f.pickle = parse_record_pickle(ar, *data, opt.pickle_limits, torchscript);
   // Each storage is a record; most tensors have a storage of their own.
-  c.storages.reserve(ar.entries().size());
+  const bool records = opt.intent == open_options::purpose::read;
+  if (records) c.storages.reserve(ar.entries().size());
   c.tensors.reserve(ar.entries().size());
-  detail::tensor_collector collector(c, detail::zip_storage_binder(c, file, "data/"),
-                                     opt.pickle_limits, opt.max_tensors, false);
+  detail::tensor_collector collector(c, detail::zip_storage_binder(c, file, "data/", records),
+                                     opt.pickle_limits, opt.max_tensors, false, records);
   collector.collect(*f.pickle);
   collect_globals(c, *f.pickle, torchscript);
   if (!torchscript) c.unknown_records = records_torch_save_never_writes(ar);
@@ -333,12 +334,15 @@ void read_torch_zip(checkpoint& c, uint32_t file, const open_options& opt) {
     // of the file's data, so list them, under a path no module attribute can have.
     if (const zip::entry* consts = ar.find("constants.pkl")) {
       auto doc = parse_record_pickle(ar, *consts, opt.pickle_limits, true);
-      size_t first = c.tensors.size();
-      detail::tensor_collector cc(c, detail::zip_storage_binder(c, file, "constants/"),
-                                  opt.pickle_limits, opt.max_tensors, false);
+      size_t first = c.tensors.size(), storages = c.storages.size();
+      for (const auto& t : c.tensors)
+        if (t.storage) storages = std::max(storages, *t.storage + 1);
+      detail::tensor_collector cc(c, detail::zip_storage_binder(c, file, "constants/", records, storages),
+                                  opt.pickle_limits, opt.max_tensors, false, records);
       cc.collect(*doc);
-      for (size_t i = first; i < c.tensors.size(); ++i)
-        c.tensors[i].path.insert(c.tensors[i].path.begin(), std::string("<constants>"));
+      if (records)
+        for (size_t i = first; i < c.tensors.size(); ++i)
+          c.tensors[i].path.insert(c.tensors[i].path.begin(), std::string("<constants>"));
       for (const value& v : doc->nodes())
         if (v.type == kind::global) {
           std::string full = v.global_name();
@@ -598,9 +602,10 @@ checkpoint open_checkpoint(std::unique_ptr<byte_source> src, const open_options&
         // Which nodes are tensors, asked of every value on the way: made once, a bit a node.
         const detail::node_marks tensor_nodes = tensor_node_set(c, *f.pickle);
         find_state_dict(c, f.pickle->root, tensor_nodes);
+        const bool model = options.intent == open_options::purpose::read;
         if (!c.state_dict) detail::find_pickled_module(c, f.pickle.get(), options);
-        else add_state_dict_keys(c, tensor_nodes);
-        summarize_entries(c, f.pickle->root, tensor_nodes);
+        else if (model) add_state_dict_keys(c, tensor_nodes);
+        if (model) summarize_entries(c, f.pickle->root, tensor_nodes);
       } else {
         detail::find_pickled_module(c, nullptr, options);
       }

@@ -483,7 +483,11 @@ class dcp_reader {
 }  // namespace
 
 checkpoint open_dcp(const file_opener& fs, const layout& l, const open_options& options) {
-  return dcp_reader(fs, l, options).read();
+  // The chunks' archives are read as models whatever the caller's purpose: their storages
+  // and paths are what the set's records are made of.
+  open_options o = options;
+  o.intent = open_options::purpose::read;
+  return dcp_reader(fs, l, o).read();
 }
 
 }  // namespace ckpt::detail

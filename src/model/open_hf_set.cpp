@@ -147,7 +147,10 @@ std::vector<std::string> hf_set_files(const file_opener& fs, const std::string& 
   return out;
 }
 
-checkpoint open_hf_set(const file_opener& fs, const std::string& index, const open_options& options) {
+checkpoint open_hf_set(const file_opener& fs, const std::string& index, const open_options& given) {
+  // The shards are read as models whatever the caller's purpose: the set is merged from them.
+  open_options options = given;
+  options.intent = open_options::purpose::read;
   const std::string shown_index = fs.display(index);
   read_index_result r = read_index(fs, index);
   const hf::index& idx = r.idx;

@@ -99,7 +99,9 @@ class node_table {
 
 class writer {
  public:
-  writer(const document* doc, size_t expected_size) : memo_(doc), refs_(doc), doc_(doc), expected_(expected_size) {}
+  /// With a sink, the bytes go to it in pieces of about kPiece and run() returns nothing.
+  writer(const document* doc, size_t expected_size, const byte_sink* sink = nullptr)
+      : memo_(doc), refs_(doc), doc_(doc), expected_(sink ? kPiece + kPieceSlack : expected_size), sink_(sink) {}
 
   std::vector<uint8_t> run(const value* root) {
     count_shared(root);
@@ -108,17 +110,39 @@ class writer {
     out_.push_back(2);
     save(root);
     out_.push_back(op::STOP);
+    if (sink_) {
+      pass_on();
+      return {};
+    }
     return std::move(out_);
   }
+  uint64_t bytes_passed_on() const { return passed_on_; }
 
  private:
   // --- output ------------------------------------------------------------------------
-  void put(uint8_t b) { out_.push_back(b); }
-  void put_bytes(std::string_view s) { out_.insert(out_.end(), s.begin(), s.end()); }
+  // With a sink the buffer is handed on once it holds a piece (wherever that falls: the
+  // sink sees a byte stream); a long string may overrun it.
+  static constexpr size_t kPiece = size_t(1) << 20;
+  static constexpr size_t kPieceSlack = 64 << 10;
+  void put(uint8_t b) {
+    out_.push_back(b);
+    if (sink_ && out_.size() >= kPiece) pass_on();
+  }
+  void put_bytes(std::string_view s) {
+    out_.insert(out_.end(), s.begin(), s.end());
+    if (sink_ && out_.size() >= kPiece) pass_on();
+  }
   void put_u32(uint32_t v) {
     uint8_t b[4];
     store_u32(b, v);
     out_.insert(out_.end(), b, b + 4);
+    if (sink_ && out_.size() >= kPiece) pass_on();
+  }
+  void pass_on() {
+    if (out_.empty()) return;
+    (*sink_)(out_.data(), out_.size());
+    passed_on_ += out_.size();
+    out_.clear();
   }
 
   // --- memo --------------------------------------------------------------------------
@@ -165,23 +189,32 @@ class writer {
   void count_shared(const value* root) {
     // Iterative, so the pre-pass cannot overflow the stack on a deep tree; save() has its
     // own depth guard.
+    // Depth first, a frame per level holding where its children are (its items, then its
+    // state): a stack of every pending child was 30 MB at rekey's peak for a dict of a
+    // million tensors. Counting does not depend on the order.
     node_table<uint8_t, 0> seen(doc_);
     seen.set(root, 1);
-    std::vector<const value*> todo{root};
+    struct frame {
+      const value* node;
+      size_t next;  // items[next], or the state when next == items.size()
+    };
+    std::vector<frame> todo{{root, 0}};
     bump(root);
     while (!todo.empty()) {
-      const value* v = todo.back();
-      todo.pop_back();
-      auto visit = [&](const value* child) {
-        if (!child) return;
-        if (memo_only_if_shared(child)) bump(child);
-        if (!seen.find(child)) {
-          seen.set(child, 1);
-          todo.push_back(child);
-        }
-      };
-      for (const value* child : v->items) visit(child);
-      visit(v->state);
+      frame& f = todo.back();
+      const size_t n = f.node->items.size();
+      if (f.next > n) {
+        todo.pop_back();
+        continue;
+      }
+      const value* child = f.next < n ? f.node->items[f.next] : f.node->state;
+      ++f.next;
+      if (!child) continue;
+      if (memo_only_if_shared(child)) bump(child);
+      if (!seen.find(child)) {
+        seen.set(child, 1);
+        todo.push_back({child, 0});
+      }
     }
   }
   void bump(const value* v) {
@@ -592,13 +625,19 @@ class writer {
   node_table<uint8_t, 0> refs_;
   const document* doc_;
   size_t expected_;
+  const byte_sink* sink_;
+  uint64_t passed_on_ = 0;
   uint32_t next_memo_ = 0;
   int depth_ = 0;
 };
 
 }  // namespace
 
-std::vector<uint8_t> write(const value* root, int protocol, const document* owner, size_t expected_size) {
+namespace {
+
+// Runs the writer on `root`, into `out` or, with a sink, into the sink; returns the bytes.
+uint64_t write_any(const value* root, int protocol, const document* owner, size_t expected_size,
+                   std::vector<uint8_t>* out, const byte_sink* sink) {
   if (protocol != 2)
     throw_unsupported("pickle protocol " + std::to_string(protocol) +
                       " cannot be written (only protocol 2, torch.save's)");
@@ -606,19 +645,28 @@ std::vector<uint8_t> write(const value* root, int protocol, const document* owne
   // The writer recurses once per nesting level, up to kMaxDepth. Frame sizes differ a lot
   // between builds (sanitizers triple them), so it runs on a thread whose stack is sized
   // for the limit, not on whatever stack the caller happens to have.
-  std::vector<uint8_t> out;
   std::exception_ptr failure;
+  uint64_t written = 0;
   struct job {
     const value* root;
     const document* doc;
     size_t expected_size;
     std::vector<uint8_t>* out;
+    const byte_sink* sink;
+    uint64_t* written;
     std::exception_ptr* failure;
-  } j{root, owner, expected_size, &out, &failure};
+  } j{root, owner, expected_size, out, sink, &written, &failure};
   auto body = [](void* arg) -> void* {
     auto* jp = static_cast<job*>(arg);
     try {
-      *jp->out = writer(jp->doc, jp->expected_size).run(jp->root);
+      writer w(jp->doc, jp->expected_size, jp->sink);
+      if (jp->sink) {
+        w.run(jp->root);
+        *jp->written = w.bytes_passed_on();
+      } else {
+        *jp->out = w.run(jp->root);
+        *jp->written = jp->out->size();
+      }
     } catch (...) {
       *jp->failure = std::current_exception();
     }
@@ -636,7 +684,19 @@ std::vector<uint8_t> write(const value* root, int protocol, const document* owne
     throw error(errc::io, std::string("cannot start the pickle writer's thread: ") + std::strerror(rc));
   pthread_join(thread, nullptr);
   if (failure) std::rethrow_exception(failure);
+  return written;
+}
+
+}  // namespace
+
+std::vector<uint8_t> write(const value* root, int protocol, const document* owner, size_t expected_size) {
+  std::vector<uint8_t> out;
+  write_any(root, protocol, owner, expected_size, &out, nullptr);
   return out;
+}
+
+uint64_t write_to(const byte_sink& sink, const value* root, int protocol, const document* owner) {
+  return write_any(root, protocol, owner, 0, nullptr, &sink);
 }
 
 }  // namespace ckpt::pickle

@@ -326,14 +326,13 @@ void verify_output(const output_file& written, const checkpoint& in, const std::
 }
 
 // The pickle made must decode to a state dict, where the input had it, that holds the new
-// keys in order. Checked on the bytes in memory while no other tree is alive (the input's
-// was released): for a million tensors a decoded tree is most of rekey's memory, and two at
-// once were its peak.
-void check_pickle_reads_back(const std::vector<uint8_t>& pkl, const checkpoint& in, const rekey_plan& plan,
+// keys in order. Checked while no other tree is alive (the input's was released): for a
+// million tensors a decoded tree is most of rekey's memory, and two at once were its peak.
+void check_pickle_reads_back(const uint8_t* pkl, size_t size, const checkpoint& in, const rekey_plan& plan,
                              const open_options& reader) {
   pickle::parse_options po;
   po.lim = reader.pickle_limits;
-  pickle::document doc = pickle::parse(pkl.data(), pkl.size(), po);
+  pickle::document doc = pickle::parse(pkl, size, po);
   const value* sd = doc.root;
   for (const path_element& step : in.state_dict ? *in.state_dict : value_path{}) {
     const std::string* key = std::get_if<std::string>(&step);
@@ -354,38 +353,43 @@ void check_pickle_reads_back(const std::vector<uint8_t>& pkl, const checkpoint& 
   if (n != plan.mapping.size()) not_read_back("with the new keys");
 }
 
+// The pickle rekey made, as the zip writer is to store it: its size and CRC-32, which the
+// written archive must show, and for a stream the bytes themselves.
+struct made_pickle {
+  uint64_t size = 0;
+  uint32_t crc32 = 0;
+  std::vector<uint8_t> bytes;  // a stream's only
+};
+
 // The torch archive written must read back as what we meant to write: the same records in
-// the same order with the same sizes and CRC-32s, and data.pkl exactly the bytes made (which
-// check_pickle_reads_back decoded). Every record but data.pkl is a verbatim copy, so this is
-// checked without building the tensor records a second time (for a million tensors, a
-// second open_checkpoint doubled rekey's time and memory).
-void verify_torch_output(const std::string& temp, const checkpoint& in, const std::vector<uint8_t>& pkl,
-                         const open_options& reader) {
+// the same order with the same sizes and CRC-32s, data.pkl with the size and CRC-32 of the
+// pickle made, and that pickle decoding to the new keys. Every record but data.pkl is a
+// verbatim copy, so this is checked without building the tensor records a second time (for
+// a million tensors, a second open_checkpoint doubled rekey's time and memory). With
+// release_input the input's archive is freed once compared, before data.pkl is decoded.
+void verify_torch_output(const std::string& temp, checkpoint& in, const made_pickle& pkl, const rekey_plan& plan,
+                         const rekey_request& req) {
   file_source src(temp);
-  auto ar = zip::archive::open(src, reader.zip_limits);
-  const auto& before = only_file(in).zip->entries();
-  const auto& after = ar->entries();
-  if (before.size() != after.size()) not_read_back("with the same records");
-  for (size_t i = 0; i < before.size(); ++i) {
-    if (before[i].record != after[i].record) not_read_back("with the same records");
-    if (before[i].record == "data.pkl") continue;
-    if (before[i].uncompressed_size != after[i].uncompressed_size || before[i].crc32 != after[i].crc32)
-      not_read_back("with record " + std::string(before[i].record) + " unchanged");
+  auto ar = zip::archive::open(src, req.reader.zip_limits);
+  {
+    const auto& before = only_file(in).zip->entries();
+    const auto& after = ar->entries();
+    if (before.size() != after.size()) not_read_back("with the same records");
+    for (size_t i = 0; i < before.size(); ++i) {
+      if (before[i].record != after[i].record) not_read_back("with the same records");
+      if (before[i].record == "data.pkl") continue;
+      if (before[i].uncompressed_size != after[i].uncompressed_size || before[i].crc32 != after[i].crc32)
+        not_read_back("with record " + std::string(before[i].record) + " unchanged");
+    }
   }
+  if (req.release_input) only_file(in).zip.reset();
   const zip::entry* data = ar->find("data.pkl");
-  if (!data || data->uncompressed_size != pkl.size()) not_read_back("with the pickle written");
-  if (data->method != 0) {
-    if (ar->read_record(*data) != pkl) not_read_back("with the pickle written");
-    return;
-  }
-  // Compared piece by piece: no second copy of a pickle that may be hundreds of MB.
-  std::vector<uint8_t> piece(size_t(std::min<uint64_t>(pkl.size(), 1 << 20)));
-  for (size_t done = 0; done < pkl.size();) {
-    const size_t n = std::min(piece.size(), pkl.size() - done);
-    src.read_exact(data->data_offset + done, piece.data(), n);
-    if (std::memcmp(piece.data(), pkl.data() + done, n) != 0) not_read_back("with the pickle written");
-    done += n;
-  }
+  if (!data || data->uncompressed_size != pkl.size || data->crc32 != pkl.crc32) not_read_back("with the pickle written");
+  const std::vector<uint8_t> bytes = ar->read_record(*data);
+  if (bytes.size() != pkl.size || zip::crc32_update(0, bytes.data(), bytes.size()) != pkl.crc32)
+    not_read_back("with the pickle written");
+  ar.reset();
+  check_pickle_reads_back(bytes.data(), bytes.size(), in, plan, req.reader);
 }
 
 // What the new data.pkl will about weigh: the old one, with each renamed key's length change
@@ -419,21 +423,31 @@ constexpr uint64_t kSmallRecord = 64 << 10;
 
 void write_torch_zip(checkpoint& c, const rekey_request& req, rekey_result& result) {
   const pickle::document& doc = *only_file(c).pickle;
-  std::vector<uint8_t> pkl = pickle::write(doc.root, 2, &doc, expected_pickle_size(c, result));
-  // It lives to the end. Should the estimate have fallen short, growth left up to half of it
-  // slack, which is given back; a 1/64 over-estimate is not worth a second copy of 80 MB.
-  if (pkl.capacity() - pkl.size() > pkl.size() / 32) pkl.shrink_to_fit();
-  if (req.release_input) release_pickle(c);  // the tree is written; nothing reads it again
   output_file& out = *req.output;
-  // A stream cannot be read back, nor taken back once written: its pickle is decoded first.
-  // A file is decoded last, once the input's archive is compared with it and freed (with
-  // release_input): for a million tensors the decoded pickle and the archive's entries
-  // together were rekey's peak. Nothing is committed before this returns either way.
-  if (out.is_stream()) check_pickle_reads_back(pkl, c, result.plan, req.reader);
+  made_pickle pkl;
+  if (out.is_stream()) {
+    // A stream cannot be read back, nor taken back once written: its pickle is made whole
+    // and decoded before anything is written.
+    pkl.bytes = pickle::write(doc.root, 2, &doc, expected_pickle_size(c, result));
+    // Should the estimate have fallen short, growth left up to half of it slack, which is
+    // given back; a 1/64 over-estimate is not worth a second copy of 80 MB.
+    if (pkl.bytes.capacity() - pkl.bytes.size() > pkl.bytes.size() / 32) pkl.bytes.shrink_to_fit();
+    pkl.size = pkl.bytes.size();
+    if (req.release_input) release_pickle(c);
+    check_pickle_reads_back(pkl.bytes.data(), pkl.bytes.size(), c, result.plan, req.reader);
+  } else {
+    // A file gets the pickle streamed from the tree, never held whole beside it (for a
+    // million tensors 100 MB at rekey's peak): a first pass measures it, as the zip header
+    // that comes before it must give its size, and the archive written is read back after.
+    pkl.size = pickle::write_to([&pkl](const uint8_t* p, size_t n) { pkl.crc32 = zip::crc32_update(pkl.crc32, p, n); },
+                                doc.root, 2, &doc);
+  }
   const file_source& src = file_of(c);
   {
     zip::writer w(out.fd(), only_file(c).zip->prefix(), output_alignment(c));
-    w.reserve(only_file(c).zip->entries().size());
+    // Room for every record's name is made after data.pkl (torch's first record) is written:
+    // a million names' index beside the tree was 32 MB at rekey's peak.
+    bool reserved = false;
     w.on_bytes_out([&](uint64_t bytes_out) {
       out.start_writeback(bytes_out);
       if (req.progress) req.progress(bytes_out, only_file(c).size);
@@ -442,8 +456,23 @@ void write_torch_zip(checkpoint& c, const rekey_request& req, rekey_result& resu
     // Records in their original order; only data.pkl changes.
     for (const zip::entry& e : only_file(c).zip->entries()) {
       if (e.record == "data.pkl") {
-        w.add_record("data.pkl", pkl);
-      } else if (e.method == 0 && e.compressed_size <= kSmallRecord) {
+        if (out.is_stream()) {
+          w.add_record("data.pkl", pkl.bytes);
+        } else {
+          // The second pass gives the same bytes (the writer is a function of the tree);
+          // the zip writer refuses any other count, and the read-back compares the CRC-32.
+          w.begin_record("data.pkl", pkl.size);
+          pickle::write_to([&w](const uint8_t* p, size_t n) { w.write(p, n); }, doc.root, 2, &doc);
+          w.end_record();
+          if (req.release_input) release_pickle(c);  // the tree is written; nothing reads it again
+        }
+        continue;
+      }
+      if (!reserved) {
+        w.reserve(only_file(c).zip->entries().size());
+        reserved = true;
+      }
+      if (e.method == 0 && e.compressed_size <= kSmallRecord) {
         w.add_record_known_crc(e.record, window.bytes(e.data_offset, size_t(e.compressed_size)),
                                size_t(e.compressed_size), e.crc32);
       } else if (e.method == 0) {
@@ -455,10 +484,9 @@ void write_torch_zip(checkpoint& c, const rekey_request& req, rekey_result& resu
     w.finish();
     result.bytes_written = w.offset();
   }
+  if (req.release_input) release_pickle(c);
   if (out.is_stream()) return;
-  verify_torch_output(out.temp_path(), c, pkl, req.reader);
-  if (req.release_input) only_file(c).zip.reset();
-  check_pickle_reads_back(pkl, c, result.plan, req.reader);
+  verify_torch_output(out.temp_path(), c, pkl, result.plan, req);
 }
 
 void write_safetensors(checkpoint& c, const rekey_request& req, rekey_result& result, const renamer& rename,

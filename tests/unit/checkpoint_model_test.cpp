@@ -179,6 +179,48 @@ TEST_CASE("torch zip: keys are the state dict's, the Lightning prefix left out, 
   CHECK(keys_of(c) == before);
 }
 
+TEST_CASE("open for a pickle rewrite: the same tensors and state dict, without storages, keys, entries or paths") {
+  ckpt::open_options lean;
+  lean.intent = ckpt::open_options::purpose::rewrite_pickle;
+  for (const char* sample : {"compiled_lightning.ckpt", "plain.pt", "scripted.pt"}) {
+    CAPTURE(sample);
+    checkpoint full = open_bytes(sample_bytes(sample), sample);
+    checkpoint c = ckpt::open_checkpoint(std::make_unique<ckpt::memory_source>(sample_bytes(sample), sample), lean);
+    REQUIRE(!full.storages.empty());
+    CHECK(c.storages.empty());
+    CHECK(c.keys.empty());
+    CHECK(c.entries.empty());
+    CHECK(c.aliases.empty());
+    CHECK(c.format == full.format);
+    CHECK(c.state_dict == full.state_dict);
+    CHECK(c.globals == full.globals);
+    CHECK(c.unsafe_globals == full.unsafe_globals);
+    CHECK(bool(c.state_dict_node) == bool(full.state_dict_node));
+    REQUIRE(c.tensors.size() == full.tensors.size());
+    const auto& doc = *c.files[0].pickle;
+    const auto& full_doc = *full.files[0].pickle;
+    for (size_t i = 0; i < c.tensors.size(); ++i) {
+      const auto& t = c.tensors[i];
+      const auto& f = full.tensors[i];
+      CHECK(t.path.empty());
+      CHECK(t.type == f.type);
+      CHECK(t.shape == f.shape);
+      CHECK(t.stride == f.stride);
+      CHECK(t.storage_offset == f.storage_offset);
+      // The index the storage's record would have had: data and meta told apart as before.
+      CHECK(t.storage == f.storage);
+      // The same rebuild call, in the tree of its own document (data.pkl or constants.pkl).
+      if (doc.owns(t.node)) CHECK(t.node->id == f.node->id);
+      if (full_doc.owns(f.node)) CHECK(doc.owns(t.node));
+    }
+  }
+  // A safetensors header is read as it is for any purpose.
+  checkpoint st = ckpt::open_checkpoint(
+      std::make_unique<ckpt::memory_source>(safetensors_file({{"a", 2}}, 0), "a.safetensors"), lean);
+  CHECK(st.storages.size() == 1);
+  CHECK(keys_of(st) == std::vector<std::string>{"a"});
+}
+
 TEST_CASE("a checkpoint of one file refuses nothing; of two, single-file operations refuse") {
   checkpoint c = open_bytes(safetensors_file({{"a", 1}}, 0), "a.safetensors");
   CHECK(c.single_file("test").path == "a.safetensors");

@@ -4,6 +4,7 @@
 // loads our output in CPython for a much wider corpus.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -381,4 +382,39 @@ TEST_CASE("pickle_writer: a dotted name read below protocol 4 is one attribute, 
   REQUIRE(n.root->type == kind::global);
   CHECK_FALSE(n.root->flag);
   CHECK(repr(parse_bytes(write(n.root)).root, 200) == "builtins.getattr(m.A, 'B')");
+}
+
+TEST_CASE("pickle_writer: write_to hands on write()'s bytes in pieces, without holding them whole") {
+  // Over a megabyte of pickle (several pieces), with shared nodes (memo) and a long string.
+  tree t;
+  value* shared = t.str("shared.key.name.longer.than.sso");
+  value* d = t.make(kind::dict);
+  for (int i = 0; i < 60000; ++i) {
+    d->items.push_back(t.str("model.layers." + std::to_string(i) + ".weight"));
+    d->items.push_back(t.tuple({shared, t.integer(i)}));
+  }
+  d->items.push_back(t.str("big"));
+  d->items.push_back(t.str(std::string(3 << 20, 'x')));
+  const std::vector<uint8_t> whole = write(d, 2, &t.doc);
+  REQUIRE(whole.size() > (5u << 20));
+  for (const document* owner : {static_cast<const document*>(&t.doc), static_cast<const document*>(nullptr)}) {
+    std::vector<uint8_t> streamed;
+    size_t pieces = 0, largest = 0;
+    const uint64_t n = write_to(
+        [&](const uint8_t* p, size_t size) {
+          ++pieces;
+          largest = std::max(largest, size);
+          streamed.insert(streamed.end(), p, p + size);
+        },
+        d, 2, owner);
+    CHECK(n == whole.size());
+    CHECK(streamed == whole);
+    CHECK(pieces >= 4);
+    // Pieces of about a megabyte; only the long string overruns one.
+    CHECK(largest < (5u << 20));
+  }
+  // A sink's exception stops the writing and reaches the caller.
+  CHECK_THROWS_AS(write_to([](const uint8_t*, size_t) { throw ckpt::error(errc::io, "disk full"); }, d, 2, &t.doc),
+                  ckpt::error);
+  CHECK_THROWS_AS(write_to([](const uint8_t*, size_t) {}, d, 3, &t.doc), ckpt::error);
 }
