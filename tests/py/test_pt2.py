@@ -135,6 +135,20 @@ def archives(tmp_path_factory) -> dict[str, Path]:
         out["meta"] = d / "meta.pt2"
         torch.export.save(torch.export.export(meta_model, (torch.randn(3, 8, device="meta"),)), out["meta"])
 
+        from torch.testing._internal.two_tensor import TwoTensor
+
+        class Subclass(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.p = nn.Parameter(TwoTensor(torch.ones(2), torch.zeros(2)))
+                self.q = nn.Parameter(torch.ones(2))
+
+            def forward(self, x):
+                return x + self.p + self.q
+
+        out["subclass"] = d / "subclass.pt2"
+        torch.export.save(torch.export.export(Subclass(), (torch.randn(2),)), out["subclass"])
+
         out["compiled"] = d / "compiled.pt2"
         torch.export.save(torch.export.export(WithCompiled(), (torch.randn(2, 4),)), out["compiled"])
     return out
@@ -311,6 +325,19 @@ def test_compiled_submodule_names(archives):
     doc = inspect_json(archives["compiled"])
     assert any("_orig_mod." in k for k in ep.state_dict)
     assert doc["wrappers"].get("_orig_mod.") == sum("_orig_mod." in k for k in ep.state_dict)
+
+
+def test_pickled_subclass_listed_not_read(archives, tmp_path):
+    """A tensor subclass is saved as a whole torch.save archive (use_pickle): listed with its
+    file, never read; materialize refuses rather than return the state dict without it."""
+    m = inspect_json(archives["subclass"])["pt2"]["models"][0]
+    assert [(o["fqn"], o["config"], o["what"]) for o in m["opaque"]] == [("p", "weights", "pickled tensor (use_pickle)")]
+    assert [t["path"] for t in inspect_json(archives["subclass"])["tensors"]] == [["q"]]
+    rc, out, err = run_ckptool("materialize", archives["subclass"], "--device", "cpu", "-o", tmp_path / "o.pt")
+    assert rc == 3 and "'p' is a pickled tensor" in err, err
+    assert not (tmp_path / "o.pt").exists()
+    rc, out, err = run_ckptool("verify", archives["subclass"])
+    assert rc == 0 and "1 pickled entry" in out, out + err
 
 
 # ---------------------------------------------------------------------------------------
