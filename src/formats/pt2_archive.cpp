@@ -196,7 +196,14 @@ class model_reader {
 
 }  // namespace
 
-bool has_pt2_format_record(const zip::archive& ar) { return ar.find("archive_format") != nullptr; }
+bool has_pt2_format_record(const zip::archive& ar) {
+  // Exactly "pt2", as is_pt2_package compares it: a torch.save archive that merely carries a
+  // record of that name is still what torch.load reads.
+  const zip::entry* f = ar.find("archive_format");
+  if (!f || f->uncompressed_size != 3) return false;
+  auto bytes = ar.read_record(*f);
+  return std::string(bytes.begin(), bytes.end()) == "pt2";
+}
 
 void read_pt2(checkpoint& c, uint32_t file, const open_options& opt) {
   source_file& f = c.files[file];

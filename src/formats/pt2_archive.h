@@ -10,8 +10,8 @@
 
 namespace ckpt::detail {
 
-/// True when the archive has an `archive_format` record (what makes it a torch.export or
-/// AOTInductor archive rather than a torch.save one, whatever it says).
+/// True when the archive's `archive_format` record says exactly `pt2`: what makes it a
+/// torch.export or AOTInductor archive rather than a torch.save one.
 bool has_pt2_format_record(const zip::archive& ar);
 
 /// Reads c.files[file] (whose zip is open) as a torch.export archive: fills c's storages,
