@@ -11,6 +11,7 @@
 #include "ckpt/output_set.h"
 #include "ckpt/report.h"
 #include "plugin/torch_plugin.h"
+#include "report/pt2_report.h"
 #include "ckpt/torchscript_code.h"
 #include "aoti_cli.h"
 #include "common.h"
@@ -78,6 +79,9 @@ int run_inspect(const inspect_options& given) {
       e.with_file(o.file);
       throw;
     }
+  } else if (o.text.graph && !c.pt2) {
+    throw ckpt::error(ckpt::errc::usage, "--graph needs a torch.export archive (.pt2); " + o.file + " is " +
+                                             ckpt::format_name(c.format));
   } else if (!o.inputs.empty() || !o.args.empty()) {
     throw ckpt::error(ckpt::errc::usage, std::string(o.inputs.empty() ? "--arg" : "--input") + " needs a TorchScript model; " + o.file + " is " +
                                              ckpt::format_name(c.format));
@@ -158,6 +162,7 @@ int run_inspect(const inspect_options& given) {
         jo.extra["outputs"] = {{"method", o.method}, {"values", std::move(outs)}};
       }
     }
+    if (c.pt2) jo.extra["pt2"] = ckpt::pt2_inspect_json(c, o.text.graph);
     // Keys may hold invalid UTF-8 (bytes decoded leniently): replaced rather than refused.
     ckpt::write_inspect_json(c, jo, [](std::string_view text) { std::cout.write(text.data(), std::streamsize(text.size())); });
     std::cout << "\n";
@@ -177,7 +182,7 @@ verb setup_inspect(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "inspect", "Show what a checkpoint holds (tensors, dtypes, shapes, wrappers, entries, unsafe globals), "
                  "reading metadata only");
-  cmd->add_option("FILE", opts->file, "torch.save, TorchScript, safetensors or legacy torch file, or a torch.distributed.checkpoint directory")->required();
+  cmd->add_option("FILE", opts->file, "torch.save, TorchScript, safetensors, torch.export (.pt2) or legacy torch file, or a torch.distributed.checkpoint directory")->required();
   CLI::Option* json = cmd->add_flag("--json", opts->json,
                 "Print one JSON document (schema: man ckptool-inspect): indented on a terminal, on one line "
                 "otherwise");
@@ -185,6 +190,9 @@ verb setup_inspect(CLI::App& app) {
       ->needs(json);
   cmd->add_flag("--tree", opts->text.tree, "Group keys into a module tree with element counts");
   cmd->add_option("--filter", opts->text.filter, "Only keys matching this shell glob, e.g. '*.attn.*'");
+  cmd->add_flag("--graph", opts->text.graph,
+                "torch.export archive (.pt2): list every node of each program with its output dtypes and shapes "
+                "(symbolic dims as the export recorded them) and its module");
   cmd->add_flag("--chunks", opts->text.chunks,
                 "torch.distributed.checkpoint: open every chunk's archive (checked against .metadata) and list "
                 "each tensor's chunks with the byte range of their data");

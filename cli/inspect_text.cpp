@@ -373,6 +373,8 @@ void print_inspect_text(std::ostream& out, const ckpt::checkpoint& c, const ckpt
   if (!options.filter.empty())
     out << "  (the file holds " << c.tensors.size() << " tensors in " << c.storages.size() << " storages)\n";
 
+  if (c.pt2) print_pt2_text(out, c, options);
+
   if (!c.entries.empty()) {
     out << "\nentries:\n";
     for (const auto& e : c.entries)
@@ -383,6 +385,8 @@ void print_inspect_text(std::ostream& out, const ckpt::checkpoint& c, const ckpt
   out << "\n";
   if (c.format == ckpt::file_format::safetensors) {
     out << "no pickle: safetensors files hold no code\n";
+  } else if (c.format == ckpt::file_format::pt2) {
+    out << "no pickle read: a torch.export archive's weights are raw bytes and its program JSON (pickled entries are listed, never read)\n";
   } else if (c.unsafe_globals.empty()) {
     out << "unsafe globals: none (torch.load(weights_only=True) would accept the pickle's globals)\n";
   } else {

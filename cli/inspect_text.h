@@ -16,6 +16,7 @@ struct text_options {
   std::string filter;  // glob over keys; empty = all
   bool tree = false;   // module tree instead of the flat table
   bool chunks = false;  // a set's keys with the pieces they are assembled from
+  bool graph = false;   // torch.export archives: every node of each program
 };
 
 /// Whether `key` passes the --filter glob (shell-style, '*' also matches '.').
@@ -28,6 +29,9 @@ void print_inspect_text(std::ostream& out, const ckpt::checkpoint& c, const ckpt
 /// print_inspect_text for a DCP directory: keys with global shapes and their chunks (a shard
 /// set is printed as one file is, with its layout and files table).
 void print_set_text(std::ostream& out, const ckpt::checkpoint& c, const text_options& options);
+
+/// The torch.export part (inspect_pt2_text.cpp): versions, signature, symbolic dims, graph.
+void print_pt2_text(std::ostream& out, const ckpt::checkpoint& c, const text_options& options);
 
 void print_meta_outputs(std::ostream& out, const std::string& method,
                         const std::vector<ckpt::meta_output>& outputs);

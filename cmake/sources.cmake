@@ -55,6 +55,9 @@ set(CKPT_CORE_SOURCES
   ${CKPT_ROOT}/src/formats/hf_shard_plan.cpp
   ${CKPT_ROOT}/src/formats/legacy_reader.cpp
   ${CKPT_ROOT}/src/formats/pickled_module.cpp
+  ${CKPT_ROOT}/src/formats/pt2_archive.cpp
+  ${CKPT_ROOT}/src/formats/pt2_program.cpp
+  ${CKPT_ROOT}/src/formats/pt2_schema.cpp
   ${CKPT_ROOT}/src/formats/safetensors.cpp
   ${CKPT_ROOT}/src/formats/safetensors_writer.cpp
   ${CKPT_ROOT}/src/formats/tensor_collector.cpp
@@ -81,6 +84,7 @@ set(CKPT_CORE_SOURCES
   ${CKPT_ROOT}/src/report/json_input.cpp
   ${CKPT_ROOT}/src/report/json_text.cpp
   ${CKPT_ROOT}/src/report/json_writer.cpp
+  ${CKPT_ROOT}/src/report/pt2_report.cpp
   ${CKPT_ROOT}/src/report/report.cpp
   ${CKPT_ROOT}/src/report/verify.cpp
   ${CKPT_ROOT}/src/dist/parallel_convert.cpp
@@ -139,6 +143,7 @@ set(CKPTOOL_CLI_SOURCES
   ${CKPT_ROOT}/cli/key_edits.cpp
   ${CKPT_ROOT}/cli/inspect_set_text.cpp
   ${CKPT_ROOT}/cli/inspect_text.cpp
+  ${CKPT_ROOT}/cli/inspect_pt2_text.cpp
   ${CKPT_ROOT}/cli/load_guard.cpp
   ${CKPT_ROOT}/cli/main.cpp
   ${CKPT_ROOT}/cli/progress.cpp
@@ -174,6 +179,7 @@ set(CKPT_SHARED_HEADERS
   ${CKPT_ROOT}/include/ckpt/pickle_items.h
   ${CKPT_ROOT}/include/ckpt/pickle_node_text.h
   ${CKPT_ROOT}/include/ckpt/pickle_writer.h
+  ${CKPT_ROOT}/include/ckpt/pt2.h
   ${CKPT_ROOT}/include/ckpt/rekey.h
   ${CKPT_ROOT}/include/ckpt/rekey_file.h
   ${CKPT_ROOT}/include/ckpt/rekey_set.h
@@ -203,6 +209,9 @@ set(CKPT_SHARED_HEADERS
   ${CKPT_ROOT}/src/formats/format_detect.h
   ${CKPT_ROOT}/src/formats/legacy_reader.h
   ${CKPT_ROOT}/src/formats/pickled_module.h
+  ${CKPT_ROOT}/src/formats/pt2_archive.h
+  ${CKPT_ROOT}/src/formats/pt2_program.h
+  ${CKPT_ROOT}/src/formats/pt2_schema.h
   ${CKPT_ROOT}/src/formats/tensor_collector.h
   ${CKPT_ROOT}/src/io/copy_engine.h
   ${CKPT_ROOT}/src/io/slice_source.h
@@ -230,6 +239,7 @@ set(CKPT_SHARED_HEADERS
   ${CKPT_ROOT}/src/report/json_input.h
   ${CKPT_ROOT}/src/report/json_writer.h
   ${CKPT_ROOT}/src/torch/aoti_swap.h
+  ${CKPT_ROOT}/src/report/pt2_report.h
   ${CKPT_ROOT}/src/torch/aten_types.h
   ${CKPT_ROOT}/src/torch/c10d_group.h
   ${CKPT_ROOT}/src/torch/cuda/cuda_copy_engine.h

@@ -74,12 +74,13 @@ dict_for() {
     safetensors) echo fuzz/safetensors.dict ;;
     rekey_ops) echo fuzz/rekey.dict ;;
     hf_index) echo fuzz/hf_index.dict ;;
+    pt2_json) echo fuzz/pt2_json.dict ;;
     *) echo "$build/torch.dict" ;;
   esac
 }
 max_len_for() {
   case "$1" in
-    pickle|safetensors|dcp_metadata|hf_index) echo 32768 ;;
+    pickle|safetensors|dcp_metadata|hf_index|pt2_json) echo 32768 ;;
     rekey_ops) echo 4096 ;;
     *) echo 65536 ;;
   esac

@@ -40,6 +40,7 @@
 #include "pickle/pickle_names.h"      // detail::python3_to_2 / python2_to_3, see spelled_in_protocol2
 #include "formats/tensor_collector.h"  // detail::parse_storage_pid, for torchscript_meta's records
 #include "formats/hf_index.h"        // hf_index
+#include "formats/pt2_program.h"     // pt2_json
 
 namespace ckpt::fuzz {
 
@@ -990,6 +991,42 @@ int aoti_wrapper_target(const uint8_t* data, size_t size) {
 
 // ======================================================================================
 
+// ======================================================================================
+// pt2_json
+
+int pt2_json_target(const uint8_t* data, size_t size) {
+  static const char* const T = "fuzz_pt2_json";
+  std::string_view text(reinterpret_cast<const char*>(data), size);
+  const detail::pt2s::where w{"fuzz.json", 0};
+  // The same text as a payload config and as a program: most inputs are one or neither.
+  try {
+    std::vector<detail::payload_entry> entries = detail::parse_payload_config(text, w);
+    stats().parsed++;
+    for (const auto& e : entries) {
+      if (e.path_name.empty() || e.path_name.find('/') != std::string::npos || e.path_name == "..")
+        fail(T, "path_name '" + e.path_name + "' was accepted");
+      if (e.meta && e.meta->sizes.size() != e.meta->strides.size()) fail(T, "sizes and strides differ in length");
+    }
+  } catch (const error& swallowed) {
+    note(__func__, swallowed);
+  }
+  try {
+    pt2::program p = detail::parse_program(text, w);
+    stats().parsed++;
+    for (const auto& r : p.ranges) (void)r.text();
+    for (const auto& n : p.nodes)
+      for (const auto& o : n.outputs)
+        for (const auto& d : o.shape)
+          if (!d.value && d.expr.empty()) fail(T, "a symbolic dim with no text");
+  } catch (const error& swallowed) {
+    note(__func__, swallowed);
+  }
+  // The renderers alone, on the raw text: they decline, never throw.
+  (void)detail::pt2s::render_srepr(text);
+  (void)detail::render_treespec(text, {"a", "b"});
+  return 0;
+}
+
 namespace {
 const target kTargets[] = {
     {"pickle", pickle_target},
@@ -1002,6 +1039,7 @@ const target kTargets[] = {
     {"dcp_metadata", dcp_metadata_target},
     {"hf_index", hf_index_target},
     {"aoti_wrapper", aoti_wrapper_target},
+    {"pt2_json", pt2_json_target},
 };
 }  // namespace
 

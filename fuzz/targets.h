@@ -60,6 +60,11 @@ int dcp_metadata_target(const uint8_t* data, size_t size);
 /// from the index itself: none, then exactly one error for a key moved out of its shard and
 /// one for a key held twice; tight limits give a limit error or the same index.
 int hf_index_target(const uint8_t* data, size_t size);
+/// The JSON readers of a torch.export archive (src/formats/pt2_program.cpp) on one text:
+/// parse_payload_config and parse_program (only ckpt::error may escape; accepted path
+/// names are plain file names, sizes and strides pair up, symbolic dims have text), and
+/// the srepr and TreeSpec renderers, which must decline rather than throw.
+int pt2_json_target(const uint8_t* data, size_t size);
 
 /// Separator of torchscript_meta's two-pickle input form.
 constexpr std::string_view kPickleSplit = "\n--ckpt-fuzz-constants.pkl--\n";

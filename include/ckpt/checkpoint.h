@@ -20,8 +20,12 @@
 
 namespace ckpt {
 
-enum class file_format { torch_zip, torchscript, safetensors, torch_legacy };
-/// "torch-zip", "torchscript", "safetensors", "torch-legacy".
+namespace pt2 {
+struct archive_info;
+}
+
+enum class file_format { torch_zip, torchscript, safetensors, torch_legacy, pt2 };
+/// "torch-zip", "torchscript", "safetensors", "torch-legacy", "pt2" (a torch.export archive).
 const char* format_name(file_format f);
 
 /// One step from a container to its element: a dict key or attribute name (string), a
@@ -147,6 +151,9 @@ struct open_options {
   /// Per-tensor metadata costs memory and time, so this bounds both. open_checkpoint uses
   /// it in place of safetensors_limits.max_tensors.
   uint64_t max_tensors = 1'000'000;
+  /// torch.export archives: the largest JSON record (a program, a payload config) parsed.
+  /// A program of a large model is tens of MB; parsing costs about ten times its size.
+  uint64_t max_json_bytes = 512ull << 20;
   /// Verify the CRC-32 of every zip record (reads all the data).
   bool verify_crc = false;
   /// torch.distributed.checkpoint directories: open every chunk's embedded torch.save
@@ -252,6 +259,9 @@ struct checkpoint {
   /// it (Python's int()); 64, torch's default, when there is none; 0 when it is a number
   /// torch.load accepts but that is not positive or not below 2^63.
   uint64_t storage_alignment = 64;
+  /// torch.export archives (format pt2): versions, programs, what is listed but not read
+  /// (ckpt/pt2.h). Null for every other format.
+  std::shared_ptr<const pt2::archive_info> pt2;
 
   /// Bytes of all files (an embedded archive's are its container's).
   uint64_t file_size() const;

@@ -10,6 +10,7 @@
 #include "ckpt/dcp.h"
 #include "ckpt/byte_source.h"
 #include "ckpt/error.h"
+#include "ckpt/pt2.h"
 #include "base/text.h"
 #include "formats/safetensors_writer.h"
 #include "model/assembly.h"
@@ -146,6 +147,15 @@ void check_other_entries(const checkpoint& c, const convert_request& r, convert_
     const bool carried = std::any_of(plan.byte_items.begin(), plan.byte_items.end(),
                                      [&](const convert_byte_item& b) { return b.path == e.path; });
     if (!carried) other.push_back(path_to_string(e.path) + " (" + e.type + ")");
+  }
+  if (c.pt2) {
+    // A torch.export archive's constants (lifted tensors, non-persistent buffers) are no
+    // state-dict keys; its pickled tensors and script objects are not read at all.
+    for (const tensor_record& t : c.tensors)
+      if (std::find(t.path.begin(), t.path.end(), path_element(std::string("<constants>"))) != t.path.end())
+        other.push_back(path_to_string(t.path) + " (constant)");
+    for (const pt2::model& m : c.pt2->models)
+      for (const pt2::opaque_entry& e : m.opaque) other.push_back(m.key_prefix + e.fqn + " (" + e.what + ")");
   }
   if (!c.unsafe_globals.empty()) {
     if (!r.drop_other)

@@ -14,6 +14,7 @@
 #include "formats/format_detect.h"
 #include "formats/legacy_reader.h"
 #include "formats/pickled_module.h"
+#include "formats/pt2_archive.h"
 #include "base/pointer_map.h"
 #include "formats/tensor_collector.h"
 #include "model/layout.h"
@@ -283,19 +284,12 @@ void summarize_entries(checkpoint& c, const value* root, const detail::node_mark
   }
 }
 
-// torch.export.save and AOTInductor packages say so in their archive_format record
-// (formats.md §1); the file name proves nothing.
-bool is_torch_export_archive(const zip::archive& ar) {
-  const zip::entry* f = ar.find("archive_format");
-  if (!f || f->uncompressed_size != 3) return false;
-  auto bytes = ar.read_record(*f);
-  return std::string(bytes.begin(), bytes.end()) == "pt2";
-}
-
 void read_torch_zip(checkpoint& c, uint32_t file, const open_options& opt) {
   source_file& f = c.files[file];
   f.zip = zip::archive::open(*f.source, opt.zip_limits);
   const zip::archive& ar = *f.zip;
+  // Before the TorchScript test: a torch.export archive has a .data/version record too.
+  if (detail::has_pt2_format_record(ar)) return detail::read_pt2(c, file, opt);
   bool torchscript = is_torchscript_archive(ar);
   if (ar.find("model.json"))
     throw_unsupported("legacy TorchScript archive (model.json, PyTorch 1.0-1.2): re-save it with a current PyTorch");
@@ -304,7 +298,6 @@ void read_torch_zip(checkpoint& c, uint32_t file, const open_options& opt) {
   if (!data) {
     if (ar.find("bytecode.pkl"))
       throw_unsupported("mobile (lite interpreter) TorchScript archive without data.pkl");
-    if (is_torch_export_archive(ar)) throw_unsupported("a torch.export archive; not yet supported");
     throw_unsupported("zip archive without data.pkl: not a PyTorch checkpoint");
   }
   // Without constants.pkl LibTorch cannot load it either; saying so here gives every verb
@@ -484,6 +477,7 @@ const char* format_name(file_format f) {
     case file_format::torchscript: return "torchscript";
     case file_format::safetensors: return "safetensors";
     case file_format::torch_legacy: return "torch-legacy";
+    case file_format::pt2: return "pt2";
   }
   return "unknown";
 }
@@ -597,7 +591,7 @@ checkpoint open_checkpoint(std::unique_ptr<byte_source> src, const open_options&
         refuse_bare_pickle(*f.source, options, false);
     }
     c.format = f.format;
-    if (c.format != file_format::safetensors && c.format != file_format::torchscript) {
+    if (c.format != file_format::safetensors && c.format != file_format::torchscript && c.format != file_format::pt2) {
       if (f.pickle) {
         // Which nodes are tensors, asked of every value on the way: made once, a bit a node.
         const detail::node_marks tensor_nodes = tensor_node_set(c, *f.pickle);

@@ -54,6 +54,8 @@ void check_shard(const checkpoint& s, const std::string& name, const std::string
   auto refuse = [&](const std::string& why) { throw error(errc::unsupported, why).with_file(shown); };
   if (s.format == file_format::torchscript)
     refuse("a TorchScript archive as a shard of a Hugging Face set: no loader of shard sets reads one");
+  if (s.format == file_format::pt2)
+    refuse("a torch.export archive as a shard of a Hugging Face set: no loader of shard sets reads one");
   if (s.format == file_format::torch_legacy)
     refuse("a legacy (pre-1.6) torch.save stream as a shard of a Hugging Face set: no shard writer writes one, "
            "so it is not read as one");

@@ -526,7 +526,8 @@ void write_safetensors(checkpoint& c, const rekey_request& req, rekey_result& re
 
 std::vector<std::string> rekey_keys(const checkpoint& c) {
   std::vector<std::string> keys;
-  if (c.format == file_format::safetensors) {
+  // A table of keys, not a pickled dict: safetensors, and a torch.export archive's weights.
+  if (c.format == file_format::safetensors || c.format == file_format::pt2) {
     keys.reserve(c.keys.size());
     for (size_t k = 0; k < c.keys.size(); ++k) keys.emplace_back(c.keys.key(k));
     return keys;
@@ -543,6 +544,11 @@ rekey_result rekey_file(checkpoint& c, const rekey_request& req) {
     throw error(errc::unsupported,
                 "TorchScript archive: its parameter names live in its code, so they cannot be renamed; "
                 "load the weights into it with `ckptool materialize --model` instead")
+        .with_file(c.path);
+  if (c.format == file_format::pt2)
+    throw error(errc::unsupported,
+                "a torch.export archive: its keys are also named by its program (signature, module call graph), "
+                "which rekey does not rewrite yet; `ckptool convert` writes its state dict, which rekey can rename")
         .with_file(c.path);
   if (!c.module_class.empty())
     throw error(errc::unsupported,

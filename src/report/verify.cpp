@@ -8,7 +8,9 @@
 
 #include "ckpt/error.h"
 #include "ckpt/distributed.h"
+#include "ckpt/pt2.h"
 #include "ckpt/torchscript_code.h"
+#include "report/pt2_report.h"
 
 namespace ckpt {
 namespace {
@@ -167,6 +169,23 @@ void verify_share(const std::string& path, const open_options& options,
         if (e.record.compare(0, 5, "data/") == 0 && !used.count(e.record)) ++unused;
       if (unused) r.notes.push_back(std::to_string(unused) + " data records" + in_file + " are not used by any tensor");
     }
+  }
+  if (c.pt2) {
+    // The configs against the program, and what is left to others.
+    pt2_check pc = check_pt2(c);
+    r.problems.insert(r.problems.end(), pc.problems.begin(), pc.problems.end());
+    r.notes.insert(r.notes.end(), pc.notes.begin(), pc.notes.end());
+    std::set<std::string, std::less<>> used;
+    for (const auto& s : c.storages)
+      if (s.record) used.insert(std::string(s.record->record));
+    for (const auto& m : c.pt2->models)
+      for (const auto& o : m.opaque) used.insert(o.file);
+    size_t unused = 0;
+    for (const auto& e : c.files[0].zip->entries())
+      if ((e.record.compare(0, 13, "data/weights/") == 0 || e.record.compare(0, 15, "data/constants/") == 0) &&
+          e.record.size() >= 5 && e.record.compare(e.record.size() - 5, 5, ".json") != 0 && !used.count(e.record))
+        ++unused;
+    if (unused) r.notes.push_back(std::to_string(unused) + " payload files are named by no config entry (or only by tensors without data)");
   }
   facts.archives = archives;
   facts.dcp = c.layout == checkpoint_layout::dcp;

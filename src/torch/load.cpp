@@ -6,6 +6,7 @@
 
 #include "torch/aten_types.h"
 #include "ckpt/error.h"
+#include "ckpt/pt2.h"
 #include "ckpt/rekey.h"
 #include "torch/torchscript_module.h"
 #include "torch/model_file_tensors.h"
@@ -111,9 +112,23 @@ torch::jit::Module submodule(torch::jit::Module m, const std::string& path) {
   return m;
 }
 
+// A torch.export archive's pickled tensors (use_pickle) are part of its state dict or its
+// constants, but only an unpickler reads them: a result without them would look complete.
+void refuse_pickled_pt2_tensors(const checkpoint& c) {
+  if (!c.pt2) return;
+  for (const pt2::model& m : c.pt2->models)
+    for (const pt2::opaque_entry& e : m.opaque)
+      if (e.what.rfind("pickled", 0) == 0)
+        throw error(errc::unsupported, "'" + m.key_prefix + e.fqn + "' is a pickled tensor (use_pickle, " + e.file +
+                                           "), which ckptool does not unpickle; the other tensors alone would not be "
+                                           "the archive's state")
+            .with_file(c.path);
+}
+
 // The tensors of c under `names` (named_tensors).
 std::vector<std::pair<std::string, at::Tensor>> load_named(const checkpoint& c, std::vector<named_tensor> names,
                                                           const load_options& o, std::vector<std::string>* converted) {
+  refuse_pickled_pt2_tensors(c);
   std::vector<size_t> viewed, assembled_keys;
   for (const named_tensor& n : names) {
     if (n.assembled)
