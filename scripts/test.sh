@@ -7,6 +7,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 scripts/build.sh
+# Fixtures that real torch writes slowly (DCP directories from gloo ranks, AOTInductor
+# packages from Inductor's compiler) are built once and shared by the test files and by
+# both test runs; the tests only read them (dcp_fixtures.build serializes their writers).
+fixtures=$(mktemp -d "${TMPDIR:-/tmp}/ckptool-fixtures.XXXXXX")
+trap 'rm -rf "$fixtures"' EXIT
+export CKPTOOL_DCP_FIXTURES="$fixtures/dcp" CKPTOOL_AOTI_FIXTURES="$fixtures/aoti"
 ctest --test-dir build --output-on-failure -j 2
 
 if [ "${CKPTOOL_SKIP_ASAN:-0}" != 1 ]; then

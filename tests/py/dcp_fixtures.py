@@ -23,6 +23,8 @@ module) is skipped with a reason, not failed: ``skipped(out_dir)`` lists them.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -291,10 +293,26 @@ def _child(world: int, jobs: list):
     mp.spawn(_rank_main, args=(world, jobs, free_port()), nprocs=world, join=True)
 
 
+@contextlib.contextmanager
+def _exclusive(out_dir: Path):
+    """Holds out_dir's build lock: with CKPTOOL_DCP_FIXTURES several test files (run side by
+    side by ctest -j) share one fixture directory, and two of them must not write, or one
+    read while the other writes, the same scenario."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with open(out_dir / ".build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def build(out_dir, names=None, timeout: float = 240.0) -> dict[str, Path]:
     """Writes the scenarios into out_dir/<name>/; returns those that ran. A scenario that
     fails, or a group that outlives `timeout` seconds per scenario, raises; one this torch
     cannot run is recorded in skipped.json."""
+    with _exclusive(Path(out_dir)):
+        return _build(Path(out_dir), names, timeout)
+
+
+def _build(out_dir: Path, names, timeout: float) -> dict[str, Path]:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     built, skipped, groups = {}, {}, {}
@@ -366,6 +384,11 @@ def build_lightning(out_dir, timeout: float = 300.0) -> Path:
     Fabric on CPU (lightning_fsdp_fixture.py says why it is ModelParallelStrategy), into
     out_dir/lightning2, with what fabric.load gave beside it (lightning2.expected.pt).
     Bounded like build(): the whole session is killed on a timeout."""
+    with _exclusive(Path(out_dir)):
+        return _build_lightning(Path(out_dir), timeout)
+
+
+def _build_lightning(out_dir: Path, timeout: float) -> Path:
     target = Path(out_dir) / "lightning2"
     expected = Path(str(target) + ".expected.pt")
     if (target / ".metadata").exists() and expected.exists():

@@ -14,6 +14,7 @@ replicated, and usage errors.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -89,7 +90,8 @@ def cases(tmp_path_factory) -> dict:
     out["single"] = (single, root / "single_plan.json", SINGLE_PLAN, 4, single_state_dict())
     hf = hf_fixtures.write_set("llama_pretrained", root / "llama").directory
     out["hf"] = (hf, "llama-tp", LLAMA_PLAN, 3, hf_full(hf))
-    built = dcp_fixtures.build(root / "dcp", ["shard2", "grid4"])
+    reuse = os.environ.get("CKPTOOL_DCP_FIXTURES")
+    built = dcp_fixtures.build(Path(reuse) if reuse else root / "dcp", ["shard2", "grid4"])
     for name in ("shard2", "grid4"):
         out[name] = (built[name], root / f"{name}_plan.json", DCP_PLAN, 3, dcp_full(built[name]))
     jobs = {}
