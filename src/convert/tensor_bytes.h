@@ -5,17 +5,32 @@
 // the next: peak memory is one tensor (plus a piece's bounce buffer), never the model.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "ckpt/convert.h"
 #include "model/assembly.h"
 
 namespace ckpt::detail {
+
+/// The strides torch gives a new tensor of `shape` (row-major; a dimension of size 0 counts
+/// as 1, as in torch's contiguous_strides), which the writers record for every tensor they
+/// write as one contiguous run.
+inline std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& shape) {
+  std::vector<int64_t> stride(shape.size());
+  int64_t s = 1;
+  for (size_t d = shape.size(); d-- > 0;) {
+    stride[d] = s;
+    s *= std::max<int64_t>(shape[d], 1);
+  }
+  return stride;
+}
 
 /// Bytes of an open file a tensor is, as they are.
 struct file_range {

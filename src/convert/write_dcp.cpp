@@ -68,6 +68,7 @@ dcp_layout lay_out(const convert_plan& plan, uint32_t ranks) {
 namespace {
 
 using detail::band;
+using detail::contiguous_strides;
 using detail::dcp_layout;
 using detail::data_file_name;
 using detail::item_place;
@@ -75,15 +76,6 @@ using pickle::kind;
 using pickle::value;
 
 const char* kMetadataName = ".metadata";
-std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& shape) {
-  std::vector<int64_t> stride(shape.size());
-  int64_t s = 1;
-  for (size_t d = shape.size(); d-- > 0;) {
-    stride[d] = s;
-    s *= std::max<int64_t>(shape[d], 1);
-  }
-  return stride;
-}
 
 // data.pkl of torch.save(chunk): the tensor itself at the root (formats.md §9.3), its storage
 // "0" holding exactly its elements.

@@ -14,16 +14,6 @@
 namespace ckpt::detail {
 namespace {
 
-std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& shape) {
-  std::vector<int64_t> stride(shape.size());
-  int64_t s = 1;
-  for (size_t d = shape.size(); d-- > 0;) {
-    stride[d] = s;
-    s *= std::max<int64_t>(shape[d], 1);
-  }
-  return stride;
-}
-
 std::vector<uint8_t> state_dict_pickle(const convert_plan& plan, std::vector<size_t>& storage_of) {
   pickle::builder b;
   pickle::value* root = b.ordered_dict();
