@@ -138,7 +138,10 @@ class writer {
     out_.insert(out_.end(), b, b + 4);
     if (sink_ && out_.size() >= kPiece) pass_on();
   }
-  void pass_on() {
+  // Out of line: inlined into every put of save(), whose frame is one per nesting level,
+  // it more than doubled that frame (kMaxDepth levels must fit the writer's stack, and
+  // under AddressSanitizer a throw from deeper than 64 MB of stack is not unwound cleanly).
+  [[gnu::noinline]] void pass_on() {
     if (out_.empty()) return;
     (*sink_)(out_.data(), out_.size());
     passed_on_ += out_.size();
