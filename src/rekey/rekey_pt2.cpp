@@ -259,8 +259,8 @@ class pt2_rekeyer {
   }
 
   // Where module path `path` goes: where the module rules take it, provided every name
-  // below it moves with it (its module part ends up below the new path exactly as it was
-  // below the old one); a module whose names go separate ways is refused.
+  // below it lands in the module the rules give its own module (a leaf may change); a
+  // module whose names go separate ways is refused.
   std::string module_path(model_plan& m, const std::string& path, const std::string& record) {
     if (path.empty()) return path;
     auto cached = m.module_cache.find(path);
@@ -276,8 +276,8 @@ class pt2_rekeyer {
     const std::string moved = map_module_path(m.rules, base);
     for (const auto& [from, to] : m.to) {
       if (!within(from, base) || from == base) continue;
-      const std::string rest = from.substr(base.size() + 1);
-      if (module_of(to) != join_path(moved, module_of(rest)))
+      const std::string want = map_module_path(m.rules, module_of(from));
+      if (module_of(to) != want)
         refuse(record + ": module " + text::quote(base, 120) + " would become " + text::quote(moved, 120) + " but " +
                text::quote(from, 120) + " becomes " + text::quote(to, 120) +
                ": its names do not move together, so the program's module paths cannot be renamed exactly");
@@ -306,6 +306,7 @@ class pt2_rekeyer {
     std::string out;
     size_t start = 0;
     bool first = true;
+    std::string last;
     while (start <= stack.size()) {
       size_t end = stack.find(';', start);
       if (end == std::string::npos) end = stack.size();
@@ -326,12 +327,13 @@ class pt2_rekeyer {
       if (parts.size() != 3)
         refuse(record + ": an nn_module_stack entry " + text::quote(item, 120) + " is not key,path,class");
       const std::string moved = module_path(m, parts[1], record);
-      // A wrapper that collapses into the root (the `_orig_mod` of torch.compile) is no
+      // A wrapper that collapses into its parent (the `_orig_mod` of torch.compile) is no
       // module of its own any more.
-      if (!(moved.empty() && !parts[1].empty())) {
+      if (first || moved == parts[1] || moved != last) {
         if (!first) out += ';';
         out += parts[0] + "," + moved + "," + parts[2];
         first = false;
+        last = moved;
       }
       start = end + 1;
     }
@@ -372,14 +374,15 @@ class pt2_rekeyer {
     // export of the wrapped model would list them.
     json& calls = gm.at("module_call_graph");
     json out = json::array();
-    std::set<std::string> present;
+    std::set<std::string> present{""};
     for (json& entry : calls) {
       const std::string fqn = entry.at("fqn").get<std::string>();
       const std::string moved = module_path(m, fqn, record);
-      if (!fqn.empty() && moved.empty()) {
+      // A wrapper that collapses into its parent (or the root) is no module of its own any more.
+      if (!fqn.empty() && moved != fqn && (moved.empty() || present.count(moved))) {
         if (entry.contains("signature") && !entry["signature"].is_null())
-          refuse(record + ": module " + text::quote(fqn, 120) +
-                 " has a preserved call signature and would become the root; nothing written");
+          refuse(record + ": module " + text::quote(fqn, 120) + " has a preserved call signature and would merge into " +
+                 (moved.empty() ? std::string("the root") : text::quote(moved, 120)) + "; nothing written");
         ++result_.program_references;
         continue;
       }
