@@ -442,7 +442,7 @@ verb setup_rekey(CLI::App& app) {
       "rekey", "Strip, add or rename key segments (_orig_mod., module., ...) so compiled and uncompiled "
                "checkpoints load into each other; everything else is kept exactly");
   cmd->add_option("IN", o->input,
-                  "torch.save zip archive or safetensors file; or a Hugging Face shard set (its *.index.json, or "
+                  "torch.save zip archive, safetensors file or torch.export (.pt2) archive; or a Hugging Face shard set (its *.index.json, or "
                   "the directory holding it), written as a set into the directory -o names")
       ->required();
   o->output_opt = cmd->add_option("-o,--output", o->output,
