@@ -530,7 +530,15 @@ class pt2_rekeyer {
 
 void rekey_pt2(checkpoint& c, const rekey_request& req, rekey_result& result) {
   if (!c.pt2) throw error(errc::unsupported, "not a torch.export archive").with_file(c.path);
-  pt2_rekeyer(c, req, result).run();
+  try {
+    pt2_rekeyer(c, req, result).run();
+  } catch (const nlohmann::json::exception& e) {
+    // The reader checked the records this rewrites; a shape it did not check (a member of
+    // another type) is refused here rather than escape as an internal error.
+    throw error(errc::corrupt, std::string("a program or config record is not as the schema says: ") +
+                                   text::quote(e.what(), 160))
+        .with_file(c.path);
+  }
 }
 
 }  // namespace ckpt::detail
