@@ -12,6 +12,7 @@ renamed state dict.
   * --dry-run writes nothing; a collision (exit 1), a module whose names would go separate
     ways, a record that might name keys and a corrupt input (exit 3) are refused with
     nothing written;
+  * --save-map replayed with --map gives the same archive (one model only);
   * the output passes ckptool verify.
 """
 
@@ -293,3 +294,19 @@ def test_unknown_record_refused(archives, tmp_path):
     assert rc == 3, (rc, err)
     assert "model_param_config.json" in err, err
     assert not out.exists()
+
+
+def test_save_map_replayed(archives, tmp_path):
+    # --save-map's keys are the state dict's; replayed with --map, the constants follow
+    # their module, and the result is the same archive.
+    first, again = tmp_path / "first.pt2", tmp_path / "again.pt2"
+    rc, _, err = rekey(archives["orig_mod"], first, "--strip-compiled", "--save-map", tmp_path / "m.json")
+    assert rc == 0, err
+    rc, _, err = rekey(archives["orig_mod"], again, "--map", tmp_path / "m.json")
+    assert rc == 0, err
+    assert records(first) == records(again)
+    check_runs_like_eager(archives["orig_mod"], again, strip, Inner)
+    # With several models a map's keys would not be the programs' names: refused.
+    rc, _, err = rekey(archives["multi"], tmp_path / "multi.pt2", "--map", tmp_path / "m.json")
+    assert rc == 3 and "one model" in err, err
+    assert not (tmp_path / "multi.pt2").exists()
