@@ -481,6 +481,9 @@ T = {
                             out_ext="hf", note="every rank loads LibTorch for the rendezvous (c10d): in the time"),
     "ck_conv_hf_par4": Tool("4 ranks: ckptool convert --to hf", "cmd", ck_convert_ranks(4), writes=True, loads=False,
                             out_ext="hf"),
+    # S11 (issue 16): torch.export archives.
+    "list_export_load": Tool("torch.export.load + keys/shapes/dtypes", "py", py("list_export_load"), loads=False),
+    "export_load": Tool("torch.export.load (weights read)", "py", py("export_load")),
     "startup_py": Tool("python: import torch, safetensors", "py", py("startup"), loads=False),
     "startup_py_cuda": Tool("python: import torch + CUDA context", "py", py("startup", "--device", "cuda"), loads=False),
 }
@@ -499,8 +502,9 @@ def t_of(case: Case, s: Sample, ctx: Ctx) -> Optional[float]:
 
 
 # A sharded fixture's startup is that of the format of its files (safetensors shards; DCP
-# chunks are torch.save archives): the one-tensor calibration files have no set forms.
-SET_FILE_FORMAT = {"hf-set": "safetensors", "dcp": "pt"}
+# chunks are torch.save archives): the one-tensor calibration files have no set forms. A
+# .pt2 is a zip like a torch.save archive, read by the same startup (LibTorch loaded).
+SET_FILE_FORMAT = {"hf-set": "safetensors", "dcp": "pt", "pt2": "pt"}
 
 
 def startup_key(tool, fx: dict) -> str:
@@ -956,6 +960,20 @@ def build_scenarios(ctx: Ctx, mode: str, gpu: bool, want: set, counts: list) -> 
             ("core", "S10", "dcp_big", "cold", "ck_conv_hf", "ck", "S10 cold"),
             ("core", "S10", "dcp_big", "cold", "ck_conv_hf_par2", "peer", "S10 cold"),
         ])
+    if "s11" in want:
+        # Issue 16: inspect of a .pt2 of ~300 weights >= 50x torch.export.load + listing,
+        # reading < 1% of its bytes; materialize of the .pt2 to CPU at the GB/s of the same
+        # weights in a torch.save zip.
+        block("S11 torch.export archive: metadata-only inspect", [
+            ("core", "S11", "s11.pt2", "warm", "ck_inspect", "ck", "S11 inspect"),
+            ("core", "S11", "s11.pt2", "warm", "list_export_load", "peer", "S11 inspect"),
+            ("core", "S11", "s11.pt2", "cold", "ck_inspect", "ck", "S11 inspect cold"),
+        ])
+        block("S11 torch.export archive: materialize to CPU, warm", [
+            ("core", "S11", "s11.pt2", "warm", "ck_mat_cpu", "ck", "S11 materialize"),
+            ("core", "S11", "s11.pt", "warm", "ck_mat_cpu", "peer", "S11 materialize"),
+            ("quick", "S11", "s11.pt2", "warm", "export_load", "info", "S11 materialize"),
+        ])
     if "s8" in want:
         # Issue 15: diff of two 2 GiB checkpoints at >= 70% of the page-cache read rate.
         block("S8 diff of a .pt and its safetensors twin, both warm", [
@@ -1026,7 +1044,7 @@ def make_rows(summaries: list, calib: dict) -> list:
         c = ceiling_of(d, calib)
         if c and d.get("gbps") and d["scen"] in ("S1", "S2", "S3") and "lazy" not in d["tool"]:
             ceil = f"{100 * d['gbps'] / c[1]:.0f}% of {c[0]}"
-        if d["scen"] in ("S4", "S6") and not d["loads"]:
+        if d["scen"] in ("S4", "S6", "S11") and not d["loads"]:
             if d["cache"] == "cold" and d["res_after"] is not None:
                 ceil = f"{100 * d['res_after']:.2f}% of file read"
             if d.get("self_bytes_read"):
@@ -1042,7 +1060,7 @@ def make_rows(summaries: list, calib: dict) -> list:
                 ceil = f"{100 * cp['t'] / d['t']:.0f}% of cp + fsync"
         if d["scen"] in ("S4", "S5", "S7") or d["cache"] == "cold":
             read = fmt_bytes(d.get("read_bytes")) + " disk"
-            if d["scen"] == "S4" and d["cache"] == "cold" and d["res_after"] is not None:
+            if d["scen"] in ("S4", "S11") and d["cache"] == "cold" and d["res_after"] is not None:
                 read = fmt_bytes(d["res_after"] * d["file_size"]) + " paged in"
         else:
             read = fmt_bytes(d.get("op_rchar") if d.get("op_rchar") is not None else d.get("rchar"))
@@ -1205,6 +1223,29 @@ def targets(summaries: list, calib: dict, counts: list) -> list:
                 add(one["t"] / par["t"] >= 1.6, "≥ 1.6×: " + text)
             else:
                 info(text)
+    # S11 (issue 16)
+    d = find(summaries, "S11", "s11.pt2", "ck_inspect", "warm")
+    p = find(summaries, "S11", "s11.pt2", "list_export_load", "warm")
+    if d and p and d["t"] and p["t"]:
+        add(p["t"] / d["t"] >= 50, f"S11 inspect of a .pt2 ({d['tensors']} weights) ≥ 50× faster than {p['tool']} "
+            f"(warm): {p['t'] / d['t']:.1f}× ({fmt_t(d['t'])} vs {fmt_t(p['t'])}; process walls {fmt_t(d['wall'])} vs "
+            f"{fmt_t(p['wall'])})")
+    d = find(summaries, "S11", "s11.pt2", "ck_inspect", "cold")
+    if d and d.get("self_bytes_read") is not None:
+        share = d["self_bytes_read"] / d["file_size"]
+        paged = f"; {100 * d['res_after']:.3f}% paged in, readahead included" if d.get("res_after") is not None else ""
+        add(share < 0.01, f"S11 inspect of a .pt2 reads < 1% of its bytes (cold): {100 * share:.3f}% "
+            f"({fmt_bytes(d['self_bytes_read'])} of {fmt_bytes(d['file_size'])}, ckptool's count{paged})")
+    d = find(summaries, "S11", "s11.pt2", "ck_mat_cpu")
+    z = find(summaries, "S11", "s11.pt", "ck_mat_cpu")
+    if d and z and d.get("gbps") and z.get("gbps"):
+        add(d["gbps"] >= 0.9 * z["gbps"], f"S11 materialize of a .pt2 to CPU at the GB/s of a torch.save zip of the "
+            f"same weights (within 10%, warm): {d['gbps']:.2f} vs {z['gbps']:.2f} GB/s ({d['gbps'] / z['gbps']:.2f}×; "
+            f"{fmt_t(d['t'])} vs {fmt_t(z['t'])} for {fmt_mib(d['payload'])} MiB)", d, z)
+    e = find(summaries, "S11", "s11.pt2", "export_load")
+    if d and e and d["t"] and e["t"]:
+        info(f"S11 materialize of a .pt2: ckptool {fmt_t(d['t'])} vs {e['tool']} {fmt_t(e['t'])} "
+             f"({e['t'] / d['t']:.2f}× speedup)", d)
     # S8 (issue 15): diff reads both files; cat of both is the page-cache read rate for them.
     d = find(summaries, "S8", "llm_bf16.pt", "ck_diff")
     c = find(summaries, "S8", "llm_bf16.pt", "cat_both")
@@ -1441,9 +1482,11 @@ def main() -> int:
         what.append("s6")
     if "s7" in want:
         what.append("s7")
+    if "s11" in want:
+        what.append("s11")
     need = 3 * size + (2 * size if "llm_fp32" in what else 0) + (3 * s5_size if "compiled_bf16" in what else 0) \
         + (10 * s3_size if "s3" in what else 0) + (4 * size if "s6" in what else 0) \
-        + (3 * size if "s7" in what else 0) + 256 * MiB  # S7: dcp_hf_big, a peer's output and its temporary
+        + (3 * size if "s7" in what else 0) + (2 * size if "s11" in what else 0) + 256 * MiB  # S7: dcp_hf_big, a peer's output and its temporary
     free = shutil.disk_usage(scratch).free
     params_path = fxdir / "params.json"
     params = {"size": size, "s3_size": s3_size, "s5_size": s5_size, "counts": counts}

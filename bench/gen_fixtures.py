@@ -193,6 +193,39 @@ def fsync_path(p: Path) -> None:
         os.close(fd)
 
 
+class _Holder(torch.nn.Module):
+    """Parameters only; the forward uses each once so that export lifts them all."""
+
+    def forward(self, x):
+        acc = x
+        for p in self.parameters():
+            acc = acc + p.flatten()[0].float()
+        return acc
+
+
+def export_holding(sd):
+    """An ExportedProgram whose state dict is exactly `sd` (a tie is one parameter under two
+    names, as nn.Module.state_dict gives it)."""
+    import warnings
+
+    root = _Holder()
+    seen = {}
+    for key, t in sd.items():
+        *path, leaf = key.split(".")
+        m = root
+        for part in path:
+            if not hasattr(m, part):
+                setattr(m, part, torch.nn.Module())
+            m = getattr(m, part)
+        p = seen.get(t.data_ptr())
+        if p is None:
+            p = seen[t.data_ptr()] = torch.nn.Parameter(t, requires_grad=False)
+        m.register_parameter(leaf, p)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return torch.export.export(root, (torch.zeros(1),))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--dir", required=True)
@@ -269,6 +302,17 @@ def main() -> int:
                               "payload": payload, "tensors": count}
             print(f"  {path.name}/: {size / 2**20:.1f} MiB, {count} tensors", flush=True)
         gen_sharded.write_all(d, args.size, args.s6_count, gen, record_dir, hf_dcp="s7" in what)
+    if "s11" in what:
+        # S11 (issue 16): a torch.export archive of ~300 weights and a torch.save zip of the
+        # same weights, the size of the llm_* fixtures.
+        sd = llm_state_dict(args.size, torch.bfloat16, gen, layers=max(1, (300 - 5) // 12))
+        p = d / "s11.pt2"
+        torch.export.save(export_holding(sd), p)
+        record("s11", "pt2", p, sd, len(sd))
+        p = d / "s11.pt"
+        torch.save(sd, p)
+        record("s11", "pt", p, sd, len(sd))
+        del sd
     manifest_path = d / "manifest.json"
     manifest_path.write_text(json.dumps(manifest, indent=1))
     print(f"  fixtures written in {time.perf_counter() - t_all:.1f} s", flush=True)

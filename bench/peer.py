@@ -367,6 +367,20 @@ def main() -> int:
         consolidate_safetensors_files(f, args.out, mapping)
         res["tensors"] = len(mapping)
     # ---- S5: load -> rename -> save
+    # ---- S11: torch.export archives
+    elif op == "list_export_load":  # torch.export.load, then list keys, shapes, dtypes
+        import warnings
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ep = torch.export.load(f)
+        listing = [(k, v.dtype, tuple(v.shape)) for k, v in ep.state_dict.items()]
+        res["tensors"] = len(listing)
+    elif op == "export_load":  # torch.export.load: every weight read into memory
+        import warnings
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ep = torch.export.load(f)
+        tensors = list(ep.state_dict.values())
     elif op == "rekey_torch":
         sd = torch.load(f, weights_only=True)
         sd = {k.replace("_orig_mod.", ""): v for k, v in sd.items()}

@@ -12,8 +12,8 @@
 #   --size-gib N     size of the main fixtures (default: by machine, at most 4 GiB here,
 #                    12 GiB with --gpu: min(cap, RAM/10, free disk/16), a power of two)
 #   --repeats N      samples per tool (default 5; --quick 3)
-#   --scenarios L    comma list out of s1,s2,s3,s4,s5,s6,s7,s8,s10 (default: s1..s5; s6 = sharded sets,
-#                    s7 = convert, s8 = diff, s10 = parallel convert)
+#   --scenarios L    comma list out of s1,s2,s3,s4,s5,s6,s7,s8,s9,s10,s11 (default: s1..s5; s6 = sharded
+#                    sets, s7 = convert, s8 = diff, s10 = parallel convert, s11 = torch.export .pt2)
 #   --scratch DIR    where fixtures go (default: a new directory under $TMPDIR or /tmp,
 #                    removed at the end); --keep keeps it
 #   --fixtures DIR   reuse fixtures a previous --keep run generated (DIR/manifest.json)

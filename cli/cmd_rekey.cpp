@@ -411,6 +411,10 @@ int run_rekey(const rekey_options& given) {
     doc["mirrored_dicts"] = r.mirrored_dicts;
     doc["metadata_renamed"] = r.metadata_renamed;
     doc["dropped"] = r.dropped;
+    if (c.format == ckpt::file_format::pt2) {
+      doc["constants_renamed"] = r.constants_renamed;
+      doc["program_references"] = r.program_references;
+    }
     doc["bytes_written"] = r.bytes_written;
     // The mapping (a million entries for a million tensors) is written, not built as a tree.
     ckpt::write_json_with_pairs(doc, "mapping", r.plan.mapping, [&report](std::string_view s) { report << s; });
@@ -420,6 +424,8 @@ int run_rekey(const rekey_options& given) {
     report << r.plan.changed << " of " << r.plan.mapping.size() << " keys renamed";
     if (r.metadata_renamed) report << ", " << r.metadata_renamed << " _metadata module paths";
     if (!r.mirrored_dicts.empty()) report << ", also in " << r.mirrored_dicts.size() << " mirroring dict(s)";
+    if (r.constants_renamed) report << ", " << r.constants_renamed << " constants";
+    if (r.program_references) report << ", " << r.program_references << " places in the program(s)";
     if (o.dry_run)
       report << " (dry run: nothing written)\n";
     else
@@ -436,7 +442,7 @@ verb setup_rekey(CLI::App& app) {
       "rekey", "Strip, add or rename key segments (_orig_mod., module., ...) so compiled and uncompiled "
                "checkpoints load into each other; everything else is kept exactly");
   cmd->add_option("IN", o->input,
-                  "torch.save zip archive or safetensors file; or a Hugging Face shard set (its *.index.json, or "
+                  "torch.save zip archive, safetensors file or torch.export (.pt2) archive; or a Hugging Face shard set (its *.index.json, or "
                   "the directory holding it), written as a set into the directory -o names")
       ->required();
   o->output_opt = cmd->add_option("-o,--output", o->output,

@@ -79,6 +79,7 @@ set(CKPT_CORE_SOURCES
   ${CKPT_ROOT}/src/rekey/rekey_file.cpp
   ${CKPT_ROOT}/src/rekey/rekey_hf_set.cpp
   ${CKPT_ROOT}/src/rekey/rekey_plan.cpp
+  ${CKPT_ROOT}/src/rekey/rekey_pt2.cpp
   ${CKPT_ROOT}/src/rekey/rename_spec.cpp
   ${CKPT_ROOT}/src/rekey/wrappers.cpp
   ${CKPT_ROOT}/src/report/json_input.cpp
@@ -235,6 +236,7 @@ set(CKPT_SHARED_HEADERS
   ${CKPT_ROOT}/src/rekey/dcp_byte_items.h
   ${CKPT_ROOT}/src/rekey/dcp_metadata_rewrite.h
   ${CKPT_ROOT}/src/rekey/dcp_planner_path.h
+  ${CKPT_ROOT}/src/rekey/rekey_pt2.h
   ${CKPT_ROOT}/src/rekey/rename_spec.h
   ${CKPT_ROOT}/src/report/json_input.h
   ${CKPT_ROOT}/src/report/json_writer.h

@@ -48,13 +48,18 @@ struct rekey_result {
   size_t metadata_renamed = 0;                // `_metadata` module paths changed
   std::vector<std::string> dropped;           // entries removed by --drop-unsafe (paths)
   uint64_t bytes_written = 0;
+  /// A torch.export archive (formats.md §14.8): constants renamed with the state dict, and
+  /// places in the programs that named a renamed parameter, buffer, constant or module.
+  size_t constants_renamed = 0;
+  size_t program_references = 0;
 };
 
 /// Plans the renaming over `c` (opened with open_checkpoint) and, unless dry_run, writes
 /// the output. Throws ckpt::error: check_failed when two keys would get one name (the
 /// plan's collisions are listed in the message; nothing is written); unsafe when the pickle
 /// names unsafe globals and the policy is refuse; unsupported for TorchScript (names live
-/// in its code) and legacy files; io when writing fails (nothing is committed).
+/// in its code), legacy files, and a torch.export archive whose names cannot all be
+/// renamed exactly (§14.8); io when writing fails (nothing is committed).
 rekey_result rekey_file(checkpoint& c, const rekey_request& request);
 
 /// The keys rekey_file plans over, in the file's order: every safetensors tensor, or the

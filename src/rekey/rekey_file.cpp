@@ -13,6 +13,7 @@
 #include "ckpt/zip_writer.h"
 #include "base/string_index.h"
 #include "pickle/node_marks.h"
+#include "rekey/rekey_pt2.h"
 
 namespace ckpt {
 namespace {
@@ -545,11 +546,15 @@ rekey_result rekey_file(checkpoint& c, const rekey_request& req) {
                 "TorchScript archive: its parameter names live in its code, so they cannot be renamed; "
                 "load the weights into it with `ckptool materialize --model` instead")
         .with_file(c.path);
-  if (c.format == file_format::pt2)
-    throw error(errc::unsupported,
-                "a torch.export archive: its keys are also named by its program (signature, module call graph), "
-                "which rekey does not rewrite yet; `ckptool convert` writes its state dict, which rekey can rename")
-        .with_file(c.path);
+  if (c.format == file_format::pt2) {
+    try {
+      detail::rekey_pt2(c, req, result);
+    } catch (error& e) {
+      if (e.file().empty()) e.with_file(req.output && !req.dry_run && e.kind() == errc::io ? req.output->path() : c.path);
+      throw;
+    }
+    return result;
+  }
   if (!c.module_class.empty())
     throw error(errc::unsupported,
                 "a pickled nn.Module (" + c.module_class +
