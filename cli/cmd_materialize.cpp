@@ -19,6 +19,7 @@
 #include "plugin/torch_plugin.h"
 #include "ckpt/torchscript_code.h"
 #include "aoti_cli.h"
+#include "pt2_fill_cli.h"
 #include "common.h"
 #include "base/text.h"
 #include "input_spec.h"
@@ -109,7 +110,28 @@ int run_materialize(materialize_options& o) {
   // checked against the package's table here, before LibTorch is loaded.
   std::optional<aoti_opened> package;
   ckpt::aoti::swap_plan plan;
-  if (!o.req.model.empty() && is_aoti_package_file(o.req.model)) {
+  const bool aoti = !o.req.model.empty() && is_aoti_package_file(o.req.model);
+  // A torch.export archive (formats.md §14.9): filled and written without LibTorch.
+  if (!o.req.model.empty() && !aoti)
+    if (std::optional<ckpt::checkpoint> ep = open_exported_program(o.req.model, o.reader)) {
+      if (!o.req.run_method.empty())
+        throw ckpt::error(ckpt::errc::unsupported,
+                          "--run with a torch.export archive: this build runs TorchScript modules and AOTInductor "
+                          "packages only (formats.md §14.9)")
+            .with_file(o.req.model);
+      if (o.req.dtype.size() || o.req.mmap || o.req.check_finite)
+        throw ckpt::error(ckpt::errc::usage, "--dtype, --mmap and --check-finite do not apply to a torch.export --model: "
+                                             "its weights are written with the archive's own dtypes");
+      pt2_fill_args a;
+      a.checkpoint = o.checkpoint;
+      a.model = o.req.model;
+      a.output = o.output;
+      a.out = o.req.output;
+      a.strict = o.req.strict;
+      a.json = o.json;
+      return materialize_exported_program(set, c, *ep, a, report);
+    }
+  if (aoti) {
     package.emplace(open_aoti_package(o.req.model));
     const ckpt::aoti::model& m = ckpt::aoti::pick_model(package->package, "");
     try {

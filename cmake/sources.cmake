@@ -56,6 +56,8 @@ set(CKPT_CORE_SOURCES
   ${CKPT_ROOT}/src/formats/legacy_reader.cpp
   ${CKPT_ROOT}/src/formats/pickled_module.cpp
   ${CKPT_ROOT}/src/formats/pt2_archive.cpp
+  ${CKPT_ROOT}/src/formats/pt2_fill_plan.cpp
+  ${CKPT_ROOT}/src/formats/pt2_fill_write.cpp
   ${CKPT_ROOT}/src/formats/pt2_program.cpp
   ${CKPT_ROOT}/src/formats/pt2_schema.cpp
   ${CKPT_ROOT}/src/formats/safetensors.cpp
@@ -144,6 +146,7 @@ set(CKPTOOL_CLI_SOURCES
   ${CKPT_ROOT}/cli/inspect_set_text.cpp
   ${CKPT_ROOT}/cli/inspect_text.cpp
   ${CKPT_ROOT}/cli/inspect_pt2_text.cpp
+  ${CKPT_ROOT}/cli/pt2_fill_cli.cpp
   ${CKPT_ROOT}/cli/load_guard.cpp
   ${CKPT_ROOT}/cli/main.cpp
   ${CKPT_ROOT}/cli/progress.cpp
@@ -180,6 +183,7 @@ set(CKPT_SHARED_HEADERS
   ${CKPT_ROOT}/include/ckpt/pickle_node_text.h
   ${CKPT_ROOT}/include/ckpt/pickle_writer.h
   ${CKPT_ROOT}/include/ckpt/pt2.h
+  ${CKPT_ROOT}/include/ckpt/pt2_fill.h
   ${CKPT_ROOT}/include/ckpt/rekey.h
   ${CKPT_ROOT}/include/ckpt/rekey_file.h
   ${CKPT_ROOT}/include/ckpt/rekey_set.h
