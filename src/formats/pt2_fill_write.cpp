@@ -58,7 +58,7 @@ class filler {
     // must agree: a file holds one value per element.
     std::vector<uint8_t> written(size_t(f.nbytes / item), 0);
     for (const fill_view& v : f.views) {
-      const tensor_buffer src = bytes_.gather(plan_.sources.tensors[v.source]);
+      const detail::tensor_buffer src = bytes_.gather(plan_.sources.tensors[v.source]);
       scatter(f, v, src.bytes.get(), item, out, written);
     }
     w_.add_record(f.record, out.data(), out.size());

@@ -1,0 +1,239 @@
+"""materialize CKPT --model EP.pt2 -o OUT.pt2 (issue 16, docs/formats.md §14.9): a
+torch.export archive filled with a checkpoint's weights, checked against real PyTorch. Every
+archive is written by torch.export.save and every output read by torch.export.load; the
+program's output on the filled archive must equal eager PyTorch's on a module holding the
+checkpoint's weights.
+
+  * a real export (dynamic batch, tied weights, a non-persistent buffer, a lifted constant,
+    a float16 parameter) filled from torch.save of a differently initialized instance, and
+    from a torch.compile'd instance's state dict (`_orig_mod.` keys): the output runs with
+    the checkpoint's weights, ties stay one file, every other record is byte for byte the
+    archive's, every record 64-byte aligned;
+  * an archive exported on the meta device (empty weight files, all in one bogus group)
+    filled: one file per tensor, a tie kept as one file, devices cpu;
+  * refusals with nothing written: a shape or dtype that differs (exit 3, naming the key),
+    a missing key (exit 1, as for TorchScript; --no-strict keeps the archive's value),
+    a meta archive's constant the checkpoint lacks (exit 3), --run (exit 3, unsupported).
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import warnings
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn as nn
+
+from conftest import run_ckptool
+from test_pt2 import Mlp, Tied
+
+pytestmark = [
+    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+    pytest.mark.filterwarnings("ignore::UserWarning"),
+    pytest.mark.filterwarnings("ignore::FutureWarning"),
+]
+
+
+class MetaTied(nn.Module):
+    """Tied weights and a transposed parameter, for the meta export."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(10, 4)
+        self.head = nn.Linear(4, 10, bias=False)
+        self.head.weight = self.emb.weight
+        self.fc = Mlp().fc1
+        self.wt = nn.Parameter(torch.randn(4, 3).t())
+
+    def forward(self, idx):
+        e = self.emb(idx).sum(1)
+        return self.head(e), self.fc(e.repeat(1, 2)) @ torch.ones(16, 1, device=e.device), e @ self.wt.t()
+
+
+def tied_inputs(batch):
+    g = torch.Generator().manual_seed(batch)
+    return torch.randint(0, 10, (batch, 5), generator=g), torch.randn(batch, 4, generator=g)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("pt2fill")
+    out: dict[str, Path] = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.manual_seed(0)
+        batch = torch.export.Dim("batch", min=2, max=64)
+        ep = torch.export.export(Tied().eval(), tied_inputs(2), dynamic_shapes=({0: batch}, {0: batch}))
+        out["ep"] = d / "ep.pt2"
+        torch.export.save(ep, out["ep"])
+
+        torch.manual_seed(1)
+        other = Tied().eval()
+        out["ckpt"] = d / "ckpt.pt"
+        torch.save(other.state_dict(), out["ckpt"])
+        out["compiled"] = d / "compiled.pt"
+        torch.save(torch.compile(other).state_dict(), out["compiled"])
+        torch.save(other, d / "module.pt")  # the reference module, reloaded per test
+        out["module"] = d / "module.pt"
+
+        with torch.device("meta"):
+            skeleton = MetaTied()
+        out["meta"] = d / "meta.pt2"
+        torch.export.save(torch.export.export(skeleton, (torch.zeros(3, 5, dtype=torch.long, device="meta"),),
+                                              dynamic_shapes=({0: torch.export.Dim("b", min=2, max=32)},)),
+                          out["meta"])
+        torch.manual_seed(2)
+        out["meta_ckpt"] = d / "meta_ckpt.pt"
+        torch.save(MetaTied().state_dict(), out["meta_ckpt"])
+
+        with torch.device("meta"):
+            const_skeleton = Tied()
+        out["meta_const"] = d / "meta_const.pt2"
+        torch.export.save(torch.export.export(const_skeleton, tuple(t.to("meta") for t in tied_inputs(2))),
+                          out["meta_const"])
+    return out
+
+
+def load_ep(path):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return torch.export.load(str(path))
+
+
+def fill(ckpt, model, out, *extra, rc=0):
+    code, so, se = run_ckptool("materialize", ckpt, "--model", model, "-o", out, "--json", *extra)
+    assert code == rc, f"exit {code}, expected {rc}\n{se[-3000:]}"
+    return (json.loads(so) if rc == 0 else None), se
+
+
+def weights_config(path):
+    with zipfile.ZipFile(path) as z:
+        root = z.namelist()[0].split("/")[0]
+        return json.loads(z.read(f"{root}/data/weights/model_weights_config.json"))["config"]
+
+
+def records(path) -> dict[str, bytes]:
+    with zipfile.ZipFile(path) as z:
+        root = z.namelist()[0].split("/")[0]
+        return {i.filename[len(root) + 1:]: z.read(i.filename) for i in z.infolist()}
+
+
+def assert_aligned(path):
+    with open(path, "rb") as f:
+        raw = f.read()
+    with zipfile.ZipFile(path) as z:
+        for i in z.infolist():
+            assert i.compress_type == zipfile.ZIP_STORED, i.filename
+            n, m = struct.unpack("<HH", raw[i.header_offset + 26:i.header_offset + 30])
+            start = i.header_offset + 30 + n + m
+            assert start % 64 == 0, (i.filename, start)
+
+
+@pytest.mark.parametrize("which", ["ckpt", "compiled"])
+def test_fill_runs_with_checkpoint_weights(files, tmp_path, which):
+    out = tmp_path / "out.pt2"
+    r, _ = fill(files[which], files["ep"], out)
+    if which == "compiled":
+        assert r["filled"]["fc.weight"] == "_orig_mod.fc.weight", r
+    assert r["missing"] == [] and r["unexpected"] == [], r
+    assert sorted(r["from_model_file"]) == ["consttensor", "nonpersist"], r
+    ref = torch.load(files["module"], weights_only=False)
+    got = load_ep(out).module()
+    for batch in (2, 3, 7):  # the batch dimension stays dynamic
+        idx, x = tied_inputs(batch)
+        want_y, want_z = ref(idx, x)
+        y, z = got(idx, x)
+        torch.testing.assert_close(y, want_y, rtol=0, atol=0)
+        torch.testing.assert_close(z["logits"], want_z["logits"], rtol=0, atol=0)
+    # The original archive's weights differ, so the program really runs the new ones.
+    orig_y, _ = load_ep(files["ep"]).module()(*tied_inputs(3))
+    assert not torch.equal(orig_y, ref(*tied_inputs(3))[0])
+    # Ties stay one file; everything but the tensor files is the archive's byte for byte.
+    cfg = weights_config(out)
+    assert cfg["emb.weight"]["path_name"] == cfg["head.weight"]["path_name"]
+    assert cfg == weights_config(files["ep"])
+    before, after = records(files["ep"]), records(out)
+    assert list(before) == list(after)
+    for name, data in before.items():
+        if not name.startswith("data/weights/weight_"):
+            assert after[name] == data, name
+    assert_aligned(out)
+
+
+def test_meta_export_filled(files, tmp_path):
+    out = tmp_path / "meta_out.pt2"
+    r, _ = fill(files["meta_ckpt"], files["meta"], out)
+    assert r["meta_export"] is True and r["missing"] == [], r
+    ref = MetaTied()
+    ref.load_state_dict(torch.load(files["meta_ckpt"]))
+    got = load_ep(out)
+    for k, v in got.state_dict.items():
+        assert v.device.type == "cpu", k
+        torch.testing.assert_close(v, ref.state_dict()[k], rtol=0, atol=0)
+    for batch in (2, 5):
+        idx = torch.randint(0, 10, (batch, 5))
+        for a, b in zip(got.module()(idx), ref(idx)):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+    cfg = weights_config(out)
+    files_named = {e["path_name"] for e in cfg.values()}
+    # One file per tensor (the meta group undone), the tie one file.
+    assert cfg["emb.weight"]["path_name"] == cfg["head.weight"]["path_name"]
+    assert len(files_named) == len(cfg) - 1
+    assert all(e["tensor_meta"]["device"]["type"] == "cpu" for e in cfg.values())
+    assert cfg["wt"]["tensor_meta"]["strides"] == weights_config(files["meta"])["wt"]["tensor_meta"]["strides"]
+    assert b'"meta"' not in records(out)["models/model.json"]
+    assert_aligned(out)
+
+
+def test_meta_constant_without_data_refused(files, tmp_path):
+    out = tmp_path / "o.pt2"
+    _, err = fill(files["ckpt"], files["meta_const"], out, rc=3)
+    assert "no data in the archive" in err and "nonpersist" in err, err
+    assert not out.exists()
+
+
+def rewritten_ckpt(files, tmp_path, edit) -> Path:
+    sd = torch.load(files["ckpt"])
+    edit(sd)
+    p = tmp_path / "edited.pt"
+    torch.save(sd, p)
+    return p
+
+
+@pytest.mark.parametrize("case,rc,needle", [
+    ("shape", 3, "fc.weight"),
+    ("dtype", 3, "fc.weight"),
+    ("missing", 1, "fc.bias"),
+])
+def test_refused_nothing_written(files, tmp_path, case, rc, needle):
+    edits = {
+        "shape": lambda sd: sd.__setitem__("fc.weight", torch.zeros(3, 5)),
+        "dtype": lambda sd: sd.__setitem__("fc.weight", sd["fc.weight"].double()),
+        "missing": lambda sd: sd.pop("fc.bias"),
+    }
+    ckpt = rewritten_ckpt(files, tmp_path, edits[case])
+    out = tmp_path / "o.pt2"
+    _, err = fill(ckpt, files["ep"], out, rc=rc)
+    assert needle in err and len(err.strip().splitlines()) == 1, err
+    assert not out.exists()
+    assert list(tmp_path.iterdir()) == [ckpt]  # no temporary left either
+
+
+def test_no_strict_keeps_archive_values(files, tmp_path):
+    ckpt = rewritten_ckpt(files, tmp_path, lambda sd: sd.pop("fc.bias"))
+    out = tmp_path / "o.pt2"
+    r, _ = fill(ckpt, files["ep"], out, "--no-strict")
+    assert r["missing"] == ["fc.bias"], r
+    got = load_ep(out).state_dict
+    torch.testing.assert_close(got["fc.bias"], load_ep(files["ep"]).state_dict["fc.bias"], rtol=0, atol=0)
+    torch.testing.assert_close(got["fc.weight"], torch.load(ckpt)["fc.weight"], rtol=0, atol=0)
+
+
+def test_run_unsupported(files, tmp_path):
+    rc, _, err = run_ckptool("materialize", files["ckpt"], "--model", files["ep"], "--run", "forward",
+                             "--input", "2x5:int64", "--input", "2x4")
+    assert rc == 3 and "--run" in err and "torch.export" in err, err
