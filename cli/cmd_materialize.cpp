@@ -114,11 +114,6 @@ int run_materialize(materialize_options& o) {
   // A torch.export archive (formats.md §14.9): filled and written without LibTorch.
   if (!o.req.model.empty() && !aoti)
     if (std::optional<ckpt::checkpoint> ep = open_exported_program(o.req.model, o.reader)) {
-      if (!o.req.run_method.empty())
-        throw ckpt::error(ckpt::errc::unsupported,
-                          "--run with a torch.export archive: this build runs TorchScript modules and AOTInductor "
-                          "packages only (formats.md §14.9)")
-            .with_file(o.req.model);
       if (o.req.dtype.size() || o.req.mmap || o.req.check_finite)
         throw ckpt::error(ckpt::errc::usage, "--dtype, --mmap and --check-finite do not apply to a torch.export --model: "
                                              "its weights are written with the archive's own dtypes");
@@ -129,6 +124,8 @@ int run_materialize(materialize_options& o) {
       a.out = o.req.output;
       a.strict = o.req.strict;
       a.json = o.json;
+      a.run = o.req;
+      a.run.output = nullptr;
       return materialize_exported_program(set, c, *ep, a, report);
     }
   if (aoti) {

@@ -1,17 +1,23 @@
 #include "pt2_fill_cli.h"
 
+#include <unistd.h>
+
 #include <chrono>
+#include <cmath>
+#include <cstdlib>
 #include <iomanip>
 #include <iostream>
 
 #include <nlohmann/json.hpp>
 
+#include "base/text.h"
 #include "base/text_escape.h"
 #include "ckpt/error.h"
 #include "ckpt/pt2.h"
 #include "ckpt/pt2_fill.h"
 #include "ckpt/report.h"
 #include "common.h"
+#include "plugin/torch_plugin.h"
 
 namespace cli {
 namespace {
@@ -22,6 +28,28 @@ void print_list(std::ostream& out, const char* title, const std::vector<std::str
   for (size_t i = 0; i < items.size() && i < 20; ++i) out << "  " << ckpt::display_name(items[i]) << "\n";
   if (items.size() > 20) out << "  ... " << items.size() - 20 << " more\n";
 }
+
+// The filled archive --run needs on disk when -o names none (or a stream): removed on
+// every way out of the command.
+class temporary_archive {
+ public:
+  temporary_archive() {
+    const char* dir = std::getenv("TMPDIR");
+    path_ = std::string(dir && *dir ? dir : "/tmp") + "/ckptool-filled-XXXXXX.pt2";
+    fd_ = ::mkstemps(path_.data(), 4);
+    if (fd_ < 0) throw ckpt::error(ckpt::errc::io, "cannot create a temporary file for --run").with_file(path_);
+  }
+  ~temporary_archive() {
+    ::close(fd_);
+    ::unlink(path_.c_str());
+  }
+  int fd() const { return fd_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+};
 
 }  // namespace
 
@@ -53,6 +81,21 @@ int materialize_exported_program(ckpt::output_set& set, const ckpt::checkpoint& 
   } else {
     set.check_inputs_unchanged();
   }
+  // --run loads the written archive, as torch.export.load would, in LibTorch's runtime.
+  ckpt::materialize_report run;
+  if (!a.run.run_method.empty()) {
+    std::optional<temporary_archive> temp;
+    ckpt::materialize_request req = a.run;
+    if (a.out && !a.out->is_stream()) {
+      req.model = a.output;
+    } else {
+      temp.emplace();
+      ckpt::pt2::write_filled(c, ep, plan, temp->fd());
+      req.model = temp->path();
+    }
+    ckpt::checkpoint unused;
+    run = ckpt::torch_plugin().materialize(unused, req);
+  }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
   if (a.json) {
@@ -72,6 +115,22 @@ int materialize_exported_program(ckpt::output_set& set, const ckpt::checkpoint& 
     doc["from_model_file"] = plan.from_archive;
     doc["unexpected"] = plan.unexpected;
     doc["meta_export"] = plan.meta_export;
+    if (!run.run_method.empty()) {
+      nlohmann::json outs = nlohmann::json::array();
+      for (size_t i = 0; i < run.outputs.size(); ++i) {
+        const auto& x = run.outputs[i];
+        nlohmann::json j = {{"path", x.path}, {"type", x.type}};
+        if (x.is_tensor) {
+          j["dtype"] = x.dtype;
+          j["shape"] = x.shape;
+          j["checksum"] = run.checksums[i];
+        } else {
+          j["value"] = x.value;
+        }
+        outs.push_back(j);
+      }
+      doc["run"] = {{"method", run.run_method}, {"runtime", "nativert"}, {"outputs", outs}};
+    }
     doc["output"] = a.out ? nlohmann::json(a.output) : nlohmann::json(nullptr);
     report << ckpt::json_text(doc) << "\n";
   } else {
@@ -82,6 +141,18 @@ int materialize_exported_program(ckpt::output_set& set, const ckpt::checkpoint& 
     print_list(report, "kept from the archive (not in the checkpoint, --no-strict)", plan.kept);
     print_list(report, "from the archive (constants and entries no state dict holds)", plan.from_archive);
     print_list(report, "not used by the archive", plan.unexpected);
+    if (!run.run_method.empty()) {
+      report << ckpt::escape_controls(run.run_method) << " on cpu (nativert) returned:\n";
+      for (size_t i = 0; i < run.outputs.size(); ++i) {
+        const auto& x = run.outputs[i];
+        report << "  " << (x.path.empty() ? "(result)" : ckpt::display_name(x.path)) << ": ";
+        if (x.is_tensor)
+          report << ckpt::escape_controls(x.dtype) << " " << ckpt::text::shape(x.shape) << "  checksum "
+                 << std::setprecision(6) << run.checksums[i] << "\n";
+        else
+          report << ckpt::escape_controls(x.type) << " " << ckpt::escape_controls(x.value) << "\n";
+      }
+    }
     if (a.out) report << "wrote " << ckpt::display_name(a.output) << "\n";
   }
   return 0;

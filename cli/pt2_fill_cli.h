@@ -7,6 +7,7 @@
 #include <string>
 
 #include "ckpt/checkpoint.h"
+#include "ckpt/materialize.h"
 #include "ckpt/output_set.h"
 
 namespace cli {
@@ -20,6 +21,8 @@ struct pt2_fill_args {
   ckpt::output_file* out = nullptr;  // -o, declared in `set`
   bool strict = true;
   bool json = false;
+  /// --run: the filled archive (-o, else a temporary file) run by the LibTorch plugin.
+  ckpt::materialize_request run;
 };
 
 /// Plans the fill (every refusal before anything is written), writes -o and commits the

@@ -98,6 +98,7 @@ set(CKPT_CORE_SOURCES
 # libckpt_torch.so: everything that creates tensors or TorchScript modules through LibTorch.
 set(CKPT_TORCH_SOURCES
   ${CKPT_ROOT}/src/torch/aoti_swap.cpp
+  ${CKPT_ROOT}/src/torch/run_exported.cpp
   ${CKPT_ROOT}/src/torch/aten_types.cpp
   ${CKPT_ROOT}/src/torch/c10d_group.cpp
   ${CKPT_ROOT}/src/torch/cast_values.cpp
@@ -243,6 +244,7 @@ set(CKPT_SHARED_HEADERS
   ${CKPT_ROOT}/src/report/json_input.h
   ${CKPT_ROOT}/src/report/json_writer.h
   ${CKPT_ROOT}/src/torch/aoti_swap.h
+  ${CKPT_ROOT}/src/torch/run_exported.h
   ${CKPT_ROOT}/src/report/pt2_report.h
   ${CKPT_ROOT}/src/torch/aten_types.h
   ${CKPT_ROOT}/src/torch/c10d_group.h
