@@ -16,6 +16,7 @@
 #include "ckpt/pt2.h"
 #include "ckpt/pt2_fill.h"
 #include "ckpt/report.h"
+#include "aoti_cli.h"
 #include "common.h"
 #include "plugin/torch_plugin.h"
 
@@ -54,6 +55,8 @@ class temporary_archive {
 }  // namespace
 
 std::optional<ckpt::checkpoint> open_exported_program(const std::string& path, const ckpt::open_options& reader) {
+  // Looked at cheaply first: every other --model (TorchScript) is opened by its own path.
+  if (!is_pt2_archive_file(path)) return std::nullopt;
   ckpt::checkpoint ep = ckpt::open_checkpoint(path, reader);
   if (ep.format != ckpt::file_format::pt2 || !ep.pt2) return std::nullopt;
   return ep;
