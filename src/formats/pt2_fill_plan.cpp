@@ -88,7 +88,7 @@ detail::pt2s::json parse_record(const zip::archive& ar, const std::string& recor
 
 }  // namespace
 
-fill_plan plan_fill(const checkpoint& ckpt, const checkpoint& archive, bool strict) {
+static fill_plan plan_fill_checked(const checkpoint& ckpt, const checkpoint& archive, bool strict) {
   if (!archive.pt2 || archive.format != file_format::pt2)
     throw error(errc::usage, "--model is not a torch.export archive").with_file(archive.path);
   const archive_info& info = *archive.pt2;
@@ -326,6 +326,16 @@ fill_plan plan_fill(const checkpoint& ckpt, const checkpoint& archive, bool stri
     if (moved) plan.new_text.emplace_back(m.prog.record, prog.dump());
   }
   return plan;
+}
+
+fill_plan plan_fill(const checkpoint& ckpt, const checkpoint& archive, bool strict) {
+  try {
+    return plan_fill_checked(ckpt, archive, strict);
+  } catch (const nlohmann::json::exception& e) {
+    // The reader checked these records already; a record that still surprises the rewrite
+    // is the archive's fault, never a crash.
+    throw error(errc::corrupt, std::string("a payload config or program record: ") + e.what()).with_file(archive.path);
+  }
 }
 
 }  // namespace ckpt::pt2

@@ -31,7 +31,7 @@ import torch
 import torch.nn as nn
 
 from conftest import run_ckptool
-from test_pt2 import Mlp, Tied
+from test_pt2 import Mlp, Tied, Views
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore::DeprecationWarning"),
@@ -91,6 +91,16 @@ def files(tmp_path_factory) -> dict[str, Path]:
         torch.manual_seed(2)
         out["meta_ckpt"] = d / "meta_ckpt.pt"
         torch.save(MetaTied().state_dict(), out["meta_ckpt"])
+
+        out["views"] = d / "views.pt2"
+        torch.export.save(torch.export.export(Views(), (torch.randn(2, 4),)), out["views"])
+        v = Views()
+        with torch.no_grad():
+            big = torch.arange(100.0, 124.0).reshape(6, 4)
+            v.a, v.b = big[1:3].clone(), big[3:5].clone() * 2
+            v.wt.mul_(-1)
+        out["views_ckpt"] = d / "views_ckpt.pt"
+        torch.save(v.state_dict(), out["views_ckpt"])
 
         with torch.device("meta"):
             const_skeleton = Tied()
@@ -164,6 +174,41 @@ def test_fill_runs_with_checkpoint_weights(files, tmp_path, which):
         if not name.startswith("data/weights/weight_"):
             assert after[name] == data, name
     assert_aligned(out)
+
+
+def test_views_of_one_file(files, tmp_path):
+    """Two buffers slicing one file (with rows no entry covers) and a transposed parameter:
+    each filled through its own view, the rest of the file kept, the slices still one storage."""
+    out = tmp_path / "views_out.pt2"
+    fill(files["views_ckpt"], files["views"], out)
+    ckpt = torch.load(files["views_ckpt"])
+    orig, got = load_ep(files["views"]).state_dict, load_ep(out).state_dict
+    for k in ("a", "b", "wt"):
+        torch.testing.assert_close(got[k], ckpt[k], rtol=0, atol=0)
+    assert got["wt"].stride() == orig["wt"].stride()
+    assert got["a"].untyped_storage().data_ptr() == got["b"].untyped_storage().data_ptr()
+    whole = torch.frombuffer(bytearray(got["a"].untyped_storage()), dtype=torch.float32).reshape(6, 4)
+    was = torch.frombuffer(bytearray(orig["a"].untyped_storage()), dtype=torch.float32).reshape(6, 4)
+    torch.testing.assert_close(whole[0], was[0], rtol=0, atol=0)  # rows no entry views
+    torch.testing.assert_close(whole[5], was[5], rtol=0, atol=0)
+    x = torch.randn(2, 4)  # exported with a static batch of 2
+    want = x @ ckpt["wt"] + ckpt["a"].sum() + ckpt["b"].sum()
+    torch.testing.assert_close(load_ep(out).module()(x), want)
+
+
+def test_untied_checkpoint_refused(files, tmp_path):
+    """The archive ties emb.weight and head.weight (one file); a checkpoint giving them
+    different values cannot be written as one file: refused, nothing written."""
+    sd = torch.load(files["ckpt"])
+    sd["head.weight"] = sd["head.weight"].clone() + 1
+    ckpt = tmp_path / "untied.pt"
+    torch.save(sd, ckpt)
+    out = tmp_path / "o.pt2"
+    _, err = fill(ckpt, files["ep"], out, rc=3)
+    assert "head.weight" in err or "emb.weight" in err, err
+    assert "tie" in err, err
+    assert not out.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["untied.pt"]
 
 
 def test_meta_export_filled(files, tmp_path):
