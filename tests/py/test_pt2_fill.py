@@ -310,6 +310,19 @@ def test_run_through_nativert(files, tmp_path, with_output):
     assert (tmp_path / "o.pt2").exists() == with_output
 
 
+def test_run_meta_export_through_nativert(files):
+    """nativert places weights by the program's devices: the filled meta export runs because
+    its program's meta devices were rewritten to cpu."""
+    rc, so, se = run_ckptool("materialize", files["meta_ckpt"], "--model", files["meta"], "--run", "forward",
+                             "--input", "3x5:int64", "--json")
+    assert rc == 0, se[-3000:]
+    ref = MetaTied()
+    ref.load_state_dict(torch.load(files["meta_ckpt"]))
+    want = [o.double().sum().item() for o in ref(torch.zeros(3, 5, dtype=torch.long))]
+    got = [o["checksum"] for o in json.loads(so)["run"]["outputs"]]
+    assert got == pytest.approx(want, rel=1e-6, abs=1e-6)
+
+
 def test_run_needs_cpu(files, tmp_path):
     rc, _, err = run_ckptool("materialize", files["ckpt"], "--model", files["ep"], "--run", "forward",
                              "--input", "2x5:int64", "--input", "2x4", "--device", "cuda")
