@@ -18,6 +18,7 @@
 #include "ckpt/report.h"
 #include "aoti_cli.h"
 #include "common.h"
+#include "io/temp_registry.h"
 #include "plugin/torch_plugin.h"
 
 namespace cli {
@@ -39,10 +40,12 @@ class temporary_archive {
     path_ = std::string(dir && *dir ? dir : "/tmp") + "/ckptool-filled-XXXXXX.pt2";
     fd_ = ::mkstemps(path_.data(), 4);
     if (fd_ < 0) throw ckpt::error(ckpt::errc::io, "cannot create a temporary file for --run").with_file(path_);
+    slot_ = ckpt::temp_registry::hold(path_.c_str());  // a signal's handler removes it too
   }
   ~temporary_archive() {
     ::close(fd_);
     ::unlink(path_.c_str());
+    if (slot_ >= 0) ckpt::temp_registry::release(slot_);
   }
   int fd() const { return fd_; }
   const std::string& path() const { return path_; }
@@ -50,6 +53,7 @@ class temporary_archive {
  private:
   std::string path_;
   int fd_ = -1;
+  int slot_ = -1;
 };
 
 }  // namespace
