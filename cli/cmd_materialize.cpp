@@ -291,18 +291,20 @@ verb setup_materialize(CLI::App& app) {
   auto o = std::make_shared<materialize_options>();
   CLI::App* cmd = app.add_subcommand(
       "materialize", "Load weights from the file straight onto a device, into empty (never randomly initialized) "
-                     "tensors; into a TorchScript model's skeleton with --model");
+                     "tensors; into a TorchScript model's skeleton, an AOTInductor package or a torch.export "
+                     "archive with --model");
   cmd->add_option("CKPT", o->checkpoint, "torch.save, TorchScript, safetensors or legacy torch file")->required();
   cmd->add_option("--device", o->req.device, "cpu, cuda, cuda:N, or meta (plan and check, copy nothing)")
       ->capture_default_str()->check(device_name());
-  cmd->add_option("--model", o->req.model, "TorchScript model to fill (built on meta; its weights are not read)")
+  cmd->add_option("--model", o->req.model, "TorchScript model to fill (built on meta; its weights are not read), AOTInductor package, "
+                  "or torch.export archive (.pt2; -o writes it filled)")
       ->check(non_empty_path());
   cmd->add_option("--dtype", o->req.dtype, "Cast floating tensors to this type on the device (e.g. bfloat16)")
       ->check(floating_dtype());
   auto strict = cmd->add_flag("--strict", "A model tensor missing from CKPT is an error (the default)");
   cmd->add_flag("--no-strict", o->no_strict, "Fill model tensors missing from CKPT from the model file")->excludes(strict);
   o->output_opt = cmd->add_option("-o,--output", o->output,
-                                  "Write the result: the TorchScript module with --model, else a torch.save archive; "
+                                  "Write the result: the TorchScript module or filled .pt2 with --model, else a torch.save archive; "
                                   "'-' for standard output")
                       ->check(non_empty_path());
   cmd->add_option("--run", o->req.run_method, "After loading, call this method (e.g. forward, evaluation_step)");

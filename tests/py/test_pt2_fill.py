@@ -102,6 +102,13 @@ def files(tmp_path_factory) -> dict[str, Path]:
         out["views_ckpt"] = d / "views_ckpt.pt"
         torch.save(v.state_dict(), out["views_ckpt"])
 
+        from torch.export.pt2_archive._package import package_pt2
+        out["multi"] = d / "multi.pt2"
+        package_pt2(str(out["multi"]), exported_programs={
+            "a": torch.export.export(Mlp(), (torch.randn(2, 8),)), "b": torch.export.export(Mlp(), (torch.randn(2, 8),))})
+        out["mlp_ckpt"] = d / "mlp.pt"
+        torch.save(Mlp().state_dict(), out["mlp_ckpt"])
+
         with torch.device("meta"):
             const_skeleton = Tied()
         out["meta_const"] = d / "meta_const.pt2"
@@ -240,6 +247,13 @@ def test_meta_constant_without_data_refused(files, tmp_path):
     out = tmp_path / "o.pt2"
     _, err = fill(files["ckpt"], files["meta_const"], out, rc=3)
     assert "no data in the archive" in err and "nonpersist" in err, err
+    assert not out.exists()
+
+
+def test_several_programs_refused(files, tmp_path):
+    out = tmp_path / "o.pt2"
+    _, err = fill(files["mlp_ckpt"], files["multi"], out, rc=3)
+    assert "2 programs" in err, err
     assert not out.exists()
 
 
