@@ -51,8 +51,9 @@ struct fill_plan {
   convert_request request;          // tensor_bytes' request (no cast)
   convert_plan sources;             // the checkpoint tensors used, contiguous
   std::vector<fill_file> files;
-  /// Archive records replaced: by the files written at their place (indexes into files),
-  /// by new text (configs, program), or dropped (a meta export's shared empty file).
+  /// Where files are written (indexes into files): at an archive record of the same name,
+  /// which they replace, else right after the record. Records replaced by new text
+  /// (configs, program) or dropped (a meta export's shared empty file, once nothing names it).
   std::vector<std::pair<std::string, std::vector<size_t>>> files_at;
   std::vector<std::pair<std::string, std::string>> new_text;
   std::vector<std::string> dropped;

@@ -302,8 +302,7 @@ static fill_plan plan_fill_checked(const checkpoint& ckpt, const checkpoint& arc
     for (const std::string& rec : emptied) {
       bool named = false;
       for (const opaque_entry& o : m.opaque) named |= o.file == rec;
-      if (named || files_at_index.count(rec)) continue;
-      plan.dropped.push_back(rec);
+      if (!named) plan.dropped.push_back(rec);
     }
     detail::pt2s::json prog = parse_record(ar, m.prog.record);
     size_t moved = 0;

@@ -116,12 +116,17 @@ void write_filled(const checkpoint& ckpt, const checkpoint& archive, const fill_
   filler fill(ckpt, archive, plan, w);
   for (const zip::entry& e : ar.entries()) {
     const std::string record(e.record);
-    if (auto f = files_at.find(record); f != files_at.end()) {
-      for (size_t i : *f->second) fill.write(plan.files[i]);
-    } else if (auto t = new_text.find(record); t != new_text.end()) {
+    const auto f = files_at.find(record);
+    // A file of that name replaces the record (its bytes rebuilt); new files (a meta
+    // export's) follow the record they replace, which is dropped unless still named.
+    bool replaced = false;
+    if (f != files_at.end())
+      for (size_t i : *f->second) replaced |= plan.files[i].record == record;
+    auto t = new_text.find(record);
+    if (replaced || dropped.count(record)) {
+      // written below, or not at all
+    } else if (t != new_text.end()) {
       w.add_record(record, t->second->data(), t->second->size());
-    } else if (dropped.count(record)) {
-      continue;
     } else if (e.method == 0) {
       // A zero CRC on a non-empty record means "not recorded" (formats.md §2.1): computed then.
       std::optional<uint32_t> crc;
@@ -131,6 +136,8 @@ void write_filled(const checkpoint& ckpt, const checkpoint& archive, const fill_
       const std::vector<uint8_t> bytes = ar.read_record(e);
       w.add_record(record, bytes);
     }
+    if (f != files_at.end())
+      for (size_t i : *f->second) fill.write(plan.files[i]);
   }
   w.finish();
 }
