@@ -114,19 +114,6 @@ int run_materialize(materialize_options& o) {
   // A torch.export archive (formats.md §14.9): filled and written without LibTorch.
   if (!o.req.model.empty() && !aoti)
     if (std::optional<ckpt::checkpoint> ep = open_exported_program(o.req.model, o.reader)) {
-      if (!o.req.run_method.empty()) {
-        // Checked before anything is written (the run comes after -o is committed).
-        if (o.req.run_method != "forward")
-          throw ckpt::error(ckpt::errc::usage, "--run " + o.req.run_method + ": an exported program has one entry point, forward");
-        if (!o.req.run_args.empty()) throw ckpt::error(ckpt::errc::usage, "--arg does not apply to a torch.export --model");
-        if (o.req.device != "cpu")
-          throw ckpt::error(ckpt::errc::unsupported, "--run with a torch.export archive runs on the CPU only (LibTorch's "
-                                                     "ExportedProgram runner, nativert, takes no device); --device " +
-                                                         o.req.device);
-      }
-      if (o.req.dtype.size() || o.req.mmap || o.req.check_finite)
-        throw ckpt::error(ckpt::errc::usage, "--dtype, --mmap and --check-finite do not apply to a torch.export --model: "
-                                             "its weights are written with the archive's own dtypes");
       pt2_fill_args a;
       a.checkpoint = o.checkpoint;
       a.model = o.req.model;

@@ -56,6 +56,23 @@ class temporary_archive {
   int slot_ = -1;
 };
 
+// The flags that mean something else here, refused before anything is read or written.
+void check_flags(const ckpt::materialize_request& req) {
+  if (!req.run_method.empty()) {
+    // Checked before anything is written (the run comes after -o is committed).
+    if (req.run_method != "forward")
+      throw ckpt::error(ckpt::errc::usage, "--run " + req.run_method + ": an exported program has one entry point, forward");
+    if (!req.run_args.empty()) throw ckpt::error(ckpt::errc::usage, "--arg does not apply to a torch.export --model");
+    if (req.device != "cpu")
+      throw ckpt::error(ckpt::errc::unsupported, "--run with a torch.export archive runs on the CPU only (LibTorch's "
+                                                 "ExportedProgram runner, nativert, takes no device); --device " +
+                                                     req.device);
+  }
+  if (req.dtype.size() || req.mmap || req.check_finite)
+    throw ckpt::error(ckpt::errc::usage, "--dtype, --mmap and --check-finite do not apply to a torch.export --model: "
+                                         "its weights are written with the archive's own dtypes");
+}
+
 }  // namespace
 
 std::optional<ckpt::checkpoint> open_exported_program(const std::string& path, const ckpt::open_options& reader) {
@@ -68,6 +85,7 @@ std::optional<ckpt::checkpoint> open_exported_program(const std::string& path, c
 
 int materialize_exported_program(ckpt::output_set& set, const ckpt::checkpoint& c, const ckpt::checkpoint& ep,
                                  const pt2_fill_args& a, std::ostream& report) {
+  check_flags(a.run);
   const auto start = std::chrono::steady_clock::now();
   ckpt::pt2::fill_plan plan;
   try {

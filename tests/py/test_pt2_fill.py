@@ -337,6 +337,15 @@ def test_run_meta_export_through_nativert(files):
     assert got == pytest.approx(want, rel=1e-6, abs=1e-6)
 
 
+@pytest.mark.parametrize("flags", [["--dtype", "bfloat16"], ["--check-finite"],
+                                   ["--run", "forward", "--input", "2x5:int64", "--input", "2x4", "--arg", "1"]])
+def test_flags_that_do_not_apply(files, tmp_path, flags):
+    out = tmp_path / "o.pt2"
+    rc, _, err = run_ckptool("materialize", files["ckpt"], "--model", files["ep"], "-o", out, *flags)
+    assert rc == 2 and "torch.export" in err, err
+    assert not out.exists()
+
+
 def test_run_needs_cpu(files, tmp_path):
     rc, _, err = run_ckptool("materialize", files["ckpt"], "--model", files["ep"], "--run", "forward",
                              "--input", "2x5:int64", "--input", "2x4", "--device", "cuda")
