@@ -14,6 +14,8 @@ checkpoint's weights.
   * refusals with nothing written: a shape or dtype that differs (exit 3, naming the key),
     a missing key (exit 1, as for TorchScript; --no-strict keeps the archive's value),
     a meta archive's constant the checkpoint lacks (exit 3);
+  * a hostile --model archive (test_pt2's corruptions): exit 3 naming its record, nothing
+    written; its unchanged zipfile-written twin (another root, unaligned) is filled;
   * --run through LibTorch's nativert runtime: output checksums equal eager PyTorch's on
     the same inputs, with and without -o (a temporary copy, removed); CPU only (exit 3).
 """
@@ -31,7 +33,7 @@ import torch
 import torch.nn as nn
 
 from conftest import run_ckptool
-from test_pt2 import Mlp, Tied, Views
+from test_pt2 import CORRUPT, Mlp, Tied, Views, rewrite
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore::DeprecationWarning"),
@@ -254,6 +256,23 @@ def test_several_programs_refused(files, tmp_path):
     out = tmp_path / "o.pt2"
     _, err = fill(files["mlp_ckpt"], files["multi"], out, rc=3)
     assert "2 programs" in err, err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("case", ["past_record", "missing_file", "size_mismatch", "unknown_spec"])
+def test_corrupt_archive_refused(files, tmp_path, case):
+    """A hostile --model archive: exit 3 naming the archive's record, nothing written; its
+    unchanged twin (rewritten by Python's zipfile: another root, no alignment) is filled."""
+    twin, bad = tmp_path / "twin.pt2", tmp_path / "bad.pt2"
+    rewrite(files["ep"], twin, lambda r, d: d)
+    fill(files["ckpt"], twin, tmp_path / "twin_out.pt2")
+    got = load_ep(tmp_path / "twin_out.pt2").state_dict
+    torch.testing.assert_close(got["fc.weight"], torch.load(files["ckpt"])["fc.weight"], rtol=0, atol=0)
+    edit, record, needle = CORRUPT[case]
+    rewrite(files["ep"], bad, edit)
+    out = tmp_path / "o.pt2"
+    _, err = fill(files["ckpt"], bad, out, rc=3)
+    assert "bad.pt2" in err and record in err and needle in err, err
     assert not out.exists()
 
 
