@@ -9,6 +9,7 @@
 #include "ckpt/error.h"
 #include "ckpt/report.h"
 #include "common.h"
+#include "formats/pt2_archive.h"
 
 namespace cli {
 namespace {
@@ -182,6 +183,17 @@ bool is_aoti_package_file(const std::string& path) {
     if (!first_record_may_be_pt2(src)) return false;
     auto ar = ckpt::zip::archive::open(src);
     return ckpt::aoti::is_aoti_package(*ar);
+  } catch (const ckpt::error&) {
+    return false;
+  }
+}
+
+bool is_pt2_archive_file(const std::string& path) {
+  try {
+    ckpt::file_source src(path);
+    if (!first_record_may_be_pt2(src)) return false;
+    auto ar = ckpt::zip::archive::open(src);
+    return ckpt::detail::has_pt2_format_record(*ar);
   } catch (const ckpt::error&) {
     return false;
   }

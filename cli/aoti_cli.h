@@ -22,6 +22,10 @@ struct aoti_opened {
 /// open or parse it as a zip is false (the generic open then reports it).
 bool is_aoti_package_file(const std::string& path);
 
+/// True when `path` is a regular zip file whose `archive_format` record says `pt2` (a
+/// torch.export archive or an AOTInductor package); false on any failure, as above.
+bool is_pt2_archive_file(const std::string& path);
+
 /// The package read from metadata (errors name the file).
 aoti_opened open_aoti_package(const std::string& path);
 

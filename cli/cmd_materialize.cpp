@@ -19,6 +19,7 @@
 #include "plugin/torch_plugin.h"
 #include "ckpt/torchscript_code.h"
 #include "aoti_cli.h"
+#include "pt2_fill_cli.h"
 #include "common.h"
 #include "base/text.h"
 #include "input_spec.h"
@@ -109,7 +110,22 @@ int run_materialize(materialize_options& o) {
   // checked against the package's table here, before LibTorch is loaded.
   std::optional<aoti_opened> package;
   ckpt::aoti::swap_plan plan;
-  if (!o.req.model.empty() && is_aoti_package_file(o.req.model)) {
+  const bool aoti = !o.req.model.empty() && is_aoti_package_file(o.req.model);
+  // A torch.export archive (formats.md §14.9): filled and written without LibTorch.
+  if (!o.req.model.empty() && !aoti)
+    if (std::optional<ckpt::checkpoint> ep = open_exported_program(o.req.model, o.reader)) {
+      pt2_fill_args a;
+      a.checkpoint = o.checkpoint;
+      a.model = o.req.model;
+      a.output = o.output;
+      a.out = o.req.output;
+      a.strict = o.req.strict;
+      a.json = o.json;
+      a.run = o.req;
+      a.run.output = nullptr;
+      return materialize_exported_program(set, c, *ep, a, report);
+    }
+  if (aoti) {
     package.emplace(open_aoti_package(o.req.model));
     const ckpt::aoti::model& m = ckpt::aoti::pick_model(package->package, "");
     try {
@@ -262,18 +278,20 @@ verb setup_materialize(CLI::App& app) {
   auto o = std::make_shared<materialize_options>();
   CLI::App* cmd = app.add_subcommand(
       "materialize", "Load weights from the file straight onto a device, into empty (never randomly initialized) "
-                     "tensors; into a TorchScript model's skeleton with --model");
+                     "tensors; into a TorchScript model's skeleton, an AOTInductor package or a torch.export "
+                     "archive with --model");
   cmd->add_option("CKPT", o->checkpoint, "torch.save, TorchScript, safetensors or legacy torch file")->required();
   cmd->add_option("--device", o->req.device, "cpu, cuda, cuda:N, or meta (plan and check, copy nothing)")
       ->capture_default_str()->check(device_name());
-  cmd->add_option("--model", o->req.model, "TorchScript model to fill (built on meta; its weights are not read)")
+  cmd->add_option("--model", o->req.model, "TorchScript model to fill (built on meta; its weights are not read), AOTInductor package, "
+                  "or torch.export archive (.pt2; -o writes it filled)")
       ->check(non_empty_path());
   cmd->add_option("--dtype", o->req.dtype, "Cast floating tensors to this type on the device (e.g. bfloat16)")
       ->check(floating_dtype());
   auto strict = cmd->add_flag("--strict", "A model tensor missing from CKPT is an error (the default)");
   cmd->add_flag("--no-strict", o->no_strict, "Fill model tensors missing from CKPT from the model file")->excludes(strict);
   o->output_opt = cmd->add_option("-o,--output", o->output,
-                                  "Write the result: the TorchScript module with --model, else a torch.save archive; "
+                                  "Write the result: the TorchScript module or filled .pt2 with --model, else a torch.save archive; "
                                   "'-' for standard output")
                       ->check(non_empty_path());
   cmd->add_option("--run", o->req.run_method, "After loading, call this method (e.g. forward, evaluation_step)");

@@ -56,6 +56,8 @@ set(CKPT_CORE_SOURCES
   ${CKPT_ROOT}/src/formats/legacy_reader.cpp
   ${CKPT_ROOT}/src/formats/pickled_module.cpp
   ${CKPT_ROOT}/src/formats/pt2_archive.cpp
+  ${CKPT_ROOT}/src/formats/pt2_fill_plan.cpp
+  ${CKPT_ROOT}/src/formats/pt2_fill_write.cpp
   ${CKPT_ROOT}/src/formats/pt2_program.cpp
   ${CKPT_ROOT}/src/formats/pt2_schema.cpp
   ${CKPT_ROOT}/src/formats/safetensors.cpp
@@ -97,6 +99,7 @@ set(CKPT_CORE_SOURCES
 # libckpt_torch.so: everything that creates tensors or TorchScript modules through LibTorch.
 set(CKPT_TORCH_SOURCES
   ${CKPT_ROOT}/src/torch/aoti_swap.cpp
+  ${CKPT_ROOT}/src/torch/run_exported.cpp
   ${CKPT_ROOT}/src/torch/aten_types.cpp
   ${CKPT_ROOT}/src/torch/c10d_group.cpp
   ${CKPT_ROOT}/src/torch/cast_values.cpp
@@ -145,6 +148,7 @@ set(CKPTOOL_CLI_SOURCES
   ${CKPT_ROOT}/cli/inspect_set_text.cpp
   ${CKPT_ROOT}/cli/inspect_text.cpp
   ${CKPT_ROOT}/cli/inspect_pt2_text.cpp
+  ${CKPT_ROOT}/cli/pt2_fill_cli.cpp
   ${CKPT_ROOT}/cli/load_guard.cpp
   ${CKPT_ROOT}/cli/main.cpp
   ${CKPT_ROOT}/cli/progress.cpp
@@ -181,6 +185,7 @@ set(CKPT_SHARED_HEADERS
   ${CKPT_ROOT}/include/ckpt/pickle_node_text.h
   ${CKPT_ROOT}/include/ckpt/pickle_writer.h
   ${CKPT_ROOT}/include/ckpt/pt2.h
+  ${CKPT_ROOT}/include/ckpt/pt2_fill.h
   ${CKPT_ROOT}/include/ckpt/rekey.h
   ${CKPT_ROOT}/include/ckpt/rekey_file.h
   ${CKPT_ROOT}/include/ckpt/rekey_set.h
@@ -241,6 +246,7 @@ set(CKPT_SHARED_HEADERS
   ${CKPT_ROOT}/src/report/json_input.h
   ${CKPT_ROOT}/src/report/json_writer.h
   ${CKPT_ROOT}/src/torch/aoti_swap.h
+  ${CKPT_ROOT}/src/torch/run_exported.h
   ${CKPT_ROOT}/src/report/pt2_report.h
   ${CKPT_ROOT}/src/torch/aten_types.h
   ${CKPT_ROOT}/src/torch/c10d_group.h

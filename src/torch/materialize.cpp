@@ -17,6 +17,7 @@
 #include "torch/method_args.h"
 #include "torch/torch_message.h"
 #include "torch/aoti_swap.h"
+#include "torch/run_exported.h"
 
 namespace ckpt {
 namespace {
@@ -176,6 +177,9 @@ void run_method(torch::jit::Module& m, const materialize_request& req, const c10
 }  // namespace
 
 materialize_report materialize(checkpoint& c, const materialize_request& req) {
+  // A torch.export archive the CLI has filled already (formats.md §14.9): only --run is left.
+  if (!req.model.empty() && !req.run_method.empty() && !req.aoti_model && detail::is_exported_program(req.model))
+    return detail::run_exported(req);
   if (req.aoti_model) {
     try {
       return detail::materialize_aoti(c, req);

@@ -1,0 +1,104 @@
+#include "torch/run_exported.h"
+
+#include <chrono>
+#include <cmath>
+#include <sstream>
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/grad_mode.h>
+#include <torch/nativert/ModelRunnerHandle.h>
+
+#include "ckpt/checkpoint.h"
+#include "ckpt/error.h"
+#include "ckpt/pt2.h"
+#include "torch/aten_types.h"
+#include "torch/torch_message.h"
+
+namespace ckpt::detail {
+namespace {
+
+void flatten(const c10::IValue& v, const std::string& path, materialize_report& r) {
+  auto child = [&](const std::string& k) { return path.empty() ? k : path + "." + k; };
+  if (v.isTensor()) {
+    at::Tensor t = v.toTensor();
+    meta_output o;
+    o.path = path;
+    o.is_tensor = true;
+    o.type = "Tensor";
+    o.dtype = c10::getDtypeNames(t.scalar_type()).first;
+    o.shape = t.sizes().vec();
+    r.outputs.push_back(o);
+    r.checksums.push_back(t.numel() ? t.to(at::kCPU).to(at::kDouble).sum().item<double>() : 0.0);
+  } else if (v.isTuple() || v.isList()) {
+    auto elems = v.isTuple() ? v.toTupleRef().elements().vec() : v.toListRef().vec();
+    for (size_t i = 0; i < elems.size(); ++i) flatten(elems[i], child(std::to_string(i)), r);
+  } else if (v.isGenericDict()) {
+    for (const auto& e : v.toGenericDict()) {
+      std::ostringstream k;
+      if (e.key().isString())
+        k << e.key().toStringRef();
+      else
+        k << e.key();
+      flatten(e.value(), child(k.str()), r);
+    }
+  } else {
+    meta_output o;
+    o.path = path;
+    o.type = v.tagKind();
+    std::ostringstream s;
+    s << v;
+    o.value = s.str().substr(0, 80);
+    r.outputs.push_back(o);
+    r.checksums.push_back(0.0);
+  }
+}
+
+}  // namespace
+
+bool is_exported_program(const std::string& path) {
+  try {
+    checkpoint c = open_checkpoint(path);
+    return c.format == file_format::pt2 && c.pt2;
+  } catch (const error&) {
+    return false;
+  }
+}
+
+materialize_report run_exported(const materialize_request& req) {
+  if (req.device != "cpu")
+    throw error(errc::unsupported, "--run with a torch.export archive runs on the CPU only (LibTorch's ExportedProgram "
+                                   "runner, nativert, takes no device); --device " + req.device);
+  if (req.run_method != "forward")
+    throw error(errc::usage, "--run " + req.run_method + ": an exported program has one entry point, forward");
+  if (!req.run_args.empty()) throw error(errc::usage, "--arg is not supported with a torch.export archive");
+  materialize_report r;
+  r.device = "cpu";
+  std::vector<c10::IValue> inputs;
+  // The same deterministic inputs as TorchScript's --run: floats from a generator seeded 0,
+  // integers zero.
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(0);
+  for (const auto& in : req.run_inputs) {
+    c10::ScalarType st = scalar_type(in.type);
+    inputs.push_back(at::isFloatingType(st) ? at::randn(in.shape, gen, at::TensorOptions().dtype(at::kFloat)).to(st)
+                                            : at::zeros(in.shape, at::TensorOptions().dtype(st)));
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  c10::IValue out;
+  try {
+    at::NoGradGuard no_grad;
+    torch::nativert::ModelRunnerHandle runner(req.model, "model");
+    out = runner.run(inputs, {});
+  } catch (const c10::Error& e) {
+    throw error(errc::usage, "--run forward failed (nativert): " + condense_torch_message(e.what_without_backtrace()))
+        .with_file(req.model);
+  } catch (const std::exception& e) {
+    throw error(errc::usage, "--run forward failed (nativert): " + condense_torch_message(e.what())).with_file(req.model);
+  }
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  r.run_method = req.run_method;
+  flatten(out, "", r);
+  return r;
+}
+
+}  // namespace ckpt::detail
