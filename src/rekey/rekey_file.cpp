@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <deque>
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <unordered_map>
@@ -13,6 +14,7 @@
 #include "ckpt/zip_writer.h"
 #include "base/string_index.h"
 #include "pickle/node_marks.h"
+#include "rekey/pickle_lockstep.h"
 
 namespace ckpt {
 namespace {
@@ -65,6 +67,17 @@ class reference_counts {
   std::vector<uint8_t> counts_;
 };
 
+// The key nodes renamed where they are, by the offset of the opcode that made each: the
+// written pickle is then checked against the input's opcode by opcode (pickle_lockstep.h)
+// instead of being decoded again. Texts that outlive the tree are kept here.
+struct in_place_log {
+  std::vector<detail::renamed_str> renamed;  // offsets as value::offset gives them
+  std::deque<std::string> texts;            // for names that have no other owner
+  void add(uint64_t offset, std::string_view name, bool name_outlives_tree) {
+    renamed.push_back({offset, name_outlives_tree ? name : std::string_view(texts.emplace_back(name))});
+  }
+};
+
 // Renames the str keys of dict `d` in place: `f(i, key)` gives the new name of its i-th str
 // key (as anything a std::string_view can look at). A key node that is shared (the memo may
 // share it with other places in the pickle) is replaced by a new one; an unshared one is
@@ -72,8 +85,11 @@ class reference_counts {
 // When two keys meet (only possible for `_metadata`: the planner refuses collisions among
 // state-dict keys, whose renaming the mirrors share), the later value wins in the earlier
 // position, as consume_prefix_in_state_dict_if_present does; `may_collide` asks for that check.
+// `log`, if given, records the keys renamed where they are; `stable` says f's names outlive
+// the tree.
 template <class F>
-size_t rename_keys_indexed(pickle::document& doc, const reference_counts& refs, value* d, F&& f, bool may_collide) {
+size_t rename_keys_indexed(pickle::document& doc, const reference_counts& refs, value* d, F&& f, bool may_collide,
+                           in_place_log* log = nullptr, bool stable = false) {
   if (!may_collide) {
     // Every pair stays where it is: keys are renamed or replaced in place, without a second
     // array of a million pairs.
@@ -85,7 +101,10 @@ size_t rename_keys_indexed(pickle::document& doc, const reference_counts& refs, 
       const std::string_view name = renamed;
       if (name == k->text) continue;
       ++changed;
-      if (refs.shared(k)) k = doc.make(kind::str, k->offset);
+      if (refs.shared(k))
+        k = doc.make(kind::str, k->offset);
+      else if (log)
+        log->add(k->offset, name, stable);
       k->text.borrow(doc.keep(name));
     }
     return changed;
@@ -103,7 +122,10 @@ size_t rename_keys_indexed(pickle::document& doc, const reference_counts& refs, 
       const std::string_view name = renamed;
       if (name != k->text) {
         ++changed;
-        if (refs.shared(k)) k = doc.make(kind::str, k->offset);
+        if (refs.shared(k))
+          k = doc.make(kind::str, k->offset);
+        else if (log)
+          log->add(k->offset, name, stable);
         k->text.borrow(doc.keep(name));
       }
       if (may_collide) {
@@ -121,16 +143,18 @@ size_t rename_keys_indexed(pickle::document& doc, const reference_counts& refs, 
   return changed;
 }
 
-size_t rename_keys(pickle::document& doc, const reference_counts& refs, value* d, const renamer& f, bool may_collide) {
+size_t rename_keys(pickle::document& doc, const reference_counts& refs, value* d, const renamer& f, bool may_collide,
+                   in_place_log* log = nullptr) {
   return rename_keys_indexed(
-      doc, refs, d, [&f](size_t, std::string_view k) { return f(std::string(k)); }, may_collide);
+      doc, refs, d, [&f](size_t, std::string_view k) { return f(std::string(k)); }, may_collide, log);
 }
 
 // `_metadata` follows the keys (module_rules); wrappers that an edit adds get the entry
 // nn.Module.state_dict() would give them, {'version': 1}, just before the module they wrap.
-size_t rename_metadata(pickle::document& doc, const reference_counts& refs, value* meta, const module_rules& rules) {
+size_t rename_metadata(pickle::document& doc, const reference_counts& refs, value* meta, const module_rules& rules,
+                       in_place_log* log) {
   const renamer module_path = [&](const std::string& p) { return map_module_path(rules, p); };
-  size_t changed = rename_keys(doc, refs, meta, module_path, true);
+  size_t changed = rename_keys(doc, refs, meta, module_path, true, log);
   for (const auto& [wrapper, before] : added_wrapper_paths(rules)) {
     bool present = false;
     size_t position = meta->dict_size();
@@ -367,8 +391,13 @@ struct made_pickle {
 // verbatim copy, so this is checked without building the tensor records a second time (for
 // a million tensors, a second open_checkpoint doubled rekey's time and memory). With
 // release_input the input's archive is freed once compared, before data.pkl is decoded.
+//
+// The pickle is decoded only when it cannot be shown cheaper to be the input's own (which
+// did decode) with just the key texts renamed in place changed: read from the input
+// again, the two are compared opcode by opcode (pickle_lockstep.h; formats.md §2.5). For a
+// million tensors a decode was a tenth of rekey's time. `log` null: decode.
 void verify_torch_output(const std::string& temp, checkpoint& in, const made_pickle& pkl, const rekey_plan& plan,
-                         const rekey_request& req) {
+                         const rekey_request& req, in_place_log* log) {
   file_source src(temp);
   auto ar = zip::archive::open(src, req.reader.zip_limits);
   {
@@ -382,6 +411,16 @@ void verify_torch_output(const std::string& temp, checkpoint& in, const made_pic
         not_read_back("with record " + std::string(before[i].record) + " unchanged");
     }
   }
+  std::vector<uint8_t> before;
+  uint64_t before_base = 0;
+  if (log) {
+    const zip::entry* old = only_file(in).zip->find("data.pkl");
+    if (!old) log = nullptr;
+    if (log) {
+      before = only_file(in).zip->read_record(*old);
+      before_base = old->method == 0 ? old->data_offset : 0;  // as parse_record_pickle gave value::offset
+    }
+  }
   if (req.release_input) only_file(in).zip.reset();
   const zip::entry* data = ar->find("data.pkl");
   if (!data || data->uncompressed_size != pkl.size || data->crc32 != pkl.crc32) not_read_back("with the pickle written");
@@ -389,6 +428,21 @@ void verify_torch_output(const std::string& temp, checkpoint& in, const made_pic
   if (bytes.size() != pkl.size || zip::crc32_update(0, bytes.data(), bytes.size()) != pkl.crc32)
     not_read_back("with the pickle written");
   ar.reset();
+  if (log) {
+    auto& renamed = log->renamed;
+    bool usable = true;
+    for (auto& r : renamed) {
+      if (r.pos < before_base) usable = false;
+      r.pos -= before_base;
+    }
+    auto by_pos = [](const detail::renamed_str& a, const detail::renamed_str& b) { return a.pos < b.pos; };
+    if (!std::is_sorted(renamed.begin(), renamed.end(), by_pos)) std::sort(renamed.begin(), renamed.end(), by_pos);
+    for (size_t i = 1; i < renamed.size() && usable; ++i) usable = renamed[i].pos != renamed[i - 1].pos;
+    if (usable && detail::same_but_renamed(before.data(), before.size(), bytes.data(), bytes.size(), renamed,
+                                           req.reader.pickle_limits))
+      return;
+  }
+  std::vector<uint8_t>().swap(before);
   check_pickle_reads_back(bytes.data(), bytes.size(), in, plan, req.reader);
 }
 
@@ -421,7 +475,7 @@ void release_records(checkpoint& c) {
 // in large pieces: one copy_file_range per record cost two system calls each.
 constexpr uint64_t kSmallRecord = 64 << 10;
 
-void write_torch_zip(checkpoint& c, const rekey_request& req, rekey_result& result) {
+void write_torch_zip(checkpoint& c, const rekey_request& req, rekey_result& result, in_place_log* log) {
   const pickle::document& doc = *only_file(c).pickle;
   output_file& out = *req.output;
   made_pickle pkl;
@@ -499,7 +553,7 @@ void write_torch_zip(checkpoint& c, const rekey_request& req, rekey_result& resu
   }
   if (req.release_input) release_pickle(c);
   if (out.is_stream()) return;
-  verify_torch_output(out.temp_path(), c, pkl, result.plan, req);
+  verify_torch_output(out.temp_path(), c, pkl, result.plan, req, log);
 }
 
 void write_safetensors(checkpoint& c, const rekey_request& req, rekey_result& result, const renamer& rename,
@@ -611,6 +665,8 @@ rekey_result rekey_file(checkpoint& c, const rekey_request& req) {
         .with_file(c.path);
   }
 
+  in_place_log log;
+  bool log_complete = true;  // every change to the tree is a logged in-place rename
   if (c.format != file_format::safetensors) {
     pickle::document& doc = *only_file(c).pickle;
     value* sd = const_cast<value*>(c.state_dict_node);
@@ -631,12 +687,15 @@ rekey_result rekey_file(checkpoint& c, const rekey_request& req) {
       const reference_counts refs(doc);
       rename_keys_indexed(
           doc, refs, sd, [&](size_t i, std::string_view) -> const std::string& { return mapping[i].second; },
-          false);
+          false, &log, true);
       if (meta)
-        result.metadata_renamed = rename_metadata(doc, refs, meta, derive_module_rules(result.plan.mapping));
+        result.metadata_renamed = rename_metadata(doc, refs, meta, derive_module_rules(result.plan.mapping), &log);
       // A mirror's keys are state-dict keys, which the plan renames without collisions.
+      // Not logged: a mirror could lie on the path to the state dict, which the check
+      // against the input would not see renamed.
       for (auto& [d, path] : mirrors)
         if (rename_keys(doc, refs, d, rename, false)) result.mirrored_dicts.push_back(path);
+      log_complete = result.mirrored_dicts.empty();
     } else {
       for (auto& [d, path] : mirrors) result.mirrored_dicts.push_back(path);
     }
@@ -649,7 +708,7 @@ rekey_result rekey_file(checkpoint& c, const rekey_request& req) {
       std::vector<std::string> written;
       write_safetensors(c, req, result, rename, written);
     } else {
-      write_torch_zip(c, req, result);
+      write_torch_zip(c, req, result, log_complete ? &log : nullptr);
     }
   } catch (error& e) {
     e.with_file(req.output->path());
