@@ -69,12 +69,29 @@ class reference_counts {
 
 // The key nodes renamed where they are, by the offset of the opcode that made each: the
 // written pickle is then checked against the input's opcode by opcode (pickle_lockstep.h)
-// instead of being decoded again. Texts that outlive the tree are kept here.
+// instead of being decoded again. State-dict keys by their index in the plan, whose names
+// outlive the tree (8 bytes a key at rekey's peak), other keys with a copy of their name.
 struct in_place_log {
-  std::vector<detail::renamed_str> renamed;  // offsets as value::offset gives them
-  std::deque<std::string> texts;            // for names that have no other owner
-  void add(uint64_t offset, std::string_view name, bool name_outlives_tree) {
-    renamed.push_back({offset, name_outlives_tree ? name : std::string_view(texts.emplace_back(name))});
+  static constexpr uint64_t kNotLogged = ~uint64_t(0);
+  std::vector<uint64_t> sd_offsets;          // offsets as value::offset gives them
+  std::vector<detail::renamed_str> others;
+  std::deque<std::string> texts;
+  void add(size_t sd_index, uint64_t offset, std::string_view name) {
+    if (sd_index != kNotLogged) {
+      if (sd_offsets.size() <= sd_index) sd_offsets.resize(sd_index + 1, kNotLogged);
+      sd_offsets[sd_index] = offset;
+    } else {
+      others.push_back({offset, texts.emplace_back(name)});
+    }
+  }
+  /// Every rename, its text from the plan for a state-dict key.
+  std::vector<detail::renamed_str> all(const rekey_plan& plan) const {
+    std::vector<detail::renamed_str> out;
+    out.reserve(sd_offsets.size() + others.size());
+    for (size_t i = 0; i < sd_offsets.size(); ++i)
+      if (sd_offsets[i] != kNotLogged) out.push_back({sd_offsets[i], plan.mapping[i].second});
+    out.insert(out.end(), others.begin(), others.end());
+    return out;
   }
 };
 
@@ -85,11 +102,13 @@ struct in_place_log {
 // When two keys meet (only possible for `_metadata`: the planner refuses collisions among
 // state-dict keys, whose renaming the mirrors share), the later value wins in the earlier
 // position, as consume_prefix_in_state_dict_if_present does; `may_collide` asks for that check.
-// `log`, if given, records the keys renamed where they are; `stable` says f's names outlive
-// the tree.
+// `log`, if given, records the keys renamed where they are; `sd` says `d` is the state
+// dict, whose i-th str key the plan's i-th entry names; `borrow` that f's names outlive the
+// tree, which then points at them instead of copying them into its arena (a million keys:
+// 32 MB at rekey's peak).
 template <class F>
 size_t rename_keys_indexed(pickle::document& doc, const reference_counts& refs, value* d, F&& f, bool may_collide,
-                           in_place_log* log = nullptr, bool stable = false) {
+                           in_place_log* log = nullptr, bool sd = false, bool borrow = false) {
   if (!may_collide) {
     // Every pair stays where it is: keys are renamed or replaced in place, without a second
     // array of a million pairs.
@@ -104,8 +123,8 @@ size_t rename_keys_indexed(pickle::document& doc, const reference_counts& refs, 
       if (refs.shared(k))
         k = doc.make(kind::str, k->offset);
       else if (log)
-        log->add(k->offset, name, stable);
-      k->text.borrow(doc.keep(name));
+        log->add(sd ? str_index - 1 : in_place_log::kNotLogged, k->offset, name);
+      k->text.borrow(borrow ? name : doc.keep(name));
     }
     return changed;
   }
@@ -125,7 +144,7 @@ size_t rename_keys_indexed(pickle::document& doc, const reference_counts& refs, 
         if (refs.shared(k))
           k = doc.make(kind::str, k->offset);
         else if (log)
-          log->add(k->offset, name, stable);
+          log->add(sd ? str_index - 1 : in_place_log::kNotLogged, k->offset, name);
         k->text.borrow(doc.keep(name));
       }
       if (may_collide) {
@@ -429,7 +448,7 @@ void verify_torch_output(const std::string& temp, checkpoint& in, const made_pic
     not_read_back("with the pickle written");
   ar.reset();
   if (log) {
-    auto& renamed = log->renamed;
+    std::vector<detail::renamed_str> renamed = log->all(plan);
     bool usable = true;
     for (auto& r : renamed) {
       if (r.pos < before_base) usable = false;
@@ -666,6 +685,15 @@ rekey_result rekey_file(checkpoint& c, const rekey_request& req) {
   }
 
   in_place_log log;
+  // Whatever way rekey_file is left: the tree borrows the plan's names, which go with it.
+  struct tree_releaser {
+    checkpoint** c;
+    ~tree_releaser() {
+      if (*c) release_pickle(**c);
+    }
+  };
+  checkpoint* release_tree_on_exit = nullptr;
+  const tree_releaser releaser{&release_tree_on_exit};
   bool log_complete = true;  // every change to the tree is a logged in-place rename
   if (c.format != file_format::safetensors) {
     pickle::document& doc = *only_file(c).pickle;
@@ -685,9 +713,13 @@ rekey_result rekey_file(checkpoint& c, const rekey_request& req) {
     if (!req.dry_run) {
       // The plan already holds every state-dict key's new name, in the dict's order.
       const reference_counts refs(doc);
+      log.sd_offsets.reserve(mapping.size());
+      // The new names stay in the plan, which outlives the tree where the tree is released
+      // here (release_input); otherwise the tree gets copies.
       rename_keys_indexed(
           doc, refs, sd, [&](size_t i, std::string_view) -> const std::string& { return mapping[i].second; },
-          false, &log, true);
+          false, &log, true, req.release_input);
+      if (req.release_input) release_tree_on_exit = &c;
       if (meta)
         result.metadata_renamed = rename_metadata(doc, refs, meta, derive_module_rules(result.plan.mapping), &log);
       // A mirror's keys are state-dict keys, which the plan renames without collisions.
