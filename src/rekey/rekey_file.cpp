@@ -523,6 +523,9 @@ void write_torch_zip(checkpoint& c, const rekey_request& req, rekey_result& resu
   const file_source& src = file_of(c);
   {
     zip::writer w(out.fd(), only_file(c).zip->prefix(), output_alignment(c));
+    // The names are the input's, which its reader found distinct; a file is read back, and
+    // its reader refuses repeated names again. A stream keeps the writer's own check.
+    if (!out.is_stream()) w.trust_unique_names();
     // Room for every record's name is made after data.pkl (torch's first record) is written:
     // a million names' index beside the tree was 32 MB at rekey's peak.
     bool reserved = false;

@@ -148,7 +148,7 @@ void writer::add_record_known_crc(std::string_view record, const void* data, siz
 
 void writer::reserve(size_t records) {
   central_.reserve(records);
-  if (2 * records > name_index_.size()) rebuild_name_index(2 * records);
+  if (!trust_names_ && 2 * records > name_index_.size()) rebuild_name_index(2 * records);
 }
 
 // Slots hold 1 + the record's index and, above it, 32 bits of its name's hash, so a probe
@@ -168,6 +168,11 @@ void writer::rebuild_name_index(size_t want) {
 }
 
 bool writer::insert_name(std::string_view name) {
+  if (trust_names_) {
+    if (central_.size() >= UINT32_MAX - 1) usage_error("more than 4294967294 records");
+    names_.append(name);
+    return true;
+  }
   // Kept at most half full; rebuilt from the arena when it grows.
   if (2 * (central_.size() + 1) > name_index_.size()) rebuild_name_index(2 * name_index_.size());
   if (central_.size() >= UINT32_MAX - 1) usage_error("more than 4294967294 records");

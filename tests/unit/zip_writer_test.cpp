@@ -267,6 +267,22 @@ TEST_CASE("a record of unknown size below 4 GiB comes out as one of known size")
   CHECK(error_kind([&] { w.finish(); }) == errc::io);
 }
 
+TEST_CASE("trusted unique names are not indexed, and come out the same") {
+  temp_file checked, trusted;
+  for (int pass = 0; pass < 2; ++pass) {
+    ckpt::zip::writer w(pass ? trusted.fd : checked.fd, "m");
+    if (pass) w.trust_unique_names();
+    w.reserve(3);
+    for (const char* name : {"data.pkl", "data/0", "version"}) w.add_record(name, pattern(10, 4));
+    w.finish();
+  }
+  CHECK(checked.bytes() == trusted.bytes());
+  temp_file out;
+  ckpt::zip::writer w(out.fd, "m");
+  w.add_record("a", pattern(1, 1));
+  CHECK(error_kind([&] { w.add_record("a", pattern(1, 1)); }) == errc::usage);
+}
+
 TEST_CASE("misuse is a usage error") {
   temp_file out;
   CHECK(error_kind([&] { ckpt::zip::writer(out.fd, "a/b"); }) == errc::usage);
