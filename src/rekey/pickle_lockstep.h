@@ -1,5 +1,5 @@
 // Internal: tells that a pickle is another one with only some str operands changed, by
-// walking both opcode by opcode, without decoding either (docs/formats.md §2.5).
+// walking both opcode by opcode, without decoding either (docs/formats.md §3.1.1).
 #pragma once
 
 #include <cstddef>

@@ -413,7 +413,7 @@ struct made_pickle {
 //
 // The pickle is decoded only when it cannot be shown cheaper to be the input's own (which
 // did decode) with just the key texts renamed in place changed: read from the input
-// again, the two are compared opcode by opcode (pickle_lockstep.h; formats.md §2.5). For a
+// again, the two are compared opcode by opcode (pickle_lockstep.h; formats.md §3.1.1). For a
 // million tensors a decode was a tenth of rekey's time. `log` null: decode.
 void verify_torch_output(const std::string& temp, checkpoint& in, const made_pickle& pkl, const rekey_plan& plan,
                          const rekey_request& req, in_place_log* log) {
