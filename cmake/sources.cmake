@@ -78,6 +78,7 @@ set(CKPT_CORE_SOURCES
   ${CKPT_ROOT}/src/rekey/dcp_metadata_rewrite.cpp
   ${CKPT_ROOT}/src/rekey/dcp_planner_path.cpp
   ${CKPT_ROOT}/src/rekey/dcp_rekey.cpp
+  ${CKPT_ROOT}/src/rekey/pickle_lockstep.cpp
   ${CKPT_ROOT}/src/rekey/rekey_file.cpp
   ${CKPT_ROOT}/src/rekey/rekey_hf_set.cpp
   ${CKPT_ROOT}/src/rekey/rekey_plan.cpp

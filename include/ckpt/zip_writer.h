@@ -72,8 +72,17 @@ class writer {
   /// A record streamed in pieces: begin_record, write() exactly `size` bytes in total, then
   /// end_record(). The size must be known up front because it decides the header layout.
   void begin_record(std::string_view record, uint64_t size);
+  /// A streamed record whose size is not known yet, only that it is at least 1 byte and
+  /// below 0xFFFFFFFF: every such size gets the same local header (the sizes and CRC-32 go in
+  /// the descriptor after the data), so one pass over the bytes suffices where begin_record
+  /// needs a pass to measure them first. write() then end_record(); a write past 0xFFFFFFFE
+  /// bytes, or an end_record() after none, throws errc::usage and leaves the archive broken.
+  void begin_record_below_4gib(std::string_view record);
   void write(const void* data, size_t n);
   void end_record();
+  /// The size and CRC-32 of the record last ended.
+  uint64_t last_record_size() const { return central_.empty() ? 0 : central_.back().size; }
+  uint32_t last_record_crc32() const { return central_.empty() ? 0 : central_.back().crc32; }
 
   /// Copies `size` bytes at `src_offset` of `src_fd` into a new record. With `known_crc32`
   /// (the caller asserts the bytes are exactly those it describes, e.g. a stored record whose
@@ -89,6 +98,12 @@ class writer {
   /// Room for `records` records, so that writing a million does not regrow the index of
   /// their names over and over. Optional.
   void reserve(size_t records);
+
+  /// From now on the caller vouches that no record name repeats (the records are copied
+  /// from an archive whose reader refused repeated names, and the result is read back):
+  /// names are no longer indexed to refuse a second one. For a million records the index
+  /// was a twentieth of rekey's time.
+  void trust_unique_names() { trust_names_ = true; }
 
   /// Writes the central directory and end records. Nothing may be added afterwards.
   void finish();
@@ -147,6 +162,11 @@ class writer {
   uint64_t record_size_ = 0;
   uint64_t record_written_ = 0;
   uint32_t record_crc_ = 0;
+  bool record_unsized_ = false;
+  bool trust_names_ = false;  // begun by begin_record_below_4gib: record_size_ is the bound
+  // Scratch of start_entry, kept across records (a million records, two allocations each).
+  std::string entry_name_;
+  std::vector<uint8_t> entry_extra_;
   bool finished_ = false;
   bool broken_ = false;  // an I/O error left the output in an unknown state
   std::function<void(uint64_t)> on_bytes_out_;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <deque>
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <unordered_map>
@@ -14,6 +15,7 @@
 #include "base/string_index.h"
 #include "pickle/node_marks.h"
 #include "rekey/rekey_pt2.h"
+#include "rekey/pickle_lockstep.h"
 
 namespace ckpt {
 namespace {
@@ -66,6 +68,34 @@ class reference_counts {
   std::vector<uint8_t> counts_;
 };
 
+// The key nodes renamed where they are, by the offset of the opcode that made each: the
+// written pickle is then checked against the input's opcode by opcode (pickle_lockstep.h)
+// instead of being decoded again. State-dict keys by their index in the plan, whose names
+// outlive the tree (8 bytes a key at rekey's peak), other keys with a copy of their name.
+struct in_place_log {
+  static constexpr uint64_t kNotLogged = ~uint64_t(0);
+  std::vector<uint64_t> sd_offsets;          // offsets as value::offset gives them
+  std::vector<detail::renamed_str> others;
+  std::deque<std::string> texts;
+  void add(size_t sd_index, uint64_t offset, std::string_view name) {
+    if (sd_index != kNotLogged) {
+      if (sd_offsets.size() <= sd_index) sd_offsets.resize(sd_index + 1, kNotLogged);
+      sd_offsets[sd_index] = offset;
+    } else {
+      others.push_back({offset, texts.emplace_back(name)});
+    }
+  }
+  /// Every rename, its text from the plan for a state-dict key.
+  std::vector<detail::renamed_str> all(const rekey_plan& plan) const {
+    std::vector<detail::renamed_str> out;
+    out.reserve(sd_offsets.size() + others.size());
+    for (size_t i = 0; i < sd_offsets.size(); ++i)
+      if (sd_offsets[i] != kNotLogged) out.push_back({sd_offsets[i], plan.mapping[i].second});
+    out.insert(out.end(), others.begin(), others.end());
+    return out;
+  }
+};
+
 // Renames the str keys of dict `d` in place: `f(i, key)` gives the new name of its i-th str
 // key (as anything a std::string_view can look at). A key node that is shared (the memo may
 // share it with other places in the pickle) is replaced by a new one; an unshared one is
@@ -73,8 +103,13 @@ class reference_counts {
 // When two keys meet (only possible for `_metadata`: the planner refuses collisions among
 // state-dict keys, whose renaming the mirrors share), the later value wins in the earlier
 // position, as consume_prefix_in_state_dict_if_present does; `may_collide` asks for that check.
+// `log`, if given, records the keys renamed where they are; `sd` says `d` is the state
+// dict, whose i-th str key the plan's i-th entry names; `borrow` that f's names outlive the
+// tree, which then points at them instead of copying them into its arena (a million keys:
+// 32 MB at rekey's peak).
 template <class F>
-size_t rename_keys_indexed(pickle::document& doc, const reference_counts& refs, value* d, F&& f, bool may_collide) {
+size_t rename_keys_indexed(pickle::document& doc, const reference_counts& refs, value* d, F&& f, bool may_collide,
+                           in_place_log* log = nullptr, bool sd = false, bool borrow = false) {
   if (!may_collide) {
     // Every pair stays where it is: keys are renamed or replaced in place, without a second
     // array of a million pairs.
@@ -86,8 +121,11 @@ size_t rename_keys_indexed(pickle::document& doc, const reference_counts& refs, 
       const std::string_view name = renamed;
       if (name == k->text) continue;
       ++changed;
-      if (refs.shared(k)) k = doc.make(kind::str, k->offset);
-      k->text.borrow(doc.keep(name));
+      if (refs.shared(k))
+        k = doc.make(kind::str, k->offset);
+      else if (log)
+        log->add(sd ? str_index - 1 : in_place_log::kNotLogged, k->offset, name);
+      k->text.borrow(borrow ? name : doc.keep(name));
     }
     return changed;
   }
@@ -104,7 +142,10 @@ size_t rename_keys_indexed(pickle::document& doc, const reference_counts& refs, 
       const std::string_view name = renamed;
       if (name != k->text) {
         ++changed;
-        if (refs.shared(k)) k = doc.make(kind::str, k->offset);
+        if (refs.shared(k))
+          k = doc.make(kind::str, k->offset);
+        else if (log)
+          log->add(sd ? str_index - 1 : in_place_log::kNotLogged, k->offset, name);
         k->text.borrow(doc.keep(name));
       }
       if (may_collide) {
@@ -122,16 +163,18 @@ size_t rename_keys_indexed(pickle::document& doc, const reference_counts& refs, 
   return changed;
 }
 
-size_t rename_keys(pickle::document& doc, const reference_counts& refs, value* d, const renamer& f, bool may_collide) {
+size_t rename_keys(pickle::document& doc, const reference_counts& refs, value* d, const renamer& f, bool may_collide,
+                   in_place_log* log = nullptr) {
   return rename_keys_indexed(
-      doc, refs, d, [&f](size_t, std::string_view k) { return f(std::string(k)); }, may_collide);
+      doc, refs, d, [&f](size_t, std::string_view k) { return f(std::string(k)); }, may_collide, log);
 }
 
 // `_metadata` follows the keys (module_rules); wrappers that an edit adds get the entry
 // nn.Module.state_dict() would give them, {'version': 1}, just before the module they wrap.
-size_t rename_metadata(pickle::document& doc, const reference_counts& refs, value* meta, const module_rules& rules) {
+size_t rename_metadata(pickle::document& doc, const reference_counts& refs, value* meta, const module_rules& rules,
+                       in_place_log* log) {
   const renamer module_path = [&](const std::string& p) { return map_module_path(rules, p); };
-  size_t changed = rename_keys(doc, refs, meta, module_path, true);
+  size_t changed = rename_keys(doc, refs, meta, module_path, true, log);
   for (const auto& [wrapper, before] : added_wrapper_paths(rules)) {
     bool present = false;
     size_t position = meta->dict_size();
@@ -368,8 +411,13 @@ struct made_pickle {
 // verbatim copy, so this is checked without building the tensor records a second time (for
 // a million tensors, a second open_checkpoint doubled rekey's time and memory). With
 // release_input the input's archive is freed once compared, before data.pkl is decoded.
+//
+// The pickle is decoded only when it cannot be shown cheaper to be the input's own (which
+// did decode) with just the key texts renamed in place changed: read from the input
+// again, the two are compared opcode by opcode (pickle_lockstep.h; formats.md §3.1.1). For a
+// million tensors a decode was a tenth of rekey's time. `log` null: decode.
 void verify_torch_output(const std::string& temp, checkpoint& in, const made_pickle& pkl, const rekey_plan& plan,
-                         const rekey_request& req) {
+                         const rekey_request& req, in_place_log* log) {
   file_source src(temp);
   auto ar = zip::archive::open(src, req.reader.zip_limits);
   {
@@ -383,6 +431,16 @@ void verify_torch_output(const std::string& temp, checkpoint& in, const made_pic
         not_read_back("with record " + std::string(before[i].record) + " unchanged");
     }
   }
+  std::vector<uint8_t> before;
+  uint64_t before_base = 0;
+  if (log) {
+    const zip::entry* old = only_file(in).zip->find("data.pkl");
+    if (!old) log = nullptr;
+    if (log) {
+      before = only_file(in).zip->read_record(*old);
+      before_base = old->method == 0 ? old->data_offset : 0;  // as parse_record_pickle gave value::offset
+    }
+  }
   if (req.release_input) only_file(in).zip.reset();
   const zip::entry* data = ar->find("data.pkl");
   if (!data || data->uncompressed_size != pkl.size || data->crc32 != pkl.crc32) not_read_back("with the pickle written");
@@ -390,6 +448,21 @@ void verify_torch_output(const std::string& temp, checkpoint& in, const made_pic
   if (bytes.size() != pkl.size || zip::crc32_update(0, bytes.data(), bytes.size()) != pkl.crc32)
     not_read_back("with the pickle written");
   ar.reset();
+  if (log) {
+    std::vector<detail::renamed_str> renamed = log->all(plan);
+    bool usable = true;
+    for (auto& r : renamed) {
+      if (r.pos < before_base) usable = false;
+      r.pos -= before_base;
+    }
+    auto by_pos = [](const detail::renamed_str& a, const detail::renamed_str& b) { return a.pos < b.pos; };
+    if (!std::is_sorted(renamed.begin(), renamed.end(), by_pos)) std::sort(renamed.begin(), renamed.end(), by_pos);
+    for (size_t i = 1; i < renamed.size() && usable; ++i) usable = renamed[i].pos != renamed[i - 1].pos;
+    if (usable && detail::same_but_renamed(before.data(), before.size(), bytes.data(), bytes.size(), renamed,
+                                           req.reader.pickle_limits))
+      return;
+  }
+  std::vector<uint8_t>().swap(before);
   check_pickle_reads_back(bytes.data(), bytes.size(), in, plan, req.reader);
 }
 
@@ -422,10 +495,15 @@ void release_records(checkpoint& c) {
 // in large pieces: one copy_file_range per record cost two system calls each.
 constexpr uint64_t kSmallRecord = 64 << 10;
 
-void write_torch_zip(checkpoint& c, const rekey_request& req, rekey_result& result) {
+void write_torch_zip(checkpoint& c, const rekey_request& req, rekey_result& result, in_place_log* log) {
   const pickle::document& doc = *only_file(c).pickle;
   output_file& out = *req.output;
   made_pickle pkl;
+  // Below 4 GiB a stored record's local header is the same whatever its size (formats.md
+  // §2.1), so the pickle is written in one pass and measured as it goes; the estimate is
+  // the old size plus the renamed keys' growth, so twice it is a safe bound. (Two passes
+  // were a fifth of rekey's time for a million tensors.)
+  const bool one_pass = !out.is_stream() && expected_pickle_size(c, result) < (uint64_t(1) << 31);
   if (out.is_stream()) {
     // A stream cannot be read back, nor taken back once written: its pickle is made whole
     // and decoded before anything is written.
@@ -436,16 +514,19 @@ void write_torch_zip(checkpoint& c, const rekey_request& req, rekey_result& resu
     pkl.size = pkl.bytes.size();
     if (req.release_input) release_pickle(c);
     check_pickle_reads_back(pkl.bytes.data(), pkl.bytes.size(), c, result.plan, req.reader);
-  } else {
+  } else if (!one_pass) {
     // A file gets the pickle streamed from the tree, never held whole beside it (for a
-    // million tensors 100 MB at rekey's peak): a first pass measures it, as the zip header
-    // that comes before it must give its size, and the archive written is read back after.
+    // million tensors 100 MB at rekey's peak). A pickle that may reach 4 GiB needs its size
+    // before its zip header (the header then has a ZIP64 field): a first pass measures it.
     pkl.size = pickle::write_to([&pkl](const uint8_t* p, size_t n) { pkl.crc32 = zip::crc32_update(pkl.crc32, p, n); },
                                 doc.root, 2, &doc);
   }
   const file_source& src = file_of(c);
   {
     zip::writer w(out.fd(), only_file(c).zip->prefix(), output_alignment(c));
+    // The names are the input's, which its reader found distinct; a file is read back, and
+    // its reader refuses repeated names again. A stream keeps the writer's own check.
+    if (!out.is_stream()) w.trust_unique_names();
     // Room for every record's name is made after data.pkl (torch's first record) is written:
     // a million names' index beside the tree was 32 MB at rekey's peak.
     bool reserved = false;
@@ -460,11 +541,19 @@ void write_torch_zip(checkpoint& c, const rekey_request& req, rekey_result& resu
         if (out.is_stream()) {
           w.add_record("data.pkl", pkl.bytes);
         } else {
-          // The second pass gives the same bytes (the writer is a function of the tree);
-          // the zip writer refuses any other count, and the read-back compares the CRC-32.
-          w.begin_record("data.pkl", pkl.size);
+          // After a measuring pass, the second gives the same bytes (the writer is a
+          // function of the tree): the zip writer refuses any other count, and the read-back
+          // compares the CRC-32. In one pass, size and CRC-32 are what the zip writer saw.
+          if (one_pass)
+            w.begin_record_below_4gib("data.pkl");
+          else
+            w.begin_record("data.pkl", pkl.size);
           pickle::write_to([&w](const uint8_t* p, size_t n) { w.write(p, n); }, doc.root, 2, &doc);
           w.end_record();
+          if (one_pass) {
+            pkl.size = w.last_record_size();
+            pkl.crc32 = w.last_record_crc32();
+          }
           if (req.release_input) release_pickle(c);  // the tree is written; nothing reads it again
         }
         continue;
@@ -487,7 +576,7 @@ void write_torch_zip(checkpoint& c, const rekey_request& req, rekey_result& resu
   }
   if (req.release_input) release_pickle(c);
   if (out.is_stream()) return;
-  verify_torch_output(out.temp_path(), c, pkl, result.plan, req);
+  verify_torch_output(out.temp_path(), c, pkl, result.plan, req, log);
 }
 
 void write_safetensors(checkpoint& c, const rekey_request& req, rekey_result& result, const renamer& rename,
@@ -603,6 +692,17 @@ rekey_result rekey_file(checkpoint& c, const rekey_request& req) {
         .with_file(c.path);
   }
 
+  in_place_log log;
+  // Whatever way rekey_file is left: the tree borrows the plan's names, which go with it.
+  struct tree_releaser {
+    checkpoint** c;
+    ~tree_releaser() {
+      if (*c) release_pickle(**c);
+    }
+  };
+  checkpoint* release_tree_on_exit = nullptr;
+  const tree_releaser releaser{&release_tree_on_exit};
+  bool log_complete = true;  // every change to the tree is a logged in-place rename
   if (c.format != file_format::safetensors) {
     pickle::document& doc = *only_file(c).pickle;
     value* sd = const_cast<value*>(c.state_dict_node);
@@ -621,14 +721,21 @@ rekey_result rekey_file(checkpoint& c, const rekey_request& req) {
     if (!req.dry_run) {
       // The plan already holds every state-dict key's new name, in the dict's order.
       const reference_counts refs(doc);
+      log.sd_offsets.reserve(mapping.size());
+      // The new names stay in the plan, which outlives the tree where the tree is released
+      // here (release_input); otherwise the tree gets copies.
       rename_keys_indexed(
           doc, refs, sd, [&](size_t i, std::string_view) -> const std::string& { return mapping[i].second; },
-          false);
+          false, &log, true, req.release_input);
+      if (req.release_input) release_tree_on_exit = &c;
       if (meta)
-        result.metadata_renamed = rename_metadata(doc, refs, meta, derive_module_rules(result.plan.mapping));
+        result.metadata_renamed = rename_metadata(doc, refs, meta, derive_module_rules(result.plan.mapping), &log);
       // A mirror's keys are state-dict keys, which the plan renames without collisions.
+      // Not logged: a mirror could lie on the path to the state dict, which the check
+      // against the input would not see renamed.
       for (auto& [d, path] : mirrors)
         if (rename_keys(doc, refs, d, rename, false)) result.mirrored_dicts.push_back(path);
+      log_complete = result.mirrored_dicts.empty();
     } else {
       for (auto& [d, path] : mirrors) result.mirrored_dicts.push_back(path);
     }
@@ -641,7 +748,7 @@ rekey_result rekey_file(checkpoint& c, const rekey_request& req) {
       std::vector<std::string> written;
       write_safetensors(c, req, result, rename, written);
     } else {
-      write_torch_zip(c, req, result);
+      write_torch_zip(c, req, result, log_complete ? &log : nullptr);
     }
   } catch (error& e) {
     e.with_file(req.output->path());

@@ -98,12 +98,24 @@ void writer::begin_record(std::string_view record, uint64_t size) {
   start_entry(record, size);
 }
 
+void writer::begin_record_below_4gib(std::string_view record) {
+  check_writable();
+  if (in_record_) usage_error("record '" + std::string(name_of(central_.back())) + "' is still open");
+  // Size 1 stands for any size in [1, 0xFFFFFFFE]: flags, ZIP64 field and padding only tell
+  // 0 and >= 0xFFFFFFFF apart. The real size is set when the record ends.
+  start_entry(record, 1);
+  record_size_ = kSentinel32 - 1;
+  record_unsized_ = true;
+}
+
 void writer::write(const void* data, size_t n) {
   check_writable();
   if (!in_record_) usage_error("write() outside a record");
-  if (n > record_size_ - record_written_)
+  if (n > record_size_ - record_written_) {
+    if (record_unsized_) broken_ = true;  // the header it has cannot describe that size
     usage_error("record '" + std::string(name_of(central_.back())) + "' declared " + std::to_string(record_size_) +
                 " bytes; writing more");
+  }
   record_crc_ = crc32_update(record_crc_, data, n);
   put(data, n);
   record_written_ += n;
@@ -112,6 +124,15 @@ void writer::write(const void* data, size_t n) {
 void writer::end_record() {
   check_writable();
   if (!in_record_) usage_error("end_record() outside a record");
+  if (record_unsized_) {
+    record_unsized_ = false;
+    if (record_written_ == 0) {
+      broken_ = true;  // its header announced a descriptor that an empty record must not have
+      usage_error("record '" + std::string(name_of(central_.back())) + "' begun with an unknown size got no bytes");
+    }
+    record_size_ = record_written_;
+    central_.back().size = record_written_;
+  }
   if (record_written_ != record_size_)
     usage_error("record '" + std::string(name_of(central_.back())) + "' declared " + std::to_string(record_size_) +
                 " bytes but got " + std::to_string(record_written_));
@@ -127,7 +148,7 @@ void writer::add_record_known_crc(std::string_view record, const void* data, siz
 
 void writer::reserve(size_t records) {
   central_.reserve(records);
-  if (2 * records > name_index_.size()) rebuild_name_index(2 * records);
+  if (!trust_names_ && 2 * records > name_index_.size()) rebuild_name_index(2 * records);
 }
 
 // Slots hold 1 + the record's index and, above it, 32 bits of its name's hash, so a probe
@@ -147,6 +168,11 @@ void writer::rebuild_name_index(size_t want) {
 }
 
 bool writer::insert_name(std::string_view name) {
+  if (trust_names_) {
+    if (central_.size() >= UINT32_MAX - 1) usage_error("more than 4294967294 records");
+    names_.append(name);
+    return true;
+  }
   // Kept at most half full; rebuilt from the arena when it grows.
   if (2 * (central_.size() + 1) > name_index_.size()) rebuild_name_index(2 * name_index_.size());
   if (central_.size() >= UINT32_MAX - 1) usage_error("more than 4294967294 records");
@@ -241,7 +267,8 @@ void writer::start_entry(std::string_view record, uint64_t size) {
   if (const char* why = name_problem(record))
     usage_error("record name '" + std::string(record) + "' " + why);
   if (!valid_utf8(record)) usage_error("record name is not valid UTF-8");
-  std::string name = prefix_ + "/" + std::string(record);
+  std::string& name = entry_name_;
+  name.assign(prefix_).append(1, '/').append(record);
   if (name.size() > kSentinel16) usage_error("record name longer than 65535 bytes");
   // Torch refuses a second record of the same name ("Tried to serialize file twice").
   if (!insert_name(name)) usage_error("record '" + name + "' written twice");
@@ -250,7 +277,8 @@ void writer::start_entry(std::string_view record, uint64_t size) {
   const uint16_t flags = uint16_t(size > 0 ? (kFlagDescriptor | kFlagUtf8) : kFlagUtf8);
   const uint64_t pad = padding_size(offset, name.size(), size, alignment_);
 
-  std::vector<uint8_t> extra;
+  std::vector<uint8_t>& extra = entry_extra_;
+  extra.clear();
   append_zip64_extra(extra, size, 0, offset);
   const uint8_t fb[4] = {'F', 'B', uint8_t(pad), uint8_t(pad >> 8)};
   extra.insert(extra.end(), fb, fb + 4);

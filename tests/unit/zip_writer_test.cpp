@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -234,6 +235,52 @@ TEST_CASE("output to a pipe") {
   auto a = ckpt::zip::archive::open(in);
   CHECK(a->read_record(*a->find("y")) == data);
   a->verify_crc(*a->find("y"));
+}
+
+TEST_CASE("a record of unknown size below 4 GiB comes out as one of known size") {
+  // rekey streams data.pkl in one pass: header, data, descriptor and central entry must be
+  // the bytes a record declared with its size up front gets.
+  for (size_t n : {size_t(1), size_t(5000), size_t(3 << 20)}) {
+    const auto data = pattern(n, 9);
+    temp_file known, unknown;
+    for (int pass = 0; pass < 2; ++pass) {
+      ckpt::zip::writer w(pass ? unknown.fd : known.fd, "m");
+      w.add_record("first", pattern(77, 1));
+      if (pass)
+        w.begin_record_below_4gib("data.pkl");
+      else
+        w.begin_record("data.pkl", n);
+      for (size_t at = 0; at < n; at += 4096) w.write(data.data() + at, std::min<size_t>(4096, n - at));
+      w.end_record();
+      CHECK(w.last_record_size() == n);
+      CHECK(w.last_record_crc32() == ckpt::zip::crc32_update(0, data.data(), n));
+      w.add_record("after", pattern(3, 2));
+      w.finish();
+    }
+    CHECK(known.bytes() == unknown.bytes());
+  }
+  temp_file out;
+  ckpt::zip::writer w(out.fd, "m");
+  w.begin_record_below_4gib("empty");
+  // Its header announced a descriptor, which an empty record must not have.
+  CHECK(error_kind([&] { w.end_record(); }) == errc::usage);
+  CHECK(error_kind([&] { w.finish(); }) == errc::io);
+}
+
+TEST_CASE("trusted unique names are not indexed, and come out the same") {
+  temp_file checked, trusted;
+  for (int pass = 0; pass < 2; ++pass) {
+    ckpt::zip::writer w(pass ? trusted.fd : checked.fd, "m");
+    if (pass) w.trust_unique_names();
+    w.reserve(3);
+    for (const char* name : {"data.pkl", "data/0", "version"}) w.add_record(name, pattern(10, 4));
+    w.finish();
+  }
+  CHECK(checked.bytes() == trusted.bytes());
+  temp_file out;
+  ckpt::zip::writer w(out.fd, "m");
+  w.add_record("a", pattern(1, 1));
+  CHECK(error_kind([&] { w.add_record("a", pattern(1, 1)); }) == errc::usage);
 }
 
 TEST_CASE("misuse is a usage error") {
