@@ -33,6 +33,7 @@
 #include "ckpt/report.h"
 #include "ckpt/safetensors.h"
 #include "base/text_escape.h"
+#include "formats/safetensors_scan.h"
 #include "ckpt/torchscript_code.h"
 #include "ckpt/wrappers.h"
 #include "ckpt/zip_reader.h"
@@ -469,6 +470,27 @@ int torch_archive_target(const uint8_t* data, size_t size) {
 int safetensors_target(const uint8_t* data, size_t size) {
   static const char* const T = "fuzz_safetensors";
   (void)safetensors::looks_like_safetensors(data, size < 512 ? size : 512, size);
+  // The fast scanner must take nothing the full parser refuses or reads differently
+  // (formats.md §6.2): the bytes after the length prefix, as a header text.
+  if (size > 8) {
+    const std::string_view text(reinterpret_cast<const char*>(data) + 8, size - 8);
+    std::vector<safetensors::detail::raw_tensor> fast, full;
+    std::vector<std::pair<std::string, std::string>> fast_md, full_md;
+    const safetensors::limits lim;
+    if (safetensors::detail::scan_header(text, {lim.max_tensors, lim.max_name_length, lim.max_rank}, fast, fast_md)) {
+      try {
+        safetensors::detail::parse_header_json(text, lim, full, full_md);
+      } catch (const error& e) {
+        fail(T, std::string("the header scanner accepted what the parser refuses: ") + e.what());
+      }
+      bool same = fast.size() == full.size() && fast_md == full_md;
+      for (size_t i = 0; same && i < fast.size(); ++i)
+        same = fast[i].name == full[i].name && fast[i].dtype == full[i].dtype && fast[i].shape == full[i].shape &&
+               fast[i].offset_count == full[i].offset_count && fast[i].offsets[0] == full[i].offsets[0] &&
+               fast[i].offsets[1] == full[i].offsets[1];
+      if (!same) fail(T, "the header scanner and the parser read a header differently");
+    }
+  }
   memory_source src(std::vector<uint8_t>(data, data + size), "<fuzz input>");
   safetensors::header h;
   try {
