@@ -19,6 +19,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "ckpt/aoti.h"
 #include "ckpt/byte_source.h"
 #include "ckpt/checkpoint.h"
