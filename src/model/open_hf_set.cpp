@@ -37,7 +37,7 @@ struct read_index_result {
   uint64_t bytes_read = 0;
 };
 
-read_index_result read_index(const file_opener& fs, const std::string& index) {
+read_index_result read_index(const file_opener& fs, const std::string& index, bool shards_only = false) {
   const hf::index_limits lim;
   read_index_result r;
   try {
@@ -46,7 +46,8 @@ read_index_result read_index(const file_opener& fs, const std::string& index) {
     const uint64_t n = std::min<uint64_t>(src->size(), lim.max_bytes + 1);
     const std::vector<uint8_t> text = src->read_vector(0, size_t(n));
     r.bytes_read = src->bytes_read();
-    r.idx = hf::parse_index(std::string_view(reinterpret_cast<const char*>(text.data()), text.size()), lim);
+    const std::string_view json(reinterpret_cast<const char*>(text.data()), text.size());
+    r.idx = shards_only ? hf::parse_index_shards(json, lim) : hf::parse_index(json, lim);
   } catch (error& e) {
     e.with_file(fs.display(index));
     throw;
@@ -209,7 +210,8 @@ std::vector<ahead_shard> read_ahead(const file_opener& fs, const std::string& di
 }  // namespace
 
 std::vector<std::string> hf_set_files(const file_opener& fs, const std::string& index) {
-  const read_index_result r = read_index(fs, index);
+  // The set's reader parses the index again, whole: here only the shards are wanted.
+  const read_index_result r = read_index(fs, index, true);
   const std::string dir = parent_of(index);
   std::vector<std::string> out{fs.display(index)};
   for (const std::string& shard : r.idx.shards)
