@@ -1,5 +1,7 @@
 #include "cmd_inspect.h"
 
+#include <malloc.h>
+
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -40,6 +42,12 @@ struct inspect_options {
 ckpt::checkpoint* g_kept_checkpoint = nullptr;
 
 int run_inspect(const inspect_options& given) {
+  // Inspect builds large trees of small blocks and drops them (a DCP .metadata's pickle is
+  // 150 MB of nodes for 80,000 chunks) before building the records and the report: kept in
+  // the heap rather than returned to the kernel, that memory is reused instead of faulted in
+  // afresh (a fifth fewer page faults, 5% of the time). Inspect holds no large buffer.
+  mallopt(M_MMAP_THRESHOLD, 256 << 20);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
   // A directory stands for the one model file it holds, or its shard index, or is a DCP checkpoint.
   inspect_options o = given;
   o.file = ckpt::resolve_checkpoint_path(given.file);

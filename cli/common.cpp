@@ -1,5 +1,7 @@
 #include "common.h"
 
+#include <charconv>
+
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -61,9 +63,14 @@ std::string human_bytes(uint64_t n) {
     v /= 1024;
     ++u;
   }
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f %s", v, units[u]);
-  return buf;
+  // to_chars with a precision rounds as printf's "%.1f" does, without printf's parsing
+  // of a format for each of 20,000 rows.
+  char buf[48];
+  char* end = std::to_chars(buf, buf + 32, v, std::chars_format::fixed, 1).ptr;
+  *end++ = ' ';
+  std::string out(buf, end);
+  out += units[u];
+  return out;
 }
 
 std::string with_commas(uint64_t n) {

@@ -61,6 +61,7 @@ set(CKPT_CORE_SOURCES
   ${CKPT_ROOT}/src/formats/pt2_program.cpp
   ${CKPT_ROOT}/src/formats/pt2_schema.cpp
   ${CKPT_ROOT}/src/formats/safetensors.cpp
+  ${CKPT_ROOT}/src/formats/safetensors_scan.cpp
   ${CKPT_ROOT}/src/formats/safetensors_writer.cpp
   ${CKPT_ROOT}/src/formats/tensor_collector.cpp
   ${CKPT_ROOT}/src/formats/tensor_kinds.cpp

@@ -19,6 +19,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "ckpt/aoti.h"
 #include "ckpt/byte_source.h"
 #include "ckpt/checkpoint.h"
@@ -33,6 +35,7 @@
 #include "ckpt/report.h"
 #include "ckpt/safetensors.h"
 #include "base/text_escape.h"
+#include "formats/safetensors_scan.h"
 #include "ckpt/torchscript_code.h"
 #include "ckpt/wrappers.h"
 #include "ckpt/zip_reader.h"
@@ -40,6 +43,7 @@
 #include "pickle/pickle_names.h"      // detail::python3_to_2 / python2_to_3, see spelled_in_protocol2
 #include "formats/tensor_collector.h"  // detail::parse_storage_pid, for torchscript_meta's records
 #include "formats/hf_index.h"        // hf_index
+#include "base/json_subset_sax.h"     // hf_index
 #include "formats/pt2_program.h"     // pt2_json
 
 namespace ckpt::fuzz {
@@ -469,6 +473,27 @@ int torch_archive_target(const uint8_t* data, size_t size) {
 int safetensors_target(const uint8_t* data, size_t size) {
   static const char* const T = "fuzz_safetensors";
   (void)safetensors::looks_like_safetensors(data, size < 512 ? size : 512, size);
+  // The fast scanner must take nothing the full parser refuses or reads differently
+  // (formats.md §6.2): the bytes after the length prefix, as a header text.
+  if (size > 8) {
+    const std::string_view text(reinterpret_cast<const char*>(data) + 8, size - 8);
+    std::vector<safetensors::detail::raw_tensor> fast, full;
+    std::vector<std::pair<std::string, std::string>> fast_md, full_md;
+    const safetensors::limits lim;
+    if (safetensors::detail::scan_header(text, {lim.max_tensors, lim.max_name_length, lim.max_rank}, fast, fast_md)) {
+      try {
+        safetensors::detail::parse_header_json(text, lim, full, full_md);
+      } catch (const error& e) {
+        fail(T, std::string("the header scanner accepted what the parser refuses: ") + e.what());
+      }
+      bool same = fast.size() == full.size() && fast_md == full_md;
+      for (size_t i = 0; same && i < fast.size(); ++i)
+        same = fast[i].name == full[i].name && fast[i].dtype == full[i].dtype && fast[i].shape == full[i].shape &&
+               fast[i].offset_count == full[i].offset_count && fast[i].offsets[0] == full[i].offsets[0] &&
+               fast[i].offsets[1] == full[i].offsets[1];
+      if (!same) fail(T, "the header scanner and the parser read a header differently");
+    }
+  }
   memory_source src(std::vector<uint8_t>(data, data + size), "<fuzz input>");
   safetensors::header h;
   try {
@@ -810,9 +835,38 @@ int rekey_ops_target(const uint8_t* data, size_t size) {
 // ======================================================================================
 // hf_index
 
+// Writes each SAX event as a line: the quick JSON reader and nlohmann's must write the same.
+struct sax_log : nlohmann::json_sax<nlohmann::json> {
+  std::string log;
+  bool null() override { return add("null"); }
+  bool boolean(bool b) override { return add(b ? "true" : "false"); }
+  bool number_integer(number_integer_t v) override { return add("int " + std::to_string(v)); }
+  bool number_unsigned(number_unsigned_t v) override { return add("uint " + std::to_string(v)); }
+  bool number_float(number_float_t, const string_t& s) override { return add("float " + s); }
+  bool string(string_t& s) override { return add("str " + s); }
+  bool binary(binary_t&) override { return add("binary"); }
+  bool start_object(std::size_t) override { return add("{"); }
+  bool key(string_t& k) override { return add("key " + k); }
+  bool end_object() override { return add("}"); }
+  bool start_array(std::size_t) override { return add("["); }
+  bool end_array() override { return add("]"); }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override { return false; }
+  bool add(const std::string& s) {
+    log += s;
+    log += '\n';
+    return true;
+  }
+};
+
 int hf_index_target(const uint8_t* data, size_t size) {
   static const char* const T = "fuzz_hf_index";
   std::string_view text(reinterpret_cast<const char*>(data), size);
+  {
+    sax_log quick, full;
+    if (ckpt::detail::json_subset_sax(text, quick) &&
+        (!nlohmann::json::sax_parse(text.data(), text.data() + text.size(), &full) || quick.log != full.log))
+      fail(T, "the quick JSON reader and nlohmann's parser read a text differently");
+  }
   hf::index idx;
   try {
     idx = hf::parse_index(text);

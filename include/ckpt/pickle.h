@@ -114,7 +114,8 @@ struct limits {
   uint64_t max_container = 100'000'000;     // elements of one container
   uint64_t max_string = 1ull << 30;         // one str/bytes operand
   uint64_t max_long_bytes = 1u << 16;       // LONG1/LONG4/text LONG operand
-  // Values decoded: every node made plus every element put in a container. None, True,
+  // Values decoded: every node made plus every element put in a container (and any room a
+  // SETITEMS reserved for pairs that repeated keys left unused). None, True,
   // False, the ints -5..256 and the empty tuple are made once and cost nothing after.
   // This is what bounds the reader's memory: a value costs at most about 80 bytes (a node
   // is 48 bytes in its block of the document; an element 8-16 bytes; a new dict key with

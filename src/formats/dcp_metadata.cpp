@@ -4,6 +4,7 @@
 // dtypes as bare globals. Any other shape is corrupt, never guessed at. PyTorch itself reads
 // this file with plain pickle.load (security.md P13).
 #include <algorithm>
+#include <memory>
 #include <set>
 #include <string>
 #include <string_view>
@@ -407,8 +408,11 @@ metadata decode_metadata(const byte_source& src, const decode_options& options) 
     if (src.size() > options.lim.max_pickle_bytes)
       throw_limit("the .metadata pickle is " + std::to_string(src.size()) +
                   " bytes, over the pickle size limit (raise with --max-pickle-bytes)");
-    std::vector<uint8_t> bytes = src.read_vector(0, size_t(src.size()));
-    return decode_metadata(bytes.data(), bytes.size(), options);
+    // Not zeroed first (a vector would be): 17 MB of memset for a DCP of 80,000 chunks.
+    const size_t n = size_t(src.size());
+    std::unique_ptr<uint8_t[]> bytes(new uint8_t[n ? n : 1]);
+    src.read_exact(0, bytes.get(), n);
+    return decode_metadata(bytes.get(), n, options);
   } catch (error& e) {
     e.with_file(src.name());
     throw;

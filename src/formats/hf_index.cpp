@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <unordered_set>
 
+#include "base/json_subset_sax.h"
 #include "ckpt/error.h"
 #include "ckpt/file_opener.h"
 
@@ -20,7 +21,8 @@ namespace {
 // which shard holds a tensor), and the limits apply while reading, not after.
 class index_reader : public nlohmann::json_sax<nlohmann::json> {
  public:
-  index_reader(index& out, const index_limits& lim) : out_(out), lim_(lim) {}
+  // listing: the shards only; keys are counted, not kept, and not checked for duplicates.
+  index_reader(index& out, const index_limits& lim, bool listing = false) : out_(out), lim_(lim), listing_(listing) {}
 
   bool null() override { return scalar("null"); }
   bool boolean(bool) override { return scalar("a boolean"); }
@@ -67,7 +69,7 @@ class index_reader : public nlohmann::json_sax<nlohmann::json> {
 
   void finish() {
     if (!saw_weight_map_) corrupt("index has no \"weight_map\" object");
-    if (out_.keys.empty()) corrupt("index \"weight_map\" names no tensors");
+    if (key_count_ == 0) corrupt("index \"weight_map\" names no tensors");
   }
 
  private:
@@ -145,7 +147,7 @@ class index_reader : public nlohmann::json_sax<nlohmann::json> {
 
   void add_key(std::string shard) {
     const std::string& key = frames_.back().last_key;
-    if (out_.keys.size() >= lim_.max_keys)
+    if (key_count_ >= lim_.max_keys)
       throw_limit("index names more than " + std::to_string(lim_.max_keys) + " tensors");
     if (shard.size() > lim_.max_name)
       throw_limit("index weight_map entry '" + key + "' has a shard name longer than " +
@@ -164,7 +166,8 @@ class index_reader : public nlohmann::json_sax<nlohmann::json> {
       last_shard_ = &it->first;
       id = last_id_ = it->second;
     }
-    out_.keys.emplace_back(key, id);
+    ++key_count_;
+    if (!listing_) out_.keys.emplace_back(key, id);
   }
 
  public:
@@ -179,6 +182,7 @@ class index_reader : public nlohmann::json_sax<nlohmann::json> {
     }
     // Built once `keys` has stopped growing: a short key lives inside its std::string,
     // which moves when the vector reallocates.
+    if (listing_) return;
     out_.by_key.reserve(out_.keys.size());
     for (auto& [key, id] : out_.keys) {
       id = to_sorted[id];
@@ -191,6 +195,8 @@ class index_reader : public nlohmann::json_sax<nlohmann::json> {
   static constexpr size_t kMaxDepth = 256;
   index& out_;
   const index_limits& lim_;
+  const bool listing_;
+  size_t key_count_ = 0;
   std::vector<frame> frames_;
   std::map<std::string, uint32_t> shard_ids_;
   const std::string* last_shard_ = nullptr;  // a key of shard_ids_ (std::map: stable)
@@ -212,19 +218,37 @@ const std::string* index::shard_of(std::string_view key) const {
   return it == by_key.end() ? nullptr : &shards[it->second];
 }
 
-index parse_index(std::string_view text, const index_limits& limits) {
+namespace {
+
+index parse(std::string_view text, const index_limits& limits, bool listing) {
   if (text.size() > limits.max_bytes)
     throw_limit("index is " + std::to_string(text.size()) + " bytes, over the limit of " +
                 std::to_string(limits.max_bytes));
-  index out;
-  // About 60 bytes of text per entry in real indexes; a guess, bounded, saves the regrowth.
-  out.keys.reserve(std::min<uint64_t>({text.size() / 64, limits.max_keys, uint64_t(1) << 20}));
-  index_reader reader(out, limits);
-  nlohmann::json::sax_parse(text.data(), text.data() + text.size(), &reader);
-  reader.finish();
-  reader.renumber();
-  return out;
+  auto read = [&](bool subset) -> std::optional<index> {
+    index out;
+    // About 60 bytes of text per entry in real indexes; a guess, bounded, saves the regrowth.
+    if (!listing) out.keys.reserve(std::min<uint64_t>({text.size() / 64, limits.max_keys, uint64_t(1) << 20}));
+    index_reader reader(out, limits, listing);
+    // The writers' JSON through the quick reader (formats.md §6.2); anything else, or
+    // anything it doubts, from the start again through nlohmann's parser.
+    if (subset) {
+      if (!detail::json_subset_sax(text, reader)) return std::nullopt;
+    } else {
+      nlohmann::json::sax_parse(text.data(), text.data() + text.size(), &reader);
+    }
+    reader.finish();
+    reader.renumber();
+    return out;
+  };
+  if (std::optional<index> quick = read(true)) return std::move(*quick);
+  return std::move(*read(false));
 }
+
+}  // namespace
+
+index parse_index(std::string_view text, const index_limits& limits) { return parse(text, limits, false); }
+
+index parse_index_shards(std::string_view text, const index_limits& limits) { return parse(text, limits, true); }
 
 size_t cross_check_result::errors() const {
   return size_t(std::count_if(findings.begin(), findings.end(), [](const finding& f) { return f.error; }));

@@ -55,6 +55,11 @@ struct index {
 /// The error does not name the file: the caller adds it with error::with_file.
 index parse_index(std::string_view text, const index_limits& limits = {});
 
+/// parse_index's shards alone (`shards`, `total_size`, `total_parameters`, `notes`; `keys`
+/// and `by_key` left empty), for listing a set's files: every check of parse_index but the
+/// one for a key named twice in weight_map, which parse_index (the set's reader) reports.
+index parse_index_shards(std::string_view text, const index_limits& limits = {});
+
 /// What one shard file holds, as the caller read it.
 struct shard_contents {
   std::string name;               // as the index spells it (or as listed, for extra files)

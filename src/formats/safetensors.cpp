@@ -16,6 +16,7 @@
 #include "base/byteio.h"
 #include "ckpt/error.h"
 #include "base/text.h"
+#include "formats/safetensors_scan.h"
 
 namespace ckpt::safetensors {
 namespace {
@@ -35,14 +36,7 @@ using text::quote;
   throw_limit("safetensors: " + msg, offset);
 }
 
-// A tensor as the JSON states it, before any arithmetic.
-struct raw_tensor {
-  std::string name;
-  std::string dtype;
-  std::vector<uint64_t> shape;
-  std::vector<uint64_t> offsets;
-  unsigned seen = 0;  // bit per field
-};
+using detail::raw_tensor;
 
 constexpr unsigned kSeenDtype = 1, kSeenShape = 2, kSeenOffsets = 4;
 
@@ -73,8 +67,8 @@ class schema_handler {
               " dimensions");
       t.shape.push_back(v);
     } else {
-      if (t.offsets.size() >= 2) corrupt("data_offsets of tensor " + quote(t.name) + " has more than two values");
-      t.offsets.push_back(v);
+      if (t.offset_count >= 2) corrupt("data_offsets of tensor " + quote(t.name) + " has more than two values");
+      t.offsets[t.offset_count++] = v;
     }
     return true;
   }
@@ -196,8 +190,8 @@ class schema_handler {
   bool end_array() {
     if (state_ != state::array_items) corrupt("unexpected end of array");
     const raw_tensor& t = tensors.back();
-    if (array_ == field::offsets && t.offsets.size() != 2)
-      corrupt("data_offsets of tensor " + quote(t.name) + " has " + std::to_string(t.offsets.size()) +
+    if (array_ == field::offsets && t.offset_count != 2)
+      corrupt("data_offsets of tensor " + quote(t.name) + " has " + std::to_string(t.offset_count) +
               " values, not two");
     state_ = state::tensor_key;
     return true;
@@ -261,6 +255,21 @@ class schema_handler {
 
 }  // namespace
 
+namespace detail {
+
+void parse_header_json(std::string_view text, const limits& lim, std::vector<raw_tensor>& tensors,
+                       std::vector<std::pair<std::string, std::string>>& metadata) {
+  header h;
+  schema_handler handler(lim, h);
+  nlohmann::json::sax_parse(text.begin(), text.end(), &handler, nlohmann::json::input_format_t::json,
+                            /*strict=*/true, /*ignore_comments=*/false);
+  if (!handler.finished()) corrupt("header JSON is incomplete");
+  tensors = std::move(handler.tensors);
+  metadata = std::move(h.metadata);
+}
+
+}  // namespace detail
+
 bool looks_like_safetensors(const uint8_t* first, size_t n, uint64_t file_size) {
   if (n < kPrefixSize + 1 || file_size < kPrefixSize) return false;
   const uint64_t len = load_u64(first);
@@ -307,15 +316,20 @@ header read_header(const byte_source& src, const limits& lim) {
       corrupt("header contains a NUL byte",
               kPrefixSize + uint64_t(static_cast<const uint8_t*>(nul) - text.data()));
 
-    schema_handler handler(lim, h);
-    nlohmann::json::sax_parse(text.begin(), text.end(), &handler, nlohmann::json::input_format_t::json,
-                              /*strict=*/true, /*ignore_comments=*/false);
-    if (!handler.finished()) corrupt("header JSON is incomplete");
+    // The writers' headers, read by the scanner (§6.2); any other, and any the scanner
+    // doubts, by the schema-checking JSON parser, which alone reports what is wrong.
+    std::vector<raw_tensor> tensors;
+    const std::string_view json(reinterpret_cast<const char*>(text.data()), text.size());
+    if (!detail::scan_header(json, {lim.max_tensors, lim.max_name_length, lim.max_rank}, tensors, h.metadata)) {
+      tensors.clear();
+      h.metadata.clear();
+      detail::parse_header_json(json, lim, tensors, h.metadata);
+    }
 
     // Sizes first, in JSON order, so the first bad tensor is the one named.
-    std::vector<uint64_t> nbytes(handler.tensors.size());
-    for (size_t i = 0; i < handler.tensors.size(); ++i) {
-      const raw_tensor& t = handler.tensors[i];
+    std::vector<uint64_t> nbytes(tensors.size());
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const raw_tensor& t = tensors[i];
       const safetensors_dtype* d = safetensors_dtype_named(t.dtype);
       if (!d) corrupt("tensor " + quote(t.name) + " has unknown dtype " + quote(t.dtype));
       uint64_t elements = 1, bits;
@@ -340,16 +354,16 @@ header read_header(const byte_source& src, const limits& lim) {
 
     // Sorted by offset, the tensors must tile the data buffer exactly: no gap, no overlap,
     // nothing after the last one (no room for a polyglot tail).
-    std::vector<size_t> order(handler.tensors.size());
+    std::vector<size_t> order(tensors.size());
     for (size_t i = 0; i < order.size(); ++i) order[i] = i;
     std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-      const auto& x = handler.tensors[a].offsets;
-      const auto& y = handler.tensors[b].offsets;
+      const auto& x = tensors[a].offsets;
+      const auto& y = tensors[b].offsets;
       return x[0] != y[0] ? x[0] < y[0] : x[1] != y[1] ? x[1] < y[1] : a < b;
     });
     uint64_t expected = 0;
     for (size_t i : order) {
-      const raw_tensor& t = handler.tensors[i];
+      const raw_tensor& t = tensors[i];
       if (t.offsets[0] < expected)
         corrupt("tensor " + quote(t.name) + " at data offset " + std::to_string(t.offsets[0]) +
                 " overlaps the previous tensor, which ends at " + std::to_string(expected));
@@ -369,8 +383,8 @@ header read_header(const byte_source& src, const limits& lim) {
     }
 
     // Valid safetensors from here on; what is left is whether torch can hold it.
-    h.tensors.reserve(handler.tensors.size());
-    for (raw_tensor& t : handler.tensors) {
+    h.tensors.reserve(tensors.size());
+    for (raw_tensor& t : tensors) {
       const safetensors_dtype* d = safetensors_dtype_named(t.dtype);
       if (!d->torch) unsupported("tensor " + quote(t.name) + " has dtype " + t.dtype + ", which torch lacks");
       tensor_entry e;

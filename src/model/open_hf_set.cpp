@@ -1,11 +1,19 @@
 #include "model/open_hf_set.h"
 
+#include <sys/resource.h>
+
 #include <algorithm>
+#include <atomic>
+#include <exception>
 #include <memory>
+#include <optional>
 #include <set>
+#include <system_error>
+#include <thread>
 #include <utility>
 
 #include "ckpt/error.h"
+#include "formats/format_detect.h"
 #include "formats/hf_index.h"
 
 namespace ckpt::detail {
@@ -29,7 +37,7 @@ struct read_index_result {
   uint64_t bytes_read = 0;
 };
 
-read_index_result read_index(const file_opener& fs, const std::string& index) {
+read_index_result read_index(const file_opener& fs, const std::string& index, bool shards_only = false) {
   const hf::index_limits lim;
   read_index_result r;
   try {
@@ -38,7 +46,8 @@ read_index_result read_index(const file_opener& fs, const std::string& index) {
     const uint64_t n = std::min<uint64_t>(src->size(), lim.max_bytes + 1);
     const std::vector<uint8_t> text = src->read_vector(0, size_t(n));
     r.bytes_read = src->bytes_read();
-    r.idx = hf::parse_index(std::string_view(reinterpret_cast<const char*>(text.data()), text.size()), lim);
+    const std::string_view json(reinterpret_cast<const char*>(text.data()), text.size());
+    r.idx = shards_only ? hf::parse_index_shards(json, lim) : hf::parse_index(json, lim);
   } catch (error& e) {
     e.with_file(fs.display(index));
     throw;
@@ -138,10 +147,71 @@ std::vector<const hf::finding*> errors_of(const hf::cross_check_result& r, bool 
   return out;
 }
 
+// A shard opened ahead of its turn: its checkpoint, or what opening it threw.
+struct ahead_shard {
+  std::optional<checkpoint> shard;
+  std::exception_ptr failure;
+};
+
+size_t reader_threads() {
+  // Under an address-space limit (ulimit -v) each thread's stack and malloc arena count
+  // against it: a set that opens with one thread must not fail with several.
+  struct rlimit as {};
+  if (::getrlimit(RLIMIT_AS, &as) == 0 && as.rlim_cur != RLIM_INFINITY) return 1;
+  return std::clamp<size_t>(std::thread::hardware_concurrency(), 1, 4);
+}
+
+// Opens the shards on up to four threads when every one is a safetensors file (a header
+// and tables built from it: no state shared with another shard's reading); empty when that
+// is not worth it or not the case, and the caller opens each in turn. A shard that does
+// not start as safetensors is left for the caller too.
+template <class Open>
+std::vector<ahead_shard> read_ahead(const file_opener& fs, const std::string& dir, const std::vector<std::string>& names,
+                                    uint64_t max_tensors, Open& open_shard) {
+  const size_t threads = std::min(reader_threads(), names.size());
+  if (threads < 2) return {};
+  for (const std::string& n : names)
+    if (!ends_with(n, ".safetensors")) return {};
+  std::vector<ahead_shard> out(names.size());
+  std::atomic<size_t> next{0};
+  // A hostile set of many full shards: reading ahead stops once what was read passes the
+  // tensor limit (the caller refuses the set at that shard), so it holds at most a few
+  // shards more than reading in turn would.
+  std::atomic<uint64_t> tensors{0};
+  auto work = [&] {
+    for (size_t i; tensors.load() <= max_tensors && (i = next.fetch_add(1)) < names.size();) {
+      bool safetensors = false;
+      try {
+        safetensors = sniff_format(*fs.open(join(dir, names[i]))) == sniffed::safetensors;
+      } catch (...) {  // the caller opens it in turn, and reports what it finds then
+      }
+      if (!safetensors) continue;
+      try {
+        out[i].shard.emplace(open_shard(i));
+        tensors += out[i].shard->tensors.size();
+      } catch (...) {
+        out[i].failure = std::current_exception();
+      }
+    }
+  };
+  std::vector<std::thread> helpers;
+  for (size_t t = 1; t < threads; ++t) {
+    try {
+      helpers.emplace_back(work);
+    } catch (const std::system_error&) {  // no thread to be had: the others share the work
+      break;
+    }
+  }
+  work();
+  for (auto& h : helpers) h.join();
+  return out;
+}
+
 }  // namespace
 
 std::vector<std::string> hf_set_files(const file_opener& fs, const std::string& index) {
-  const read_index_result r = read_index(fs, index);
+  // The set's reader parses the index again, whole: here only the shards are wanted.
+  const read_index_result r = read_index(fs, index, true);
   const std::string dir = parent_of(index);
   std::vector<std::string> out{fs.display(index)};
   for (const std::string& shard : r.idx.shards)
@@ -172,11 +242,10 @@ checkpoint open_hf_set(const file_opener& fs, const std::string& index, const op
   }
 
   // Each shard as a checkpoint of its own: every single-file check applies to it, and its
-  // errors name it and the byte.
-  std::vector<checkpoint> shards;
-  shards.reserve(idx.shards.size());
-  uint64_t tensors = 0;
-  for (size_t i = 0; i < idx.shards.size(); ++i) {
+  // errors name it and the byte. safetensors shards are read ahead on several threads;
+  // what they read (or the error they met) is taken below in shard order, as if each had
+  // been opened there, so the first problem reported is the same.
+  auto open_shard = [&](size_t i) {
     const std::string relative = join(dir, idx.shards[i]);
     std::unique_ptr<byte_source> src;
     try {
@@ -185,7 +254,16 @@ checkpoint open_hf_set(const file_opener& fs, const std::string& index, const op
       e.with_file(fs.display(relative));
       throw;
     }
-    shards.push_back(open_checkpoint(std::move(src), options));
+    return open_checkpoint(std::move(src), options);
+  };
+  std::vector<ahead_shard> ahead = read_ahead(fs, dir, idx.shards, options.max_tensors, open_shard);
+  std::vector<checkpoint> shards;
+  shards.reserve(idx.shards.size());
+  uint64_t tensors = 0;
+  for (size_t i = 0; i < idx.shards.size(); ++i) {
+    const std::string relative = join(dir, idx.shards[i]);
+    if (i < ahead.size() && ahead[i].failure) std::rethrow_exception(ahead[i].failure);
+    shards.push_back(i < ahead.size() && ahead[i].shard ? std::move(*ahead[i].shard) : open_shard(i));
     const checkpoint& s = shards.back();
     check_shard(s, idx.shards[i], fs.display(relative));
     if (s.format != shards.front().format)

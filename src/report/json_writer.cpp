@@ -33,17 +33,6 @@ bool plain_word(uint64_t w) {
   return !below_space && !above_tilde && !has_zero_byte(w ^ (kOnes * '"')) && !has_zero_byte(w ^ (kOnes * '\\'));
 }
 
-bool plain(std::string_view s) {
-  size_t i = 0;
-  for (uint64_t w; i + 8 <= s.size(); i += 8) {
-    std::memcpy(&w, s.data() + i, 8);
-    if (!plain_word(w)) return false;
-  }
-  for (; i < s.size(); ++i)
-    if (!plain_byte(static_cast<unsigned char>(s[i]))) return false;
-  return true;
-}
-
 }  // namespace
 
 json_writer::json_writer(sink out, int indent)
@@ -100,10 +89,28 @@ void json_writer::close(char bracket) {
 }
 
 void json_writer::quoted(std::string_view s) {
-  if (plain(s)) {
-    put('"');
-    put(s.data(), s.size());
-    put('"');
+  // The common string is plain: checked and copied in the same pass over its words, into
+  // the buffer directly (committed only if it was plain).
+  if (cap_ - len_ < s.size() + 2) make_room(s.size() + 2);
+  char* out = buf_.get() + len_ + 1;
+  size_t i = 0;
+  bool is_plain = true;
+  for (uint64_t w; i + 8 <= s.size(); i += 8) {
+    std::memcpy(&w, s.data() + i, 8);
+    if (!plain_word(w)) {
+      is_plain = false;
+      break;
+    }
+    std::memcpy(out + i, &w, 8);
+  }
+  for (; is_plain && i < s.size(); ++i) {
+    if (!plain_byte(static_cast<unsigned char>(s[i]))) is_plain = false;
+    out[i] = s[i];
+  }
+  if (is_plain) {
+    out[-1] = '"';
+    out[s.size()] = '"';
+    len_ += s.size() + 2;
   } else {
     const std::string text = json_text(nlohmann::json(std::string(s)), 0);
     put(text.data(), text.size());

@@ -214,3 +214,40 @@ TEST_CASE("hf index: by_key stays valid through moves (short keys live inside th
     CHECK(idx.shard_of("k300") == nullptr);
   }
 }
+
+TEST_CASE("hf index: the shards alone, for listing a set's files") {
+  const hf::index whole = hf::parse_index(kTwo);
+  const hf::index listed = hf::parse_index_shards(kTwo);
+  CHECK(listed.shards == whole.shards);
+  CHECK(listed.total_size == whole.total_size);
+  CHECK(listed.total_parameters == whole.total_parameters);
+  CHECK(listed.keys.empty());
+  CHECK(listed.by_key.empty());
+  // Every refusal but a key named twice in weight_map, which the set's reader reports.
+  const std::string twice = R"({"weight_map": {"a": "m-1.safetensors", "a": "m-2.safetensors"}})";
+  CHECK(kind_of(twice) == errc::corrupt);
+  CHECK(hf::parse_index_shards(twice).shards.size() == 2);
+  for (const char* bad : {R"({"weight_map": {}})", R"({"weight_map": {"a": "../m.safetensors"}})", R"({"x": 1})",
+                          R"({"weight_map": {"a": 1}})", "{"}) {
+    errc whole_kind = errc::usage, listed_kind = errc::usage;
+    std::string whole_line, listed_line;
+    try {
+      (void)hf::parse_index(bad);
+    } catch (const ckpt::error& e) {
+      whole_kind = e.kind();
+      whole_line = e.one_line();
+    }
+    try {
+      (void)hf::parse_index_shards(bad);
+    } catch (const ckpt::error& e) {
+      listed_kind = e.kind();
+      listed_line = e.one_line();
+    }
+    CHECK_MESSAGE(whole_kind != errc::usage, bad);
+    CHECK(listed_kind == whole_kind);
+    CHECK(listed_line == whole_line);
+  }
+  hf::index_limits lim;
+  lim.max_keys = 2;
+  CHECK_THROWS_AS((void)hf::parse_index_shards(kTwo, lim), ckpt::error);
+}

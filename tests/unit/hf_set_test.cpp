@@ -3,6 +3,7 @@
 // about, and the merge (file order, re-indexed storages, keys in shard order).
 #include <doctest/doctest.h>
 
+#include <cstdio>
 #include <fstream>
 #include <functional>
 #include <iterator>
@@ -233,6 +234,40 @@ TEST_CASE("refused: a truncated shard, naming the shard; twin: whole") {
   CHECK(f->kind == errc::corrupt);
   CHECK(f->file == std::string("mem/hf/") + kShard2);
   CHECK_FALSE(set_files().fails());
+}
+
+TEST_CASE("of several broken shards, the first in shard order is named, however they were read") {
+  // Shards are read ahead on several threads (open_hf_set.cpp read_ahead): what is reported
+  // must still be what reading them in turn meets first. Twelve shards, three broken.
+  set_files s;
+  s.weight_map.clear();
+  s.shards.clear();
+  char name[64];
+  for (int i = 1; i <= 12; ++i) {
+    std::snprintf(name, sizeof name, "model-%05d-of-00012.safetensors", i);
+    const std::string key = "k" + std::to_string(i);
+    s.weight_map.push_back({key, name});
+    s.shards.push_back({name, {{key, {2}}}});
+  }
+  s.total_size = 96;
+  REQUIRE_FALSE(s.fails());
+  for (int broken : {5, 9, 12}) {
+    auto bytes = safetensors_file(s.shards[size_t(broken - 1)].second);
+    bytes.resize(bytes.size() - 4);
+    s.extra.push_back({s.shards[size_t(broken - 1)].first, bytes});
+  }
+  for (int round = 0; round < 20; ++round) {
+    auto f = s.fails();
+    REQUIRE(f);
+    CHECK(f->kind == errc::corrupt);
+    CHECK(f->file == "mem/hf/model-00005-of-00012.safetensors");
+  }
+  // A shard that is not safetensors inside is left to be read in turn, and refused there.
+  s.extra.clear();
+  s.extra.push_back({"model-00003-of-00012.safetensors", sample("plain.pt")});
+  auto f = s.fails();
+  REQUIRE(f);
+  CHECK(f->file == "mem/hf/model-00003-of-00012.safetensors");
 }
 
 TEST_CASE("warnings: a file beside the index that no key names; no total_size; its twin is silent") {
