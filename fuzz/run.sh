@@ -2,7 +2,8 @@
 # Builds the libFuzzer targets (clang, ASan + UBSan; idempotent) and runs each for a while.
 #
 #   fuzz/run.sh [SECONDS_PER_TARGET] [JOBS]      default 60 s, 1 job
-#   fuzz/run.sh --ci                             the CI step: 25 s per target, 1 job
+#   fuzz/run.sh --ci                             the CI step: 25 s per target, 1 job,
+#                                                one target per core at a time
 #   FUZZ_TARGETS="pickle torch_archive" fuzz/run.sh 600   only these targets
 #
 # Per target: -max_total_time=SECONDS, -timeout=1 (an input taking over 1 s is a hang),
@@ -101,24 +102,38 @@ extra_dirs_for() {
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:detect_stack_use_after_return=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 failed=0
-summary=()
-echo "run.sh: $seconds s per target, $jobs job(s), targets: $targets"
-for t in $targets; do
-  bin="$build/fuzz/fuzz_$t"
-  [ -x "$bin" ] || { echo "run.sh: no such target: $t" >&2; failed=1; continue; }
-  corpus="fuzz/corpus/$t"
+# Targets run side by side, up to one per core (a libFuzzer run without -fork is one
+# process): the CI step takes half the time on two cores.
+parallel=${FUZZ_PARALLEL:-1}
+if [ "$ci" = 1 ]; then parallel=${FUZZ_PARALLEL:-$(nproc)}; fi
+echo "run.sh: $seconds s per target, $jobs job(s), $parallel target(s) at a time, targets: $targets"
+
+# Runs one target; its summary line goes to fuzz/artifacts/<target>.summary, its exit
+# status says whether it failed.
+run_target() {
+  local t=$1
+  local bin="$build/fuzz/fuzz_$t"
+  local out="fuzz/artifacts/$t.summary"
+  mkdir -p "fuzz/artifacts"
+  if [ ! -x "$bin" ]; then
+    echo "run.sh: no such target: $t" >&2
+    printf '%-18s FAILED: no such target\n' "$t" > "$out"
+    return 1
+  fi
+  local corpus="fuzz/corpus/$t"
   mkdir -p "$corpus" "fuzz/artifacts/$t"
-  dirs=("$corpus")
+  local dirs=("$corpus") d
   for d in "fuzz/seeds/$t" "tests/regressions/$t"; do [ -d "$d" ] && dirs+=("$d"); done
   while read -r d; do [ -n "$d" ] && dirs+=("$d"); done < <(extra_dirs_for "$t")
-  log="fuzz/artifacts/$t.log"
-  args=(-max_total_time="$seconds" -timeout=1 -rss_limit_mb=2048 -malloc_limit_mb=1024
+  local log="fuzz/artifacts/$t.log"
+  local args=(-max_total_time="$seconds" -timeout=1 -rss_limit_mb=2048 -malloc_limit_mb=1024
         -max_len="$(max_len_for "$t")" -dict="$(dict_for "$t")" -print_final_stats=1
         -artifact_prefix="fuzz/artifacts/$t/")
   if [ "$jobs" -gt 1 ]; then args+=(-fork="$jobs" -ignore_crashes=0 -ignore_timeouts=0 -ignore_ooms=0); fi
   # shellcheck disable=SC2206
   [ -n "${FUZZ_EXTRA_ARGS:-}" ] && args+=(${FUZZ_EXTRA_ARGS})
   echo "run.sh: fuzz_$t ${args[*]} ${dirs[*]}" > "$log"
+  local start rc elapsed execs rate cov status why line
   start=$(date +%s)
   nice -n "$nice_level" "$bin" "${args[@]}" "${dirs[@]}" >>"$log" 2>&1
   rc=$?
@@ -134,7 +149,6 @@ for t in $targets; do
   cov=$(grep -oE 'cov: [0-9]+ ft: [0-9]+' "$log" | tail -1)
   status=ok
   if [ $rc -ne 0 ]; then
-    failed=1
     why=$(grep -m1 -oE 'ERROR: (libFuzzer|AddressSanitizer|LeakSanitizer|UndefinedBehaviorSanitizer)[^(]*|==ckpt-fuzz==.*|runtime error:.*|uncaught exception|deadly signal|out-of-memory[^)]*|timeout after [0-9]+ seconds' "$log" | head -1)
     [ -n "$why" ] || why=$(tail -1 "$log")
     status="FAILED rc=$rc: $why"
@@ -142,7 +156,26 @@ for t in $targets; do
   fi
   line=$(printf '%-18s %6ss %12s execs %8s exec/s  %-22s %s' "$t" "$elapsed" "$execs" "$rate" "$cov" "$status")
   echo "$line"
-  summary+=("$line")
+  echo "$line" > "$out"
+  [ $rc -eq 0 ]
+}
+
+running=0
+for t in $targets; do
+  if [ "$running" -ge "$parallel" ]; then
+    wait -n || failed=1
+    running=$((running - 1))
+  fi
+  run_target "$t" &
+  running=$((running + 1))
+done
+while [ "$running" -gt 0 ]; do
+  wait -n || failed=1
+  running=$((running - 1))
+done
+summary=()
+for t in $targets; do
+  summary+=("$(cat "fuzz/artifacts/$t.summary" 2>/dev/null || printf '%-18s FAILED: no summary' "$t")")
 done
 
 echo
