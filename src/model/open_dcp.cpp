@@ -426,6 +426,11 @@ class dcp_reader {
                                   : std::to_string(a.tensors.size()) + (a.tensors.size() == 1 ? " tensor" : " tensors") +
                                         " inside (not loaded: a BYTE_IO item)";
     }
+    // The decoded value outlives the archive's file only when a caller compares values.
+    if (root && o_.keep_entry_values) {
+      e.tree = std::shared_ptr<const pickle::document>(std::move(a.files[0].pickle));
+      e.node = root;
+    }
     if (!a.unsafe_globals.empty()) {
       std::string names;
       for (const auto& g : a.unsafe_globals) names += (names.empty() ? "" : ", ") + g;
@@ -443,8 +448,15 @@ class dcp_reader {
     const std::string rel = join(dir_, "meta.pt");
     if (fs_.stat(rel).kind != file_kind::regular) return;
     checkpoint m = open_checkpoint(fs_.open(rel), o_);
+    std::shared_ptr<const pickle::document> tree;
+    if (o_.keep_entry_values && m.files.at(0).pickle) tree = std::move(m.files.at(0).pickle);
     for (auto& e : m.entries) {
       e.path.insert(e.path.begin(), std::string("meta.pt"));
+      // Its nodes live in meta.pt's pickle, which is dropped below unless kept.
+      if (tree)
+        e.tree = tree;
+      else
+        e.node = nullptr;
       c_.entries.push_back(std::move(e));
     }
     for (const auto& g : m.globals) c_.globals.push_back(g);
