@@ -248,8 +248,17 @@ diff_report diff_with(const checkpoint& ca, const checkpoint& cb, const side_val
   // entries' tensors are then compared as leaves (dtype and shape) only.
   std::vector<entry_tensor_pair> entry_tensors;
   compare_leaves(va.entries, vb.entries, r, a.by_key && b.by_key ? &entry_tensors : nullptr);
-  if (ca.format == file_format::safetensors && cb.format == file_format::safetensors)
-    compare_leaves(va.metadata, vb.metadata, r, nullptr);
+  // Only two sides that can both hold such metadata: a .pt has no __metadata__, a single
+  // file no index.
+  const bool both_st = ca.format == file_format::safetensors && cb.format == file_format::safetensors;
+  const bool both_sets = ca.layout == checkpoint_layout::hf_shard_set && cb.layout == checkpoint_layout::hf_shard_set;
+  auto kept = [&](const std::vector<detail::entry_leaf>& all) {
+    std::vector<detail::entry_leaf> out;
+    for (const detail::entry_leaf& l : all)
+      if (l.path.compare(0, 6, "index/") == 0 ? both_sets : both_st) out.push_back(l);
+    return out;
+  };
+  compare_leaves(kept(va.metadata), kept(vb.metadata), r, nullptr);
   for (const entry_tensor_pair& p : entry_tensors) {
     const tensor_record& ta = ca.tensors[p.a];
     const tensor_record& tb = cb.tensors[p.b];

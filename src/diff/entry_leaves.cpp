@@ -5,7 +5,10 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include <nlohmann/json.hpp>
+
 #include "base/text.h"
+#include "ckpt/byte_source.h"
 #include "ckpt/error.h"
 #include "ckpt/pickle.h"
 
@@ -218,8 +221,41 @@ std::vector<entry_leaf> entry_leaves(const checkpoint& c) {
   return out;
 }
 
+namespace {
+
+// A shard index's "metadata" object (formats.md §10.1) but total_size and
+// total_parameters, which count the shards' bytes and elements: what the writer was given
+// (huggingface_hub's save_torch_state_dict(metadata=...) puts it here, not in the shards).
+void index_metadata_leaves(const checkpoint& c, std::vector<entry_leaf>& out) {
+  if (c.layout != checkpoint_layout::hf_shard_set || c.index_path.empty()) return;
+  constexpr uint64_t kMaxIndexBytes = 256ull << 20;  // hf_index's own bound
+  file_source f(c.index_path);
+  if (f.size() > kMaxIndexBytes)
+    throw error(errc::unsupported, "the index is larger than " + std::to_string(kMaxIndexBytes) + " bytes")
+        .with_file(c.index_path);
+  const std::vector<uint8_t> bytes = f.read_vector(0, size_t(f.size()));
+  // Read once already by open_checkpoint; parsed here again for what the model does not keep.
+  const nlohmann::json doc = nlohmann::json::parse(bytes.begin(), bytes.end(), nullptr, false);
+  if (!doc.is_object()) throw error(errc::corrupt, "the index is no longer a JSON object").with_file(c.index_path);
+  auto md = doc.find("metadata");
+  if (md == doc.end() || !md->is_object()) return;
+  for (auto it = md->begin(); it != md->end(); ++it) {
+    if (it.key() == "total_size" || it.key() == "total_parameters") continue;
+    entry_leaf l;
+    l.path = "index/metadata/" + it.key();
+    l.type = it->is_string() ? "str" : std::string("JSON ") + it->type_name();
+    l.exact = it->dump(-1, ' ', true);  // ASCII: \u escapes
+    l.shown = l.exact.size() > kShownChars ? l.exact.substr(0, kShownChars) + "..." : l.exact;
+    if (it->is_string()) l.shown = text::quote(it->get<std::string>(), kShownChars);
+    out.push_back(std::move(l));
+  }
+}
+
+}  // namespace
+
 std::vector<entry_leaf> metadata_leaves(const checkpoint& c) {
   std::vector<entry_leaf> out;
+  index_metadata_leaves(c, out);
   if (c.format != file_format::safetensors) return out;
   // key -> (file, value) in file order; keys in first-seen order.
   std::vector<std::string> order;

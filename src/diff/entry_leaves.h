@@ -37,7 +37,8 @@ constexpr size_t kMaxLeaves = 4'000'000;
 /// Throws errc::unsupported past kMaxLeaves.
 std::vector<entry_leaf> entry_leaves(const checkpoint& c);
 
-/// A safetensors checkpoint's __metadata__ as leaves "__metadata__/<key>" (type "str");
+/// A shard index's own metadata as leaves "index/metadata/<key>" (but total_size and
+/// total_parameters), and a safetensors checkpoint's __metadata__ as leaves "__metadata__/<key>" (type "str");
 /// for a shard set, each key's value where every shard that has it agrees, and the
 /// per-shard values where they do not. Empty for every other format.
 std::vector<entry_leaf> metadata_leaves(const checkpoint& c);

@@ -138,7 +138,7 @@ def test_string_and_none_changed(pt_pairs):
     rc, doc = diff_json(pt_pairs["a"], pt_pairs["strings"])
     assert rc == 1
     assert entries(doc) == {"name": ({"type": "str", "value": "'run1'"}, {"type": "str", "value": "'run2'"}),
-                            "sched": ({"type": "NoneType", "value": "None"}, {"type": "str", "value": "'cosine'"})}
+                            "sched": ({"type": "None", "value": "None"}, {"type": "str", "value": "'cosine'"})}
 
 
 def test_nested_list_element_changed(pt_pairs):
@@ -283,7 +283,25 @@ def test_shard_set_metadata(tmp_path):
         (tmp_path / name).mkdir()
         save_torch_state_dict(sd, str(tmp_path / name), max_shard_size=600, metadata=meta)
     assert len(list((tmp_path / "a").glob("*.safetensors"))) > 1
+    # huggingface_hub writes metadata= into the index (its total_size is not compared: it
+    # counts the shards); each shard's __metadata__ is its format: pt.
+    (tmp_path / "c").mkdir()
+    save_torch_state_dict(sd, str(tmp_path / "c"), max_shard_size=300, metadata={"origin": "run1"})
+    assert len(list((tmp_path / "c").glob("*.safetensors"))) != len(list((tmp_path / "a").glob("*.safetensors")))
+    rc, doc = diff_json(tmp_path / "a", tmp_path / "c")
+    assert rc == 0, doc
     rc, doc = diff_json(tmp_path / "a", tmp_path / "b")
     assert rc == 1 and doc["values"]["identical"] == 4
-    assert entries(doc) == {"__metadata__/origin": ({"type": "str", "value": "'run1'"},
-                                                    {"type": "str", "value": "'run2'"})}
+    assert entries(doc) == {"index/metadata/origin": ({"type": "str", "value": "'run1'"},
+                                                      {"type": "str", "value": "'run2'"})}
+    # One shard's __metadata__ changed: shown shard by shard.
+    shard = sorted((tmp_path / "b").glob("*.safetensors"))[0]
+    from safetensors.torch import load_file
+    save_file(load_file(str(shard)), str(shard), metadata={"format": "np"})
+    rc, doc = diff_json(tmp_path / "a", tmp_path / "b", "--metadata-only")
+    e = entries(doc)
+    assert rc == 1 and set(e) == {"index/metadata/origin", "__metadata__/format"}
+    assert e["__metadata__/format"][0] == {"type": "str", "value": "'pt'"}
+    assert e["__metadata__/format"][1]["type"] == "str per shard" and "'np'" in e["__metadata__/format"][1]["value"]
+    rc, doc = diff_json(tmp_path / "a", tmp_path / "b", "--ignore-metadata")
+    assert rc == 0
