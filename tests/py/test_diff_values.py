@@ -44,8 +44,9 @@ def training_state() -> dict:
     opt = torch.optim.AdamW(model.parameters(), lr=0.1)
     model(torch.randn(5, 4)).sum().backward()
     opt.step()
+    opt.param_groups[0]["tag"] = "g1"  # a string deep inside the optimizer's state_dict()
     return {"model": model.state_dict(), "optimizer": opt.state_dict(), "epoch": 3, "lr": 0.1,
-            "name": "run1", "hist": [1, [2, 3]], "sched": None}
+            "name": "run1", "hist": [1, [2, 3]], "sched": None, "note": "x" * 300 + "a"}
 
 
 class Evil:
@@ -81,7 +82,8 @@ def pt_pairs(tmp_path_factory) -> dict:
     s["optimizer"]["param_groups"][0]["betas"] = list(s["optimizer"]["param_groups"][0]["betas"])
     save("group_values", s)
     s = copy.deepcopy(base)
-    s["name"], s["sched"] = "run2", "cosine"
+    s["name"], s["sched"], s["note"] = "run2", "cosine", "x" * 300 + "b"
+    s["optimizer"]["param_groups"][0]["tag"] = "g2"
     save("strings", s)
     s = copy.deepcopy(base)
     s["hist"][1][1] = 4
@@ -137,8 +139,13 @@ def test_param_group_values_and_container_type_changed(pt_pairs):
 def test_string_and_none_changed(pt_pairs):
     rc, doc = diff_json(pt_pairs["a"], pt_pairs["strings"])
     assert rc == 1
-    assert entries(doc) == {"name": ({"type": "str", "value": "'run1'"}, {"type": "str", "value": "'run2'"}),
-                            "sched": ({"type": "None", "value": "None"}, {"type": "str", "value": "'cosine'"})}
+    e = entries(doc)
+    assert set(e) == {"name", "sched", "note", "optimizer/param_groups/0/tag"}
+    assert e["optimizer/param_groups/0/tag"] == ({"type": "str", "value": "'g1'"}, {"type": "str", "value": "'g2'"})
+    assert e["name"] == ({"type": "str", "value": "'run1'"}, {"type": "str", "value": "'run2'"})
+    assert e["sched"] == ({"type": "None", "value": "None"}, {"type": "str", "value": "'cosine'"})
+    # Differing past what a report shows (200 characters): found, and shown cut.
+    assert e["note"][0]["value"] == e["note"][1]["value"] and e["note"][0]["value"].endswith("...")
 
 
 def test_nested_list_element_changed(pt_pairs):
@@ -175,8 +182,9 @@ def test_unsafe_object_compared_by_name_and_arguments_never_called(pt_pairs):
 # --- DCP: the same kinds of items as BYTE_IO entries ---------------------------------------
 
 
-def dcp_state(epoch=3, lr=0.1, hist=(1, [2, 3]), name="run1") -> dict:
+def dcp_state(epoch=3, lr=0.1, hist=(1, [2, 3]), name="run1", note="a") -> dict:
     s = training_state()
+    s["note"] = "x" * 300 + note  # a BYTE_IO item longer than inspect's summary
     s["epoch"], s["name"], s["hist"] = epoch, name, [hist[0], list(hist[1])]
     s["optimizer"]["param_groups"][0]["lr"] = lr
     return s
@@ -188,7 +196,7 @@ def dcp_pairs(tmp_path_factory) -> dict:
     d = tmp_path_factory.mktemp("dcp_values")
     out = {}
     for name, s in (("a", dcp_state()), ("same", dcp_state()),
-                    ("b", dcp_state(epoch=4, lr=0.05, hist=(1, [2, 4]), name="run2"))):
+                    ("b", dcp_state(epoch=4, lr=0.05, hist=(1, [2, 4]), name="run2", note="b"))):
         dcp.save(s, checkpoint_id=str(d / name), no_dist=True)
         out[name] = d / name
     return out
@@ -203,11 +211,15 @@ def test_dcp_identical_pair_is_equivalent(dcp_pairs):
 def test_dcp_byte_items_differ_at_their_paths(dcp_pairs):
     rc, doc = diff_json(dcp_pairs["a"], dcp_pairs["b"], "--metadata-only")
     assert rc == 1
+    # Differing past the 200 characters shown: both sides show the same cut repr.
+    cut = entries(doc)["note"][0]
+    assert cut["type"] == "str" and cut["value"].startswith("'xxx") and cut["value"].endswith("x...")
     assert entries(doc) == {
         "optimizer/param_groups/0/lr": ({"type": "float", "value": "0.1"}, {"type": "float", "value": "0.05"}),
         "epoch": ({"type": "int", "value": "3"}, {"type": "int", "value": "4"}),
         "name": ({"type": "str", "value": "'run1'"}, {"type": "str", "value": "'run2'"}),
         "hist/1/1": ({"type": "int", "value": "3"}, {"type": "int", "value": "4"}),
+        "note": (cut, cut),
     }
 
 
