@@ -139,9 +139,9 @@ struct side_values {
   std::vector<detail::entry_leaf> entries, metadata;
 };
 
-side_values values_of(const checkpoint& c, const diff_options& o) {
+side_values values_of(const checkpoint& c, const diff_options& o, const detail::walked_values* walked = nullptr) {
   side_values v;
-  if (!o.ignore_entries) v.entries = detail::entry_leaves(c);
+  if (!o.ignore_entries) v.entries = detail::entry_leaves(c, walked);
   if (!o.ignore_metadata) v.metadata = detail::metadata_leaves(c);
   return v;
 }
@@ -310,17 +310,22 @@ diff_report diff_checkpoints(const checkpoint& a, const checkpoint& b, const dif
 
 diff_report diff_checkpoints(const std::string& pa, const std::string& pb, const diff_options& o,
                              const open_options& given) {
-  open_options reader = given;
-  reader.keep_entry_values = !o.ignore_entries;
   // One side open at a time would halve metadata memory, but pairing needs both key lists;
   // the pickle trees, most of that memory, are dropped as soon as each side's entries are
-  // walked.
-  checkpoint a = open_checkpoint(pa, reader);
-  const side_values va = values_of(a, o);
-  release_pickle(a);
-  checkpoint b = open_checkpoint(pb, reader);
-  const side_values vb = values_of(b, o);
-  release_pickle(b);
+  // walked (values decoded from pickles of their own are walked while open reads them).
+  auto open_side = [&](const std::string& path, side_values& values) {
+    detail::walked_values walked(path);
+    open_options reader = given;
+    if (!o.ignore_entries)
+      reader.entry_value_seen = [&walked](const value_path& p, const pickle::value& v) { walked.seen(p, v); };
+    checkpoint c = open_checkpoint(path, reader);
+    values = values_of(c, o, &walked);
+    release_pickle(c);
+    return c;
+  };
+  side_values va, vb;
+  checkpoint a = open_side(pa, va);
+  checkpoint b = open_side(pb, vb);
   return diff_with(a, b, va, vb, o);
 }
 

@@ -50,10 +50,13 @@ std::string key_text(const value* k) {
 
 class walker {
  public:
-  walker(const checkpoint& c, std::vector<entry_leaf>& out) : c_(c), out_(out) {
-    for (size_t i = 0; i < c.tensors.size(); ++i)
-      if (c.tensors[i].node) record_of_.emplace(c.tensors[i].node, i);
-    for (const entry_leaf& l : out) paths_.insert(l.path);
+  // `c`: the checkpoint whose tensor records the values' rebuild calls may be (null for a
+  // value decoded from a pickle of its own); `file` names it in errors.
+  walker(const checkpoint* c, std::string file, std::vector<entry_leaf>& out)
+      : c_(c), file_(std::move(file)), out_(out) {
+    if (c)
+      for (size_t i = 0; i < c->tensors.size(); ++i)
+        if (c->tensors[i].node) record_of_.emplace(c->tensors[i].node, i);
   }
 
   void walk(const value* v, const std::string& path, int depth) {
@@ -105,13 +108,19 @@ class walker {
 
   // torch.distributed.checkpoint's _traverse: a list is kept whole unless it holds a
   // mapping, a tensor, or a list it would not keep whole.
-  bool dcp_keeps_whole(const value* list, int depth) const {
-    if (depth > 64) return true;
+  // Memoized: a list shared many times over (a DAG) is judged once.
+  bool dcp_keeps_whole(const value* list, int depth) {
+    if (depth > kMaxDepth) return true;
+    auto known = whole_.find(list);
+    if (known != whole_.end()) return known->second;
+    whole_[list] = true;  // a list that contains itself: judged by its other elements
+    bool whole = true;
     for (const value* e : list->items) {
-      if (e->type == kind::dict || record(e) || is_rebuild(e)) return false;
-      if (e->type == kind::list && !dcp_keeps_whole(e, depth + 1)) return false;
+      if (e->type == kind::dict || record(e) || is_rebuild(e)) whole = false;
+      else if (e->type == kind::list && !dcp_keeps_whole(e, depth + 1)) whole = false;
+      if (!whole) break;
     }
-    return true;
+    return whole_[list] = whole;
   }
 
   // An object is compared by what pickle says makes it, never by running that: the
@@ -168,7 +177,7 @@ class walker {
     l.type = "tensor";
     l.tensor = t;
     if (t) {
-      const tensor_record& r = c_.tensors[*t];
+      const tensor_record& r = c_->tensors[*t];
       l.shown = l.exact = std::string(name(r.type)) + " " +
                           text::shape(std::vector<int64_t>(r.shape.begin(), r.shape.end()));
     } else {
@@ -187,29 +196,54 @@ class walker {
     if (out_.size() >= kMaxLeaves)
       throw error(errc::unsupported, "the non-tensor entries expand to more than " + std::to_string(kMaxLeaves) +
                                          " values; pass --ignore-entries to compare tensors only")
-          .with_file(c_.path);
+          .with_file(file_);
     out_.push_back(std::move(l));
   }
 
-  const checkpoint& c_;
+  const checkpoint* c_;
+  std::string file_;
   std::vector<entry_leaf>& out_;
   std::unordered_map<const value*, size_t> record_of_;
   std::unordered_set<std::string> paths_;
   std::unordered_set<const value*> open_;
+  std::unordered_map<const value*, bool> whole_;
 };
 
 bool ends_cut(const std::string& s) { return s.size() >= 3 && s.compare(s.size() - 3, 3, "...") == 0; }
 
 }  // namespace
 
-std::vector<entry_leaf> entry_leaves(const checkpoint& c) {
+struct walked_values::state {
+  std::vector<entry_leaf> leaves;
+  walker w;
+  explicit state(std::string file) : w(nullptr, std::move(file), leaves) {}
+};
+
+walked_values::walked_values(std::string file) : s_(std::make_unique<state>(std::move(file))) {}
+walked_values::~walked_values() = default;
+
+void walked_values::seen(const value_path& path, const pickle::value& v) {
+  const size_t begin = s_->leaves.size();
+  const std::string p = path_to_string(path);
+  s_->w.walk(&v, p, 0);
+  ranges_[p] = {begin, s_->leaves.size()};
+}
+
+std::vector<entry_leaf> entry_leaves(const checkpoint& c, const walked_values* walked) {
   std::vector<entry_leaf> out;
-  walker w(c, out);
+  walker w(&c, c.path, out);
   for (const entry_summary& e : c.entries) {
     const std::string path = path_to_string(e.path);
     if (e.node) {
       w.walk(e.node, path, 0);
       continue;
+    }
+    if (walked) {
+      auto it = walked->ranges_.find(path);
+      if (it != walked->ranges_.end()) {
+        for (size_t i = it->second.first; i < it->second.second; ++i) w.add_summary(walked->s_->leaves[i]);
+        continue;
+      }
     }
     entry_leaf l;
     l.path = path;

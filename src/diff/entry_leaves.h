@@ -7,6 +7,8 @@
 #pragma once
 
 #include <cstddef>
+#include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -31,11 +33,26 @@ constexpr size_t kExactChars = 1u << 20;
 /// and a walk of such a DAG would grow without bound. Past it, diff refuses (unsupported).
 constexpr size_t kMaxLeaves = 4'000'000;
 
+/// The leaves of values open_checkpoint decodes from pickles of their own and drops (a DCP
+/// BYTE_IO item, Lightning's meta.pt): `seen` is open_options::entry_value_seen.
+class walked_values {
+ public:
+  explicit walked_values(std::string file);
+  ~walked_values();
+  void seen(const value_path& path, const pickle::value& v);
+
+ private:
+  friend std::vector<entry_leaf> entry_leaves(const checkpoint& c, const walked_values* walked);
+  struct state;
+  std::unique_ptr<state> s_;
+  std::map<std::string, std::pair<size_t, size_t>> ranges_;  // entry path -> its leaves
+};
+
 /// c's entries as leaves, in the order found, each path once. Uses the entries' decoded
-/// values (entry_summary::node) while they are alive; an entry without one is a single
-/// leaf from its summary (partial when the summary was cut or summarizes tensors).
-/// Throws errc::unsupported past kMaxLeaves.
-std::vector<entry_leaf> entry_leaves(const checkpoint& c);
+/// values (entry_summary::node) while they are alive, else what `walked` saw of them; an
+/// entry with neither is a single leaf from its summary (partial when the summary was cut
+/// or summarizes tensors). Throws errc::unsupported past kMaxLeaves.
+std::vector<entry_leaf> entry_leaves(const checkpoint& c, const walked_values* walked = nullptr);
 
 /// A shard index's own metadata as leaves "index/metadata/<key>" (but total_size and
 /// total_parameters), and a safetensors checkpoint's __metadata__ as leaves "__metadata__/<key>" (type "str");

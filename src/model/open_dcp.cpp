@@ -372,7 +372,7 @@ class dcp_reader {
     for (const dcp::storage_item& r : md_.replicas) {
       const dcp::item& it = *items.at(r.fqn);
       if (!r.offsets) {
-        const entry_summary copy = bytes_entry(it, r);
+        const entry_summary copy = bytes_entry(it, r, false);
         const std::string& kept = byte_values_.at(it.fqn);
         if (copy.type + " " + copy.value != kept)
           c_.warnings.push_back("BYTE_IO item '" + it.fqn + "' differs between ranks: " + md_.sources[0] +
@@ -411,7 +411,8 @@ class dcp_reader {
     c_.entries.push_back(std::move(e));
   }
 
-  entry_summary bytes_entry(const dcp::item& it, const dcp::storage_item& s) {
+  // `shown`: the copy whose value the checkpoint shows (not another rank's replica).
+  entry_summary bytes_entry(const dcp::item& it, const dcp::storage_item& s, bool shown = true) {
     entry_summary e;
     e.path = item_path(planned_, it.fqn);
     checkpoint a = open_item(s);
@@ -426,11 +427,7 @@ class dcp_reader {
                                   : std::to_string(a.tensors.size()) + (a.tensors.size() == 1 ? " tensor" : " tensors") +
                                         " inside (not loaded: a BYTE_IO item)";
     }
-    // The decoded value outlives the archive's file only when a caller compares values.
-    if (root && o_.keep_entry_values) {
-      e.tree = std::shared_ptr<const pickle::document>(std::move(a.files[0].pickle));
-      e.node = root;
-    }
+    if (root && o_.entry_value_seen && shown) o_.entry_value_seen(e.path, *root);
     if (!a.unsafe_globals.empty()) {
       std::string names;
       for (const auto& g : a.unsafe_globals) names += (names.empty() ? "" : ", ") + g;
@@ -448,15 +445,11 @@ class dcp_reader {
     const std::string rel = join(dir_, "meta.pt");
     if (fs_.stat(rel).kind != file_kind::regular) return;
     checkpoint m = open_checkpoint(fs_.open(rel), o_);
-    std::shared_ptr<const pickle::document> tree;
-    if (o_.keep_entry_values && m.files.at(0).pickle) tree = std::move(m.files.at(0).pickle);
     for (auto& e : m.entries) {
       e.path.insert(e.path.begin(), std::string("meta.pt"));
-      // Its nodes live in meta.pt's pickle, which is dropped below unless kept.
-      if (tree)
-        e.tree = tree;
-      else
-        e.node = nullptr;
+      // Its node lives in meta.pt's pickle, which is dropped below.
+      if (e.node && o_.entry_value_seen) o_.entry_value_seen(e.path, *e.node);
+      e.node = nullptr;
       c_.entries.push_back(std::move(e));
     }
     for (const auto& g : m.globals) c_.globals.push_back(g);

@@ -317,3 +317,27 @@ def test_shard_set_metadata(tmp_path):
     assert e["__metadata__/format"][1]["type"] == "str per shard" and "'np'" in e["__metadata__/format"][1]["value"]
     rc, doc = diff_json(tmp_path / "a", tmp_path / "b", "--ignore-metadata")
     assert rc == 0
+
+
+# --- hostile values -------------------------------------------------------------------------
+
+
+def test_shared_list_bomb_refused_and_cycles_compared(tmp_path):
+    # 40 levels of one list shared twice: a few hundred bytes of pickle, 2^40 leaves.
+    bomb = [1]
+    for _ in range(40):
+        bomb = [bomb, bomb]
+    torch.save({"w": torch.ones(2), "bomb": bomb}, tmp_path / "bomb.pt")
+    rc, out, err = run_ckptool("diff", tmp_path / "bomb.pt", tmp_path / "bomb.pt", timeout=60)
+    assert rc == 3 and out == "" and "--ignore-entries" in err and "bomb.pt" in err, (rc, err)
+    rc, _, _ = run_ckptool("diff", "--ignore-entries", tmp_path / "bomb.pt", tmp_path / "bomb.pt")
+    assert rc == 0
+    # A list that contains itself is one leaf where it recurs, not an endless walk.
+    loop = [1]
+    loop.append(loop)
+    torch.save({"w": torch.ones(2), "loop": loop, "n": 1}, tmp_path / "a.pt")
+    torch.save({"w": torch.ones(2), "loop": loop, "n": 2}, tmp_path / "b.pt")
+    rc, doc = diff_json(tmp_path / "a.pt", tmp_path / "a.pt")
+    assert rc == 0
+    rc, doc = diff_json(tmp_path / "a.pt", tmp_path / "b.pt")
+    assert rc == 1 and set(entries(doc)) == {"n"}
