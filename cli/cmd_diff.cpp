@@ -41,7 +41,7 @@ std::string shape_text(const std::vector<int64_t>& s) {
   return out + "]";
 }
 
-nlohmann::json entry_json(const std::optional<ckpt::entry_summary>& e) {
+nlohmann::json entry_json(const std::optional<ckpt::entry_value>& e) {
   if (!e) return nullptr;
   return {{"type", e->type}, {"value", e->value}};
 }
@@ -195,7 +195,7 @@ void print_text(const ckpt::diff_report& r, const ckpt::diff_options& o) {
   }
   for (const ckpt::entry_diff& e : r.entries) {
     std::cout << "  entry: " << display_name(e.path) << ": ";
-    auto side = [](const std::optional<ckpt::entry_summary>& s) {
+    auto side = [](const std::optional<ckpt::entry_value>& s) {
       return s ? escape_controls(s->type) + " " + escape_controls(s->value) : std::string("(absent)");
     };
     std::cout << side(e.a) << " vs " << side(e.b) << "\n";
@@ -240,7 +240,9 @@ verb setup_diff(CLI::App& app) {
       ->check(CLI::NonNegativeNumber);
   cmd->add_flag("--equal-nan", o->diff.equal_nan, "NaN compares equal to NaN (bit-identical values always do)");
   cmd->add_flag("--metadata-only", o->diff.metadata_only, "Compare keys, dtypes, shapes and entries; read no tensor data");
-  cmd->add_flag("--ignore-entries", o->diff.ignore_entries, "Do not compare non-tensor entries (epoch, hyper-parameters)");
+  cmd->add_flag("--ignore-entries", o->diff.ignore_entries, "Do not compare non-tensor entries (epoch, hyper-parameters, optimizer state)");
+  cmd->add_flag("--ignore-metadata", o->diff.ignore_metadata,
+                 "Do not compare safetensors __metadata__ maps (ckptool convert writes format: pt)");
   cmd->add_flag("--json", o->json, "Print the result as JSON (docs/diff-json.md)");
   add_reader_flags(*cmd, o->reader);
   return {cmd, [o] { return run_diff(*o); }};

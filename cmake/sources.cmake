@@ -32,6 +32,7 @@ set(CKPT_CORE_SOURCES
   ${CKPT_ROOT}/src/pickle/weights_only_globals.cpp
   ${CKPT_ROOT}/src/diff/diff.cpp
   ${CKPT_ROOT}/src/diff/element_decode.cpp
+  ${CKPT_ROOT}/src/diff/entry_leaves.cpp
   ${CKPT_ROOT}/src/diff/key_reader.cpp
   ${CKPT_ROOT}/src/diff/value_compare.cpp
   ${CKPT_ROOT}/src/convert/convert.cpp
@@ -207,6 +208,7 @@ set(CKPT_SHARED_HEADERS
   ${CKPT_ROOT}/src/base/text.h
   ${CKPT_ROOT}/src/base/text_escape.h
   ${CKPT_ROOT}/src/diff/element_decode.h
+  ${CKPT_ROOT}/src/diff/entry_leaves.h
   ${CKPT_ROOT}/src/diff/key_reader.h
   ${CKPT_ROOT}/src/diff/value_compare.h
   ${CKPT_ROOT}/src/convert/convert_writers.h

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -140,6 +141,10 @@ struct entry_summary {
   value_path path;
   std::string type;                    // "int", "str", "dict", "list", "object", ...
   std::string value;                   // short Python-like rendering
+  /// The decoded value in the checkpoint's own pickle, for a caller that compares values
+  /// (diff); valid until release_pickle. Null for a value decoded from a pickle of its own
+  /// (a DCP BYTE_IO item, Lightning's meta.pt): open_options::entry_value_seen shows those.
+  const pickle::value* node = nullptr;
 };
 
 struct open_options {
@@ -161,6 +166,12 @@ struct open_options {
   /// False reads `.metadata` alone (inspect): storages then carry the archive's byte range
   /// with storage_record::archive_range set, and tensor strides are the contiguous ones.
   bool read_chunk_archives = true;
+  /// Called during open with each entry whose value is decoded from a pickle of its own
+  /// (a DCP BYTE_IO item, each entry of Lightning's meta.pt): its path as in
+  /// checkpoint::entries and the value, valid during the call only. Those pickles are
+  /// dropped as soon as read (a document's blocks cost ~200 KB however small its value);
+  /// diff walks each value here instead.
+  std::function<void(const value_path&, const pickle::value&)> entry_value_seen;
   /// What the caller will do with the checkpoint, so open_checkpoint builds nothing it will
   /// not use. Every tensor is read and checked the same way whatever the purpose: the same
   /// files open and the same ones are refused, with the same messages.

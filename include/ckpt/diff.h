@@ -25,8 +25,10 @@ struct diff_options {
   bool equal_nan = false;
   /// Keys, dtypes, shapes and entries only: no tensor byte is read.
   bool metadata_only = false;
-  /// Non-tensor entries (epoch, hyper-parameters) are not compared.
+  /// Non-tensor entries (epoch, hyper-parameters, optimizer state) are not compared.
   bool ignore_entries = false;
+  /// Safetensors __metadata__ maps are not compared (docs/formats.md §12.4).
+  bool ignore_metadata = false;
   /// Bytes of each side read at a time (memory holds about 3 windows, and a non-contiguous
   /// view's storage span, at most 256 MiB: src/diff/key_reader.h). 1 MiB: the copy
   /// from the page cache and the memcmp after it stay in the CPU's cache; 16 MiB windows
@@ -68,10 +70,18 @@ struct tensor_diff {
   bool equivalent() const;
 };
 
-/// A non-tensor entry (checkpoint::entries) on either side; nullopt on the side that lacks it.
+/// One side's value at a path of the non-tensor entries (docs/formats.md §12.4).
+struct entry_value {
+  std::string type;   // "int", "str", "tuple", "tensor", a class name, ...
+  std::string value;  // Python's repr, cut at 200 characters
+};
+
+/// A non-tensor value that differs between the sides, or exists on one side only
+/// (nullopt on the side that lacks it). `path` is its place below the entry, elements
+/// joined by '/': "optimizer/param_groups/0/lr", "__metadata__/format".
 struct entry_diff {
   std::string path;
-  std::optional<entry_summary> a, b;
+  std::optional<entry_value> a, b;
 };
 
 struct diff_report {
@@ -84,7 +94,8 @@ struct diff_report {
   /// '_orig_mod.'"), and the pairs whose names differ (A's key, B's key).
   std::string rename_edit;
   std::vector<std::pair<std::string, std::string>> renamed;
-  /// Every paired key, in A's order.
+  /// Every paired key, in A's order, then the tensors inside non-tensor entries (an
+  /// optimizer's state in a torch.save file) paired by path, named by it.
   std::vector<tensor_diff> tensors;
   std::vector<entry_diff> entries;  // entries that differ or exist on one side only
   /// Entries compared by a rendering that was cut short (both equal up to the cut).

@@ -10,6 +10,7 @@
 #include "ckpt/error.h"
 #include "ckpt/rekey.h"
 #include "ckpt/wrappers.h"
+#include "diff/entry_leaves.h"
 #include "diff/key_reader.h"
 #include "diff/value_compare.h"
 #include "model/assembly.h"
@@ -132,73 +133,50 @@ std::vector<pair_of> pair_keys(const side& a, const side& b, diff_report& r) {
   return pairs;
 }
 
-bool ends_cut(const std::string& value) { return value.size() >= 3 && value.compare(value.size() - 3, 3, "...") == 0; }
+// What diff compares besides the state dict: the entries' leaves, and the safetensors
+// __metadata__ maps (compared only when both sides are safetensors: no other format has one).
+struct side_values {
+  std::vector<detail::entry_leaf> entries, metadata;
+};
 
-// A rendering that ends in "..." was cut (pickle::repr's bound), and a summary of a
-// container holding tensors names no values: equal text proves neither equal.
-bool rendering_is_partial(const std::string& value) { return ends_cut(value) || value.find(" inside") != std::string::npos; }
-
-// Entries are summaries cut at 120 characters (checkpoint.cpp entry_value). Two long
-// hyper-parameter dicts that differ past the cut must not compare equal: while a single
-// file's pickle tree is alive, each cut entry is rendered again from its node, in full up
-// to kFullRendering characters. A DCP's values are read as summaries and stay so.
-constexpr size_t kFullRendering = 1u << 20;
-
-using renderings = std::map<std::string, std::string>;
-
-renderings full_renderings(const checkpoint& c) {
-  renderings out;
-  if (c.files.size() != 1 || !c.files[0].pickle || !c.files[0].pickle->root) return out;
-  for (const entry_summary& e : c.entries) {
-    if (!ends_cut(e.value)) continue;
-    const pickle::value* node = c.files[0].pickle->root;
-    for (const path_element& step : e.path) {
-      const pickle::value* next = nullptr;
-      if (node->type == pickle::kind::dict)
-        for (size_t i = 0; i < node->dict_size() && !next; ++i) {
-          const pickle::value* k = node->dict_key(i);
-          if (const auto* text = std::get_if<std::string>(&step)) {
-            if (k->type == pickle::kind::str && k->text == *text) next = node->dict_value(i);
-          } else if (k->type == pickle::kind::integer && k->integer == std::get<int64_t>(step)) {
-            next = node->dict_value(i);
-          }
-        }
-      node = next;
-      if (!node) break;
-    }
-    if (node) out[path_to_string(e.path)] = pickle::repr(node, kFullRendering);
-  }
-  return out;
+side_values values_of(const checkpoint& c, const diff_options& o, const detail::walked_values* walked = nullptr) {
+  side_values v;
+  if (!o.ignore_entries) v.entries = detail::entry_leaves(c, walked);
+  if (!o.ignore_metadata) v.metadata = detail::metadata_leaves(c);
+  return v;
 }
 
-void compare_entries(const checkpoint& a, const checkpoint& b, const renderings& full_a, const renderings& full_b,
-                     diff_report& r) {
-  auto full = [](const renderings& m, const std::string& path, const std::string& summary) {
-    auto it = m.find(path);
-    return it == m.end() ? summary : it->second;
-  };
-  std::map<std::string, const entry_summary*> in_b;
-  for (const entry_summary& e : b.entries) in_b.emplace(path_to_string(e.path), &e);
-  std::map<std::string, bool> seen;
-  for (const entry_summary& e : a.entries) {
-    const std::string path = path_to_string(e.path);
-    auto it = in_b.find(path);
+entry_value shown(const detail::entry_leaf& l) { return {l.type, l.shown}; }
+
+// A tensor inside an entry on both sides: (A's record, B's record, path).
+struct entry_tensor_pair {
+  size_t a, b;
+  std::string path;
+};
+
+void compare_leaves(const std::vector<detail::entry_leaf>& a, const std::vector<detail::entry_leaf>& b,
+                    diff_report& r, std::vector<entry_tensor_pair>* tensors) {
+  std::unordered_map<std::string_view, size_t> in_b;
+  for (size_t i = 0; i < b.size(); ++i) in_b.emplace(b[i].path, i);
+  std::vector<bool> b_seen(b.size(), false);
+  for (const detail::entry_leaf& la : a) {
+    auto it = in_b.find(la.path);
     if (it == in_b.end()) {
-      r.entries.push_back({path, e, std::nullopt});
+      r.entries.push_back({la.path, shown(la), std::nullopt});
       continue;
     }
-    seen[path] = true;
-    const entry_summary& other = *it->second;
-    const std::string value_a = full(full_a, path, e.value), value_b = full(full_b, path, other.value);
-    if (e.type != other.type || value_a != value_b)
-      r.entries.push_back({path, e, other});
-    else if (rendering_is_partial(value_a))
+    b_seen[it->second] = true;
+    const detail::entry_leaf& lb = b[it->second];
+    if (tensors && la.tensor && lb.tensor) {
+      tensors->push_back({*la.tensor, *lb.tensor, la.path});  // dtype, shape and values as tensors
+    } else if (la.type != lb.type || la.exact != lb.exact) {
+      r.entries.push_back({la.path, shown(la), shown(lb)});
+    } else if (la.partial || lb.partial) {
       ++r.entries_elided;
+    }
   }
-  for (const entry_summary& e : b.entries) {
-    const std::string path = path_to_string(e.path);
-    if (!seen.count(path)) r.entries.push_back({path, std::nullopt, e});
-  }
+  for (size_t i = 0; i < b.size(); ++i)
+    if (!b_seen[i]) r.entries.push_back({b[i].path, std::nullopt, shown(b[i])});
 }
 
 }  // namespace
@@ -230,7 +208,18 @@ bool diff_report::equivalent() const {
 
 namespace {
 
-diff_report diff_with(const checkpoint& ca, const checkpoint& cb, const renderings& full_a, const renderings& full_b,
+// Where a compared tensor's bytes are: a state-dict key of a side, or a tensor record
+// inside an entry.
+struct reader_ref {
+  const side* s;
+  size_t i;
+  bool record;
+  detail::key_reader make(const std::string& name) const {
+    return record ? detail::key_reader(s->c, name, i) : s->reader(i);
+  }
+};
+
+diff_report diff_with(const checkpoint& ca, const checkpoint& cb, const side_values& va, const side_values& vb,
                       const diff_options& o) {
   diff_report r;
   r.path_a = ca.path;
@@ -243,10 +232,8 @@ diff_report diff_with(const checkpoint& ca, const checkpoint& cb, const renderin
   const side a(ca), b(cb);
   r.keys_a = a.names.size();
   r.keys_b = b.names.size();
-  const std::vector<pair_of> pairs = pair_keys(a, b, r);
-
-  uint64_t total = 0;
-  for (const pair_of& p : pairs) {
+  std::vector<std::pair<reader_ref, reader_ref>> refs;
+  for (const pair_of& p : pair_keys(a, b, r)) {
     tensor_diff d;
     d.key_a = a.names[p.a];
     d.key_b = b.names[p.b];
@@ -254,17 +241,49 @@ diff_report diff_with(const checkpoint& ca, const checkpoint& cb, const renderin
     d.type_b = b.type(p.b);
     d.shape_a = a.shape(p.a);
     d.shape_b = b.shape(p.b);
+    r.tensors.push_back(std::move(d));
+    refs.push_back({{&a, p.a, false}, {&b, p.b, false}});
+  }
+  // A side without a state dict already compares every tensor record by its path; its
+  // entries' tensors are then compared as leaves (dtype and shape) only.
+  std::vector<entry_tensor_pair> entry_tensors;
+  compare_leaves(va.entries, vb.entries, r, a.by_key && b.by_key ? &entry_tensors : nullptr);
+  // Only two sides that can both hold such metadata: a .pt has no __metadata__, a single
+  // file no index.
+  const bool both_st = ca.format == file_format::safetensors && cb.format == file_format::safetensors;
+  const bool both_sets = ca.layout == checkpoint_layout::hf_shard_set && cb.layout == checkpoint_layout::hf_shard_set;
+  auto kept = [&](const std::vector<detail::entry_leaf>& all) {
+    std::vector<detail::entry_leaf> out;
+    for (const detail::entry_leaf& l : all)
+      if (l.path.compare(0, 6, "index/") == 0 ? both_sets : both_st) out.push_back(l);
+    return out;
+  };
+  compare_leaves(kept(va.metadata), kept(vb.metadata), r, nullptr);
+  for (const entry_tensor_pair& p : entry_tensors) {
+    const tensor_record& ta = ca.tensors[p.a];
+    const tensor_record& tb = cb.tensors[p.b];
+    tensor_diff d;
+    d.key_a = d.key_b = p.path;
+    d.type_a = ta.type;
+    d.type_b = tb.type;
+    d.shape_a.assign(ta.shape.begin(), ta.shape.end());
+    d.shape_b.assign(tb.shape.begin(), tb.shape.end());
+    r.tensors.push_back(std::move(d));
+    refs.push_back({{&a, p.a, true}, {&b, p.b, true}});
+  }
+
+  uint64_t total = 0;
+  for (size_t i = 0; i < r.tensors.size(); ++i) {
+    tensor_diff& d = r.tensors[i];
     if (!o.metadata_only && !d.shape_differs()) {
       // Every pair's readers are made before any byte is read: data ckptool cannot read
       // exactly is refused before a long comparison, not after it.
-      const detail::key_reader ra = a.reader(p.a), rb = b.reader(p.b);
+      const detail::key_reader ra = refs[i].first.make(d.key_a), rb = refs[i].second.make(d.key_b);
       total += ra.nbytes() + rb.nbytes();
     } else {
       d.not_compared_reason = o.metadata_only ? "--metadata-only" : "shapes differ";
     }
-    r.tensors.push_back(std::move(d));
   }
-  if (!o.ignore_entries) compare_entries(ca, cb, full_a, full_b, r);
   if (o.metadata_only) return r;
 
   detail::compare_buffers buffers;
@@ -273,10 +292,10 @@ diff_report diff_with(const checkpoint& ca, const checkpoint& cb, const renderin
     done += n;
     if (o.progress) o.progress(done, total);
   };
-  for (size_t i = 0; i < pairs.size(); ++i) {
+  for (size_t i = 0; i < r.tensors.size(); ++i) {
     tensor_diff& d = r.tensors[i];
     if (d.shape_differs()) continue;
-    detail::key_reader ra = a.reader(pairs[i].a), rb = b.reader(pairs[i].b);
+    detail::key_reader ra = refs[i].first.make(d.key_a), rb = refs[i].second.make(d.key_b);
     detail::compare_values(ra, rb, o, buffers, d, progress);
   }
   r.bytes_compared = done;
@@ -286,20 +305,28 @@ diff_report diff_with(const checkpoint& ca, const checkpoint& cb, const renderin
 }  // namespace
 
 diff_report diff_checkpoints(const checkpoint& a, const checkpoint& b, const diff_options& o) {
-  return diff_with(a, b, full_renderings(a), full_renderings(b), o);
+  return diff_with(a, b, values_of(a, o), values_of(b, o), o);
 }
 
 diff_report diff_checkpoints(const std::string& pa, const std::string& pb, const diff_options& o,
-                             const open_options& reader) {
+                             const open_options& given) {
   // One side open at a time would halve metadata memory, but pairing needs both key lists;
-  // the pickle trees, most of that memory, are dropped as soon as each side is open.
-  checkpoint a = open_checkpoint(pa, reader);
-  const renderings full_a = full_renderings(a);
-  release_pickle(a);
-  checkpoint b = open_checkpoint(pb, reader);
-  const renderings full_b = full_renderings(b);
-  release_pickle(b);
-  return diff_with(a, b, full_a, full_b, o);
+  // the pickle trees, most of that memory, are dropped as soon as each side's entries are
+  // walked (values decoded from pickles of their own are walked while open reads them).
+  auto open_side = [&](const std::string& path, side_values& values) {
+    detail::walked_values walked(path);
+    open_options reader = given;
+    if (!o.ignore_entries)
+      reader.entry_value_seen = [&walked](const value_path& p, const pickle::value& v) { walked.seen(p, v); };
+    checkpoint c = open_checkpoint(path, reader);
+    values = values_of(c, o, &walked);
+    release_pickle(c);
+    return c;
+  };
+  side_values va, vb;
+  checkpoint a = open_side(pa, va);
+  checkpoint b = open_side(pb, vb);
+  return diff_with(a, b, va, vb, o);
 }
 
 }  // namespace ckpt

@@ -271,7 +271,7 @@ void summarize_entries(checkpoint& c, const value* root, const detail::node_mark
         p.push_back(k->integer);
       else
         p.push_back(k->type == kind::str ? k->text : pickle::repr(k, 80));
-      c.entries.push_back({p, type_name(v), entry_value(v, tensor_nodes)});
+      c.entries.push_back({p, type_name(v), entry_value(v, tensor_nodes), v});
     }
   };
   add_entries(root, {});
@@ -699,6 +699,7 @@ void release_pickle(checkpoint& c) {
     }
   }
   c.state_dict_node = nullptr;
+  for (entry_summary& e : c.entries) e.node = nullptr;
   for (source_file& f : c.files) {
     f.extra_pickles.clear();
     f.pickle.reset();

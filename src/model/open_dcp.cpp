@@ -372,7 +372,7 @@ class dcp_reader {
     for (const dcp::storage_item& r : md_.replicas) {
       const dcp::item& it = *items.at(r.fqn);
       if (!r.offsets) {
-        const entry_summary copy = bytes_entry(it, r);
+        const entry_summary copy = bytes_entry(it, r, false);
         const std::string& kept = byte_values_.at(it.fqn);
         if (copy.type + " " + copy.value != kept)
           c_.warnings.push_back("BYTE_IO item '" + it.fqn + "' differs between ranks: " + md_.sources[0] +
@@ -411,7 +411,8 @@ class dcp_reader {
     c_.entries.push_back(std::move(e));
   }
 
-  entry_summary bytes_entry(const dcp::item& it, const dcp::storage_item& s) {
+  // `shown`: the copy whose value the checkpoint shows (not another rank's replica).
+  entry_summary bytes_entry(const dcp::item& it, const dcp::storage_item& s, bool shown = true) {
     entry_summary e;
     e.path = item_path(planned_, it.fqn);
     checkpoint a = open_item(s);
@@ -426,6 +427,7 @@ class dcp_reader {
                                   : std::to_string(a.tensors.size()) + (a.tensors.size() == 1 ? " tensor" : " tensors") +
                                         " inside (not loaded: a BYTE_IO item)";
     }
+    if (root && o_.entry_value_seen && shown) o_.entry_value_seen(e.path, *root);
     if (!a.unsafe_globals.empty()) {
       std::string names;
       for (const auto& g : a.unsafe_globals) names += (names.empty() ? "" : ", ") + g;
@@ -445,6 +447,9 @@ class dcp_reader {
     checkpoint m = open_checkpoint(fs_.open(rel), o_);
     for (auto& e : m.entries) {
       e.path.insert(e.path.begin(), std::string("meta.pt"));
+      // Its node lives in meta.pt's pickle, which is dropped below.
+      if (e.node && o_.entry_value_seen) o_.entry_value_seen(e.path, *e.node);
+      e.node = nullptr;
       c_.entries.push_back(std::move(e));
     }
     for (const auto& g : m.globals) c_.globals.push_back(g);

@@ -73,7 +73,8 @@ def formats(tmp_path_factory) -> dict:
     sd = state_dict()
     out = {"pt": d / "model.pt", "st": d / "model.safetensors", "hf": d / "hf", "dcp": d / "dcp"}
     torch.save(sd, out["pt"])
-    save_file(sd, str(out["st"]))
+    # huggingface_hub writes format: pt into each shard's __metadata__, which diff compares.
+    save_file(sd, str(out["st"]), metadata={"format": "pt"})
     out["hf"].mkdir()
     save_torch_state_dict(sd, str(out["hf"]), max_shard_size=200)  # several shards and an index
     assert len(list(out["hf"].glob("*.safetensors"))) > 1
@@ -220,7 +221,7 @@ def test_long_entries_differing_past_the_summary(tmp_path):
     torch.save({"state_dict": sd, "hparams": long_b}, tmp_path / "b.pt")
     torch.save({"state_dict": sd, "hparams": dict(long_a)}, tmp_path / "c.pt")
     rc, doc = diff_json(tmp_path / "a.pt", tmp_path / "b.pt")
-    assert rc == 1 and [e["path"] for e in doc["entries"]] == ["hparams"]
+    assert rc == 1 and [e["path"] for e in doc["entries"]] == ["hparams/note"]
     rc, doc = diff_json(tmp_path / "a.pt", tmp_path / "c.pt")
     assert rc == 0 and doc["entries_compared_by_summary"] == 0
 

@@ -1,0 +1,333 @@
+#include "diff/entry_leaves.h"
+
+#include <algorithm>
+#include <map>
+#include <unordered_map>
+#include <unordered_set>
+
+#include <nlohmann/json.hpp>
+
+#include "base/text.h"
+#include "ckpt/byte_source.h"
+#include "ckpt/error.h"
+#include "ckpt/pickle.h"
+
+namespace ckpt::detail {
+namespace {
+
+using pickle::kind;
+using pickle::value;
+
+// Deeper than the pickle machine's default nesting bound: such a value is shown whole.
+constexpr int kMaxDepth = 1000;
+
+// A call that rebuilds a tensor (torch._utils._rebuild_tensor_v2, _rebuild_parameter,
+// torch._tensor._rebuild_from_type_v2, ...): a tensor whatever its record says.
+bool is_rebuild(const value* v) {
+  if (v->type != kind::object) return false;
+  const value* g = v->callable_global();
+  if (!g) return false;
+  const std::string_view module = g->global_module(), name = g->global_attr();
+  return (module == "torch" || module.compare(0, 6, "torch.") == 0) && name.compare(0, 9, "_rebuild_") == 0;
+}
+
+// Python's type name as inspect gives it: OrderedDict named as such, an object by its class.
+std::string type_of(const value* v) {
+  if (v->type == kind::dict && v->flag) return "OrderedDict";
+  if (v->type == kind::object) {
+    const value* g = v->callable_global();
+    return g ? g->global_name() : "object";
+  }
+  return text::python_type_name(v->type);
+}
+
+// A dict key as str(key) spells it, which is what DCP's flattening makes of it (§12.4).
+std::string key_text(const value* k) {
+  if (k->type == kind::str) return std::string(k->text);
+  if (k->type == kind::integer) return std::to_string(k->integer);
+  return pickle::repr(k, 80);
+}
+
+class walker {
+ public:
+  // `c`: the checkpoint whose tensor records the values' rebuild calls may be (null for a
+  // value decoded from a pickle of its own); `file` names it in errors.
+  walker(const checkpoint* c, std::string file, std::vector<entry_leaf>& out)
+      : c_(c), file_(std::move(file)), out_(out) {
+    if (c)
+      for (size_t i = 0; i < c->tensors.size(); ++i)
+        if (c->tensors[i].node) record_of_.emplace(c->tensors[i].node, i);
+  }
+
+  void walk(const value* v, const std::string& path, int depth) {
+    if (std::optional<size_t> t = record(v)) return tensor_leaf(path, t);
+    if (is_rebuild(v)) return tensor_leaf(path, std::nullopt);
+    if (depth > kMaxDepth || open_.count(v)) {
+      entry_leaf l = scalar(v, path);
+      l.partial = true;
+      if (open_.count(v)) l.shown = l.exact = "<cycle: a value that contains itself>";
+      return add(std::move(l));
+    }
+    open_.insert(v);
+    switch (v->type) {
+      case kind::dict:
+        if (v->dict_size() == 0) {
+          add(scalar(v, path));
+          break;
+        }
+        for (size_t i = 0; i < v->dict_size(); ++i) walk(v->dict_value(i), path + "/" + key_text(v->dict_key(i)), depth + 1);
+        break;
+      case kind::list:
+      case kind::tuple:
+        // A list DCP flattens leaves no trace of its own; one it keeps whole (a tuple, or
+        // a list of plain values) is a leaf for its type and length, then its elements.
+        if (v->type == kind::tuple || dcp_keeps_whole(v, 0)) add(sequence(v, path));
+        for (size_t i = 0; i < v->items.size(); ++i) walk(v->items[i], path + "/" + std::to_string(i), depth + 1);
+        break;
+      case kind::object:
+        walk_object(v, path, depth);
+        break;
+      default:
+        add(scalar(v, path));
+    }
+    open_.erase(v);
+  }
+
+ private:
+  std::optional<size_t> record(const value* v) const {
+    auto it = record_of_.find(v);
+    if (it != record_of_.end()) return it->second;
+    // A parameter's record is its inner tensor's rebuild call.
+    if (is_rebuild(v) && v->items.size() > pickle::kArgs && v->items[pickle::kArgs] &&
+        v->items[pickle::kArgs]->type == kind::tuple && !v->items[pickle::kArgs]->items.empty()) {
+      auto inner = record_of_.find(v->items[pickle::kArgs]->items[0]);
+      if (inner != record_of_.end()) return inner->second;
+    }
+    return std::nullopt;
+  }
+
+  // torch.distributed.checkpoint's _traverse: a list is kept whole unless it holds a
+  // mapping, a tensor, or a list it would not keep whole.
+  // Memoized: a list shared many times over (a DAG) is judged once.
+  bool dcp_keeps_whole(const value* list, int depth) {
+    if (depth > kMaxDepth) return true;
+    auto known = whole_.find(list);
+    if (known != whole_.end()) return known->second;
+    whole_[list] = true;  // a list that contains itself: judged by its other elements
+    bool whole = true;
+    for (const value* e : list->items) {
+      if (e->type == kind::dict || record(e) || is_rebuild(e)) whole = false;
+      else if (e->type == kind::list && !dcp_keeps_whole(e, depth + 1)) whole = false;
+      if (!whole) break;
+    }
+    return whole_[list] = whole;
+  }
+
+  // An object is compared by what pickle says makes it, never by running that: the
+  // callable's name and how it was called, then its arguments and state as paths below it.
+  void walk_object(const value* v, const std::string& path, int depth) {
+    entry_leaf l;
+    l.path = path;
+    l.type = type_of(v);
+    l.shown = pickle::repr(v, kShownChars);
+    const value* callable = v->items.size() > pickle::kCallable ? v->items[pickle::kCallable] : nullptr;
+    l.exact = "object " + std::to_string(int(v->op)) + " " + (callable ? pickle::repr(callable, kExactChars) : "");
+    add(std::move(l));
+    auto slot = [&](size_t i) { return i < v->items.size() ? v->items[i] : nullptr; };
+    if (const value* args = slot(pickle::kArgs)) walk(args, path + "/(args)", depth + 1);
+    if (const value* kwargs = slot(pickle::kKwargs)) walk(kwargs, path + "/(kwargs)", depth + 1);
+    if (const value* items = slot(pickle::kListItems)) walk(items, path + "/(extend)", depth + 1);
+    if (const value* items = slot(pickle::kDictItems)) walk(items, path + "/(update)", depth + 1);
+    if (v->state) walk(v->state, path + "/(state)", depth + 1);
+  }
+
+  entry_leaf sequence(const value* v, const std::string& path) const {
+    entry_leaf l;
+    l.path = path;
+    l.type = type_of(v);
+    l.shown = pickle::repr(v, kShownChars);
+    l.exact = "length " + std::to_string(v->items.size());
+    return l;
+  }
+
+  static entry_leaf scalar(const value* v, const std::string& path) {
+    entry_leaf l;
+    l.path = path;
+    l.type = type_of(v);
+    l.shown = pickle::repr(v, kShownChars);
+    if (v->type == kind::str || v->type == kind::bytes || v->type == kind::bytearray) {
+      l.exact = std::string(v->text);
+    } else if (v->type == kind::set || v->type == kind::frozenset) {
+      // Equal sets may be pickled in different orders.
+      std::vector<std::string> items;
+      for (const value* e : v->items) items.push_back(pickle::repr(e, kExactChars));
+      std::sort(items.begin(), items.end());
+      for (const std::string& s : items) l.exact += s + "\n";
+      l.partial = l.exact.size() > kExactChars;
+    } else {
+      l.exact = pickle::repr(v, kExactChars);
+      l.partial = l.exact.size() > kExactChars;
+    }
+    return l;
+  }
+
+  void tensor_leaf(const std::string& path, std::optional<size_t> t) {
+    entry_leaf l;
+    l.path = path;
+    l.type = "tensor";
+    l.tensor = t;
+    if (t) {
+      const tensor_record& r = c_->tensors[*t];
+      l.shown = l.exact = std::string(name(r.type)) + " " +
+                          text::shape(std::vector<int64_t>(r.shape.begin(), r.shape.end()));
+    } else {
+      l.shown = l.exact = "a tensor inside a non-tensor item (its values are not compared)";
+      l.partial = true;
+    }
+    add(std::move(l));
+  }
+
+ public:
+  void add_summary(entry_leaf l) { add(std::move(l)); }
+
+ private:
+  void add(entry_leaf l) {
+    if (!paths_.insert(l.path).second) return;
+    if (out_.size() >= kMaxLeaves)
+      throw error(errc::unsupported, "the non-tensor entries expand to more than " + std::to_string(kMaxLeaves) +
+                                         " values; pass --ignore-entries to compare tensors only")
+          .with_file(file_);
+    out_.push_back(std::move(l));
+  }
+
+  const checkpoint* c_;
+  std::string file_;
+  std::vector<entry_leaf>& out_;
+  std::unordered_map<const value*, size_t> record_of_;
+  std::unordered_set<std::string> paths_;
+  std::unordered_set<const value*> open_;
+  std::unordered_map<const value*, bool> whole_;
+};
+
+bool ends_cut(const std::string& s) { return s.size() >= 3 && s.compare(s.size() - 3, 3, "...") == 0; }
+
+}  // namespace
+
+struct walked_values::state {
+  std::vector<entry_leaf> leaves;
+  walker w;
+  explicit state(std::string file) : w(nullptr, std::move(file), leaves) {}
+};
+
+walked_values::walked_values(std::string file) : s_(std::make_unique<state>(std::move(file))) {}
+walked_values::~walked_values() = default;
+
+void walked_values::seen(const value_path& path, const pickle::value& v) {
+  const size_t begin = s_->leaves.size();
+  const std::string p = path_to_string(path);
+  s_->w.walk(&v, p, 0);
+  ranges_[p] = {begin, s_->leaves.size()};
+}
+
+std::vector<entry_leaf> entry_leaves(const checkpoint& c, const walked_values* walked) {
+  std::vector<entry_leaf> out;
+  walker w(&c, c.path, out);
+  for (const entry_summary& e : c.entries) {
+    const std::string path = path_to_string(e.path);
+    if (e.node) {
+      w.walk(e.node, path, 0);
+      continue;
+    }
+    if (walked) {
+      auto it = walked->ranges_.find(path);
+      if (it != walked->ranges_.end()) {
+        for (size_t i = it->second.first; i < it->second.second; ++i) w.add_summary(walked->s_->leaves[i]);
+        continue;
+      }
+    }
+    entry_leaf l;
+    l.path = path;
+    l.type = e.type;
+    l.shown = l.exact = e.value;
+    l.partial = ends_cut(e.value) || e.value.find(" inside") != std::string::npos;
+    w.add_summary(std::move(l));
+  }
+  return out;
+}
+
+namespace {
+
+// A shard index's "metadata" object (formats.md §10.1) but total_size and
+// total_parameters, which count the shards' bytes and elements: what the writer was given
+// (huggingface_hub's save_torch_state_dict(metadata=...) puts it here, not in the shards).
+void index_metadata_leaves(const checkpoint& c, std::vector<entry_leaf>& out) {
+  if (c.layout != checkpoint_layout::hf_shard_set || c.index_path.empty()) return;
+  constexpr uint64_t kMaxIndexBytes = 256ull << 20;  // hf_index's own bound
+  file_source f(c.index_path);
+  if (f.size() > kMaxIndexBytes)
+    throw error(errc::unsupported, "the index is larger than " + std::to_string(kMaxIndexBytes) + " bytes")
+        .with_file(c.index_path);
+  const std::vector<uint8_t> bytes = f.read_vector(0, size_t(f.size()));
+  // Read once already by open_checkpoint; parsed here again for what the model does not keep.
+  const nlohmann::json doc = nlohmann::json::parse(bytes.begin(), bytes.end(), nullptr, false);
+  if (!doc.is_object()) throw error(errc::corrupt, "the index is no longer a JSON object").with_file(c.index_path);
+  auto md = doc.find("metadata");
+  if (md == doc.end() || !md->is_object()) return;
+  for (auto it = md->begin(); it != md->end(); ++it) {
+    if (it.key() == "total_size" || it.key() == "total_parameters") continue;
+    entry_leaf l;
+    l.path = "index/metadata/" + it.key();
+    l.type = it->is_string() ? "str" : std::string("JSON ") + it->type_name();
+    l.exact = it->dump(-1, ' ', true);  // ASCII: \u escapes
+    l.shown = l.exact.size() > kShownChars ? l.exact.substr(0, kShownChars) + "..." : l.exact;
+    if (it->is_string()) l.shown = text::quote(it->get<std::string>(), kShownChars);
+    out.push_back(std::move(l));
+  }
+}
+
+}  // namespace
+
+std::vector<entry_leaf> metadata_leaves(const checkpoint& c) {
+  std::vector<entry_leaf> out;
+  index_metadata_leaves(c, out);
+  if (c.format != file_format::safetensors) return out;
+  // key -> (file, value) in file order; keys in first-seen order.
+  std::vector<std::string> order;
+  std::map<std::string, std::vector<std::pair<size_t, std::string>>> seen;
+  size_t files = 0;
+  for (size_t f = 0; f < c.files.size(); ++f) {
+    if (!c.files[f].st_header) continue;
+    ++files;
+    for (const auto& [k, v] : c.files[f].st_header->metadata) {
+      auto& list = seen[k];
+      if (list.empty()) order.push_back(k);
+      list.emplace_back(f, v);
+    }
+  }
+  for (const std::string& k : order) {
+    const auto& list = seen[k];
+    bool agree = list.size() == files;
+    for (const auto& [f, v] : list) agree = agree && v == list.front().second;
+    entry_leaf l;
+    l.path = "__metadata__/" + k;
+    l.type = "str";
+    if (agree) {
+      l.exact = list.front().second;
+      l.shown = text::quote(l.exact, kShownChars);
+    } else {
+      // Shards that disagree: each one's value, by shard (a shard without the key says so).
+      for (size_t f = 0; f < c.files.size(); ++f) {
+        if (!c.files[f].st_header) continue;
+        auto it = std::find_if(list.begin(), list.end(), [&](const auto& p) { return p.first == f; });
+        const std::string shard = text::quote(c.files[f].path.substr(c.files[f].path.rfind('/') + 1));
+        l.exact += shard + ": " + (it == list.end() ? std::string("(absent)") : text::quote(it->second, kExactChars)) + "; ";
+      }
+      l.type = "str per shard";
+      l.shown = l.exact.size() > kShownChars ? l.exact.substr(0, kShownChars) + "..." : l.exact;
+    }
+    out.push_back(std::move(l));
+  }
+  return out;
+}
+
+}  // namespace ckpt::detail
