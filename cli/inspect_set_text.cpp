@@ -63,8 +63,9 @@ void print_set_text(std::ostream& out, const ckpt::checkpoint& c, const text_opt
   out << display_name(c.path) << ": " << ckpt::layout_name(c.layout);
   if (c.layout == ckpt::checkpoint_layout::dcp)
     out << " (torch.distributed.checkpoint" << (c.lightning ? ", with Lightning's meta.pt" : "");
+  if (c.layout == ckpt::checkpoint_layout::dcp_safetensors) out << " (torch.distributed.checkpoint safetensors pieces";
   if (!c.writer.empty()) out << ", version " << escape_controls(c.writer);
-  if (c.layout == ckpt::checkpoint_layout::dcp) out << ")";
+  if (c.layout == ckpt::checkpoint_layout::dcp || c.layout == ckpt::checkpoint_layout::dcp_safetensors) out << ")";
   out << ", " << human_bytes(c.file_size()) << " in " << own_files << (own_files == 1 ? " file" : " files") << "\n";
   if (!c.index_path.empty()) out << "  index " << display_name(c.index_path) << "\n";
   for (const auto& f : c.files)
@@ -89,7 +90,7 @@ void print_set_text(std::ostream& out, const ckpt::checkpoint& c, const text_opt
     row[1] += key_bytes(c, k);
   }
   out << "state dict: " << c.keys.size() << (c.keys.size() == 1 ? " tensor" : " tensors");
-  if (c.layout == ckpt::checkpoint_layout::dcp)
+  if (c.layout == ckpt::checkpoint_layout::dcp || c.layout == ckpt::checkpoint_layout::dcp_safetensors)
     out << " (" << assembled << " assembled from chunks), from " << c.tensors.size() << " chunk"
         << (c.tensors.size() == 1 ? "" : "s");
   out << "\n";
@@ -152,7 +153,9 @@ void print_set_text(std::ostream& out, const ckpt::checkpoint& c, const text_opt
     for (const auto& w : c.warnings) out << "  " << escape_controls(w) << "\n";
   }
   out << "\n";
-  if (c.unsafe_globals.empty()) {
+  if (c.layout == ckpt::checkpoint_layout::dcp_safetensors) {
+    out << "unsafe globals: none (safetensors files hold no code)\n";
+  } else if (c.unsafe_globals.empty()) {
     out << "unsafe globals: none (.metadata holds only DCP's own classes; its values' pickles only what "
            "torch.load(weights_only=True) accepts)\n";
   } else {
