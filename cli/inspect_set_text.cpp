@@ -61,11 +61,13 @@ void print_set_text(std::ostream& out, const ckpt::checkpoint& c, const text_opt
   size_t own_files = 0;
   for (const auto& f : c.files) own_files += !f.within;
   out << display_name(c.path) << ": " << ckpt::layout_name(c.layout);
+  // HuggingFaceStorageWriter's pieces (formats.md §9.10): DCP, but safetensors files, no .metadata.
+  const bool pieces = c.layout == ckpt::checkpoint_layout::dcp && c.format == ckpt::file_format::safetensors;
   if (c.layout == ckpt::checkpoint_layout::dcp)
-    out << " (torch.distributed.checkpoint" << (c.lightning ? ", with Lightning's meta.pt" : "");
-  if (c.layout == ckpt::checkpoint_layout::dcp_safetensors) out << " (torch.distributed.checkpoint safetensors pieces";
+    out << " (torch.distributed.checkpoint" << (pieces ? ", safetensors pieces" : "")
+        << (c.lightning ? ", with Lightning's meta.pt" : "");
   if (!c.writer.empty()) out << ", version " << escape_controls(c.writer);
-  if (c.layout == ckpt::checkpoint_layout::dcp || c.layout == ckpt::checkpoint_layout::dcp_safetensors) out << ")";
+  if (c.layout == ckpt::checkpoint_layout::dcp) out << ")";
   out << ", " << human_bytes(c.file_size()) << " in " << own_files << (own_files == 1 ? " file" : " files") << "\n";
   if (!c.index_path.empty()) out << "  index " << display_name(c.index_path) << "\n";
   for (const auto& f : c.files)
@@ -90,7 +92,7 @@ void print_set_text(std::ostream& out, const ckpt::checkpoint& c, const text_opt
     row[1] += key_bytes(c, k);
   }
   out << "state dict: " << c.keys.size() << (c.keys.size() == 1 ? " tensor" : " tensors");
-  if (c.layout == ckpt::checkpoint_layout::dcp || c.layout == ckpt::checkpoint_layout::dcp_safetensors)
+  if (c.layout == ckpt::checkpoint_layout::dcp)
     out << " (" << assembled << " assembled from chunks), from " << c.tensors.size() << " chunk"
         << (c.tensors.size() == 1 ? "" : "s");
   out << "\n";
@@ -153,7 +155,7 @@ void print_set_text(std::ostream& out, const ckpt::checkpoint& c, const text_opt
     for (const auto& w : c.warnings) out << "  " << escape_controls(w) << "\n";
   }
   out << "\n";
-  if (c.layout == ckpt::checkpoint_layout::dcp_safetensors) {
+  if (c.layout == ckpt::checkpoint_layout::dcp && c.format == ckpt::file_format::safetensors) {
     out << "unsafe globals: none (safetensors files hold no code)\n";
   } else if (c.unsafe_globals.empty()) {
     out << "unsafe globals: none (.metadata holds only DCP's own classes; its values' pickles only what "
@@ -163,7 +165,7 @@ void print_set_text(std::ostream& out, const ckpt::checkpoint& c, const text_opt
            "run them):\n";
     for (const auto& g : c.unsafe_globals) out << "  " << display_name(g) << "\n";
   }
-  if (!options.chunks && c.layout == ckpt::checkpoint_layout::dcp)
+  if (!options.chunks && c.layout == ckpt::checkpoint_layout::dcp && c.format != ckpt::file_format::safetensors)
     out << "(read from .metadata alone; --chunks opens every chunk and lists where each one's data lies)\n";
 }
 

@@ -165,8 +165,7 @@ bool key_matches(const std::string& glob, const std::string& key) {
 
 void print_inspect_text(std::ostream& out, const ckpt::checkpoint& c, const ckpt::torchscript_info* ts,
                         const text_options& options) {
-  if (c.layout == ckpt::checkpoint_layout::dcp || c.layout == ckpt::checkpoint_layout::dcp_safetensors)
-    return print_set_text(out, c, options);
+  if (c.layout == ckpt::checkpoint_layout::dcp) return print_set_text(out, c, options);
   out << display_name(c.path) << ": " << ckpt::format_name(c.format);
   if (c.lightning) out << " (Lightning checkpoint)";
   out << ", " << human_bytes(c.file_size()) << "\n";

@@ -203,9 +203,8 @@ enum class checkpoint_layout {
   single_file,   // one file
   hf_shard_set,  // a Hugging Face index and the shards it names (formats.md §10)
   dcp,           // a torch.distributed.checkpoint directory (formats.md §9)
-  dcp_safetensors,  // DCP's HuggingFaceStorageWriter pieces, save_distributed=True (formats.md §9.10)
 };
-/// "file", "hf-shard-set", "dcp", "dcp-safetensors": the names inspect's JSON and text use.
+/// "file", "hf-shard-set", "dcp": the names inspect's JSON and text use.
 const char* layout_name(checkpoint_layout l);
 
 struct checkpoint {

@@ -488,7 +488,6 @@ const char* layout_name(checkpoint_layout l) {
     case checkpoint_layout::single_file: return "file";
     case checkpoint_layout::hf_shard_set: return "hf-shard-set";
     case checkpoint_layout::dcp: return "dcp";
-    case checkpoint_layout::dcp_safetensors: return "dcp-safetensors";
   }
   return "unknown";
 }

@@ -57,7 +57,9 @@ checkpoint open_dcp_safetensors(const file_opener& fs, const layout& l, const op
   options.intent = open_options::purpose::read;
   checkpoint c;
   c.path = fs.display(l.file);
-  c.layout = checkpoint_layout::dcp_safetensors;
+  // A DCP checkpoint (keys, boxes, coverage as §9.4) whose files are safetensors: the
+  // format tells it from the `.metadata` kind.
+  c.layout = checkpoint_layout::dcp;
   c.format = file_format::safetensors;
   c.byteorder = "little";
 

@@ -81,7 +81,7 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
 def test_inspect_lists_what_the_reader_lists(written, world):
     d = written[world] / "dist"
     doc = inspect_json(d)
-    assert doc["layout"] == "dcp-safetensors"
+    assert doc["layout"] == "dcp" and doc["format"] == "safetensors" and doc["index"] is None
     md = HuggingFaceStorageReader(str(d)).read_metadata().state_dict_metadata
     keys = {k["key"]: k for k in doc["keys"]}
     assert sorted(keys) == sorted(md)
@@ -111,7 +111,7 @@ def test_materialize_equals_dcp_load_and_the_source(written, world, tmp_path):
 def test_text_report(written):
     rc, out, err = run_ckptool("inspect", written[2] / "dist", timeout=60)
     assert rc == 0, err
-    assert "dcp-safetensors" in out and "assembled from chunks" in out
+    assert "torch.distributed.checkpoint, safetensors pieces" in out and "assembled from chunks" in out
 
 
 def test_one_process_without_distributed_is_an_ordinary_set(written, tmp_path):
