@@ -7,6 +7,7 @@
 #include "model/open_dcp_safetensors.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <set>
@@ -134,6 +135,8 @@ checkpoint open_dcp_safetensors(const file_opener& fs, const layout& l, const op
         if (offsets[d] > INT64_MAX - t.shape[d])
           throw error(errc::corrupt, "tensor '" + fqn + "': saved_offsets " + shape_text(offsets) + " past any shape")
               .with_file(name);
+      // Named as the DCP reader names a chunk's storage: one key's boxes share its name.
+      if (t.storage) c.storages[*t.storage].key = fqn + "@" + dcp::format_shape(offsets);
       auto [at, fresh] = key_at.emplace(fqn, keys.size());
       if (fresh) keys.push_back({fqn, {}});
       keys[at->second].boxes.push_back({tensor_base + i, file, std::move(offsets)});
@@ -150,12 +153,11 @@ checkpoint open_dcp_safetensors(const file_opener& fs, const layout& l, const op
     }
     c.globals.insert(c.globals.end(), s.globals.begin(), s.globals.end());
     c.files.push_back(std::move(f));
-    c.files.back().tensors = s.tensors.size();
     shown.push_back(name);
   }
   if (c.files.empty()) throw error(errc::corrupt, "no safetensors file").with_file(c.path);
   if (!versions.empty()) {
-    c.writer = "HuggingFaceStorageWriter, DCP_VERSION ";
+    // DCP_VERSION, as a DCP .metadata's version is shown.
     for (auto it = versions.begin(); it != versions.end(); ++it) c.writer += (it == versions.begin() ? "" : "/") + *it;
   }
   if (versions.size() > 1) c.warnings.push_back("the pieces disagree on DCP_VERSION");
@@ -170,6 +172,17 @@ checkpoint open_dcp_safetensors(const file_opener& fs, const layout& l, const op
                          " without gaps: a rank with nothing to save writes no file, but a lost file that held a "
                          "tensor's last rows would make it look smaller, not incomplete");
 
+  // Keys are added once the table holds only the records they use: an empty box beside
+  // others holds nothing to load, and a record no key names would be read as one of its own.
+  struct decided {
+    const key_boxes* k;
+    dtype type;
+    std::vector<int64_t> size;
+    std::vector<const box*> used;  // one record holding the key whole, or its pieces
+    bool whole;
+  };
+  std::vector<decided> plan;
+  plan.reserve(keys.size());
   for (const key_boxes& k : keys) {
     const tensor_record& first = c.tensors[k.boxes.front().tensor];
     dcp::tensor_meta tm;
@@ -208,16 +221,50 @@ checkpoint open_dcp_safetensors(const file_opener& fs, const layout& l, const op
         entire = &b;
     if (entire) {
       // Coverage leaves only empty boxes beside a whole one.
-      c.keys.add(k.fqn, entire->tensor);
+      plan.push_back({&k, tm.type, tm.size, {entire}, true});
+      continue;
+    }
+    const bool none = std::any_of(tm.size.begin(), tm.size.end(), [](int64_t s) { return s == 0; });
+    std::vector<const box*> used;
+    for (const box& b : k.boxes) {
+      const auto& sh = c.tensors[b.tensor].shape;
+      // A tensor of no elements keeps its (empty) boxes: a key needs a piece.
+      if (!none && std::any_of(sh.begin(), sh.end(), [](int64_t s) { return s == 0; })) continue;
+      used.push_back(&b);
+    }
+    plan.push_back({&k, tm.type, tm.size, std::move(used), false});
+  }
+
+  // Every safetensors tensor has a storage of its own (read_safetensors), so the two
+  // tables are compacted together.
+  std::vector<size_t> remap(c.tensors.size(), SIZE_MAX);
+  for (const decided& d : plan)
+    for (const box* b : d.used) remap[b->tensor] = 0;
+  std::vector<tensor_record> kept_tensors;
+  std::vector<storage_record> kept_storages;
+  for (auto& f : c.files) f.tensors = 0;
+  for (size_t i = 0; i < c.tensors.size(); ++i) {
+    if (remap[i] == SIZE_MAX) continue;
+    remap[i] = kept_tensors.size();
+    tensor_record t = std::move(c.tensors[i]);
+    if (t.storage) {
+      storage_record& st = c.storages[*t.storage];
+      c.files[st.file].tensors++;
+      t.storage = kept_storages.size();
+      kept_storages.push_back(std::move(st));
+    }
+    kept_tensors.push_back(std::move(t));
+  }
+  c.tensors = std::move(kept_tensors);
+  c.storages = std::move(kept_storages);
+  for (const decided& d : plan) {
+    if (d.whole) {
+      c.keys.add(d.k->fqn, remap[d.used.front()->tensor]);
       continue;
     }
     std::vector<tensor_piece> pieces;
-    for (const box& b : k.boxes) {
-      const auto& sh = c.tensors[b.tensor].shape;
-      if (std::any_of(sh.begin(), sh.end(), [](int64_t s) { return s == 0; })) continue;
-      pieces.push_back({b.tensor, b.offsets});
-    }
-    c.keys.add(k.fqn, tm.type, tm.size, std::move(pieces));
+    for (const box* b : d.used) pieces.push_back({remap[b->tensor], b->offsets});
+    c.keys.add(d.k->fqn, d.type, d.size, std::move(pieces));
   }
   std::sort(c.globals.begin(), c.globals.end());
   c.globals.erase(std::unique(c.globals.begin(), c.globals.end()), c.globals.end());

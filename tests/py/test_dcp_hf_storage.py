@@ -114,7 +114,11 @@ def test_text_report(written):
     assert "torch.distributed.checkpoint, safetensors pieces" in out and "assembled from chunks" in out
 
 
-def test_one_process_without_distributed_is_an_ordinary_set(written, tmp_path):
+def test_without_distributed_one_process_reads_two_are_refused(written, tmp_path):
+    """One process: an ordinary set (every box whole, at offset 0), read as one. Two: both
+    ranks wrote model-00001-of-00001.safetensors; whichever won, the set is not the model (a
+    missing key, a box at nonzero offsets, bytes past the last tensor, or pieces missing
+    from total_size), and the index names every key, so it must not be read as a set."""
     d = written[1] / "nodist"
     assert inspect_json(d)["layout"] == "hf-shard-set"
     out = tmp_path / "out.pt"
@@ -122,15 +126,13 @@ def test_one_process_without_distributed_is_an_ordinary_set(written, tmp_path):
     assert rc == 0, err
     got, source = torch.load(out, weights_only=True), torch.load(written[1] / "source.pt", weights_only=True)
     assert sorted(got) == sorted(source) and all(same_bits(got[k], source[k]) for k in source)
-
-
-def test_two_processes_without_distributed_are_refused(written):
-    """Both ranks wrote model-00001-of-00001.safetensors: whichever won, the set is not the
-    model (a missing key, a box at nonzero offsets, or pieces missing from total_size)."""
     d = written[2] / "nodist"
-    for verb in (["inspect", "--json"], ["verify"], ["materialize", "--device", "meta"]):
+    for verb in (["inspect", "--json"], ["materialize", "--device", "meta"]):
         rc, _, err = run_ckptool(*verb, d, timeout=60)
         assert rc == 3, (verb, err)
+    # Which rank's file survived decides between corrupt (verify: 1) and unsupported (3).
+    rc, out, err = run_ckptool("verify", d, timeout=60)
+    assert (rc == 1 and "corrupt" in out) or (rc == 3 and "unsupported" in err), (out, err)
 
 
 # --- corrupt twins -----------------------------------------------------------------------
@@ -154,10 +156,13 @@ def twin(written, tmp_path) -> Path:
 
 
 def refused(d: Path, words: str) -> None:
-    for verb in (["inspect", "--json"], ["verify"], ["materialize", "--device", "meta"]):
-        rc, _, err = run_ckptool(*verb, d, timeout=60)
-        assert rc == 3, (verb, err)
-        assert words in err, (verb, err)
+    """inspect and materialize refuse it (exit 3); verify lists it as a problem (exit 1)."""
+    for verb in (["inspect", "--json"], ["materialize", "--device", "meta"]):
+        rc, out, err = run_ckptool(*verb, d, timeout=60)
+        assert rc == 3 and out == "", (verb, err)
+        assert words in err and ".safetensors" in err, (verb, err)
+    rc, out, err = run_ckptool("verify", d, timeout=60)
+    assert rc == 1 and words in out and "corrupt" in out, (out, err)
 
 
 def test_intact_twin_is_read(written, tmp_path):
@@ -168,7 +173,7 @@ def test_intact_twin_is_read(written, tmp_path):
 def test_lost_rank_file_is_a_gap(written, tmp_path):
     d = twin(written, tmp_path)
     (d / "shard-00001-model-00001-of-00002.safetensors").unlink()
-    refused(d, "embed.weight")
+    refused(d, "tensor '")
 
 
 def test_overlapping_boxes_are_refused(written, tmp_path):
