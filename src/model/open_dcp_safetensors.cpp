@@ -143,10 +143,12 @@ checkpoint open_dcp_safetensors(const file_opener& fs, const layout& l, const op
       c.tensors.push_back(std::move(t));
     }
     if (info) {
-      for (const auto& [fqn, offs] : info->offsets)
+      for (const auto& entry : info->offsets) {
+        const std::string& fqn = entry.first;
         if (!std::any_of(h.tensors.begin(), h.tensors.end(), [&](const auto& e) { return e.name == fqn; }))
           c.warnings.push_back(name + ": __metadata__ DCP_SHARDING_INFO names '" + fqn +
                                "', which the file does not hold (ignored, as HuggingFaceStorageReader ignores it)");
+      }
     } else {
       c.warnings.push_back(name + ": no __metadata__ DCP_SHARDING_INFO: its tensors are taken whole, at offset 0, as "
                                   "HuggingFaceStorageReader takes them");
