@@ -12,7 +12,9 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <string_view>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -143,9 +145,12 @@ checkpoint open_dcp_safetensors(const file_opener& fs, const layout& l, const op
       c.tensors.push_back(std::move(t));
     }
     if (info) {
+      std::unordered_set<std::string_view> held;
+      held.reserve(h.tensors.size());
+      for (const auto& e : h.tensors) held.insert(e.name);
       for (const auto& entry : info->offsets) {
         const std::string& fqn = entry.first;
-        if (!std::any_of(h.tensors.begin(), h.tensors.end(), [&](const auto& e) { return e.name == fqn; }))
+        if (!held.count(fqn))
           c.warnings.push_back(name + ": __metadata__ DCP_SHARDING_INFO names '" + fqn +
                                "', which the file does not hold (ignored, as HuggingFaceStorageReader ignores it)");
       }
