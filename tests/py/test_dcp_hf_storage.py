@@ -200,3 +200,24 @@ def test_rekey_is_refused_as_unsupported(written, tmp_path):
     rc, _, err = run_ckptool("rekey", written[2] / "dist", "--strip-prefix", "embed.", "-o", tmp_path / "o", timeout=60)
     assert rc == 3 and "HuggingFaceStorageWriter" in err, err
     assert not (tmp_path / "o").exists()
+
+
+def test_convert_writes_whole_tensors_without_the_box_map(written, tmp_path):
+    """convert reads the pieces through the model: the safetensors output holds whole
+    tensors, so it must not carry the pieces' DCP_SHARDING_INFO (HuggingFaceStorageReader
+    would place them by it); --to dcp loads with dcp.load."""
+    d, source = written[2] / "dist", torch.load(written[2] / "source.pt", weights_only=True)
+    out = tmp_path / "out.safetensors"
+    rc, _, err = run_ckptool("convert", d, "--to", "safetensors", "-o", out, timeout=120)
+    assert rc == 0, err
+    from safetensors import safe_open
+    with safe_open(str(out), framework="pt") as f:
+        assert "DCP_SHARDING_INFO" not in (f.metadata() or {})
+        assert sorted(f.keys()) == sorted(source)
+        for k in source:
+            assert same_bits(f.get_tensor(k), source[k]), k
+    rc, _, err = run_ckptool("convert", d, "--to", "dcp", "--ranks", "2", "-o", tmp_path / "dcp", timeout=120)
+    assert rc == 0, err
+    sd = {k: torch.zeros_like(v) for k, v in source.items()}
+    dcp.load(sd, checkpoint_id=str(tmp_path / "dcp"), no_dist=True)
+    assert all(same_bits(sd[k], source[k]) for k in source)
