@@ -273,9 +273,6 @@ int run_rekey_dcp(const rekey_options& o, const std::string& dir) {
     }
     bar.finish();
   }
-  for (const auto& item : r.unchecked_byte_items)
-    spdlog::warn("non-tensor item {} is zstd-compressed: not searched for renamed keys (copied as it was)",
-                 ckpt::display_name(item));
   for (const auto& g : r.byte_item_globals)
     spdlog::warn("non-tensor item names a global torch.load(weights_only=True) refuses (dcp.load unpickles it "
                  "with weights_only=False): {}", ckpt::escape_controls(g));
@@ -337,6 +334,11 @@ int run_rekey(const rekey_options& given) {
   const ckpt::detail::layout l = layout_of(given.input);
   if (l.kind == ckpt::detail::layout_kind::hf_index) return run_rekey_set(o, l.file);
   if (l.kind == ckpt::detail::layout_kind::dcp) return run_rekey_dcp(o, given.input);
+  if (l.kind == ckpt::detail::layout_kind::dcp_safetensors)
+    throw ckpt::error(ckpt::errc::unsupported,
+                      "rekey of a HuggingFaceStorageWriter directory (save_distributed=True pieces) is not supported: "
+                      "its keys are spelled in every file's header and __metadata__ DCP_SHARDING_INFO")
+        .with_file(given.input);
   o.input = ckpt::resolve_checkpoint_path(given.input);
   bool has_output = o.output_opt->count() > 0;
   if (!o.dry_run && !has_output) throw ckpt::error(ckpt::errc::usage, "rekey needs -o OUT (or --dry-run)");

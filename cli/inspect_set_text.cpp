@@ -61,8 +61,11 @@ void print_set_text(std::ostream& out, const ckpt::checkpoint& c, const text_opt
   size_t own_files = 0;
   for (const auto& f : c.files) own_files += !f.within;
   out << display_name(c.path) << ": " << ckpt::layout_name(c.layout);
+  // HuggingFaceStorageWriter's pieces (formats.md §9.10): DCP, but safetensors files, no .metadata.
+  const bool pieces = c.layout == ckpt::checkpoint_layout::dcp && c.format == ckpt::file_format::safetensors;
   if (c.layout == ckpt::checkpoint_layout::dcp)
-    out << " (torch.distributed.checkpoint" << (c.lightning ? ", with Lightning's meta.pt" : "");
+    out << " (torch.distributed.checkpoint" << (pieces ? ", safetensors pieces" : "")
+        << (c.lightning ? ", with Lightning's meta.pt" : "");
   if (!c.writer.empty()) out << ", version " << escape_controls(c.writer);
   if (c.layout == ckpt::checkpoint_layout::dcp) out << ")";
   out << ", " << human_bytes(c.file_size()) << " in " << own_files << (own_files == 1 ? " file" : " files") << "\n";
@@ -152,7 +155,9 @@ void print_set_text(std::ostream& out, const ckpt::checkpoint& c, const text_opt
     for (const auto& w : c.warnings) out << "  " << escape_controls(w) << "\n";
   }
   out << "\n";
-  if (c.unsafe_globals.empty()) {
+  if (c.layout == ckpt::checkpoint_layout::dcp && c.format == ckpt::file_format::safetensors) {
+    out << "unsafe globals: none (safetensors files hold no code)\n";
+  } else if (c.unsafe_globals.empty()) {
     out << "unsafe globals: none (.metadata holds only DCP's own classes; its values' pickles only what "
            "torch.load(weights_only=True) accepts)\n";
   } else {
@@ -160,7 +165,7 @@ void print_set_text(std::ostream& out, const ckpt::checkpoint& c, const text_opt
            "run them):\n";
     for (const auto& g : c.unsafe_globals) out << "  " << display_name(g) << "\n";
   }
-  if (!options.chunks && c.layout == ckpt::checkpoint_layout::dcp)
+  if (!options.chunks && c.layout == ckpt::checkpoint_layout::dcp && c.format != ckpt::file_format::safetensors)
     out << "(read from .metadata alone; --chunks opens every chunk and lists where each one's data lies)\n";
 }
 

@@ -46,6 +46,7 @@ set(CKPT_CORE_SOURCES
   ${CKPT_ROOT}/src/formats/aoti_swap_plan.cpp
   ${CKPT_ROOT}/src/formats/aoti_wrapper.cpp
   ${CKPT_ROOT}/src/formats/dcp_coverage.cpp
+  ${CKPT_ROOT}/src/formats/dcp_sharding_info.cpp
   ${CKPT_ROOT}/src/formats/dcp_rank_local.cpp
   ${CKPT_ROOT}/src/formats/dcp_metadata.cpp
   ${CKPT_ROOT}/src/formats/dcp_storage_index.cpp
@@ -72,6 +73,7 @@ set(CKPT_CORE_SOURCES
   ${CKPT_ROOT}/src/model/layout.cpp
   ${CKPT_ROOT}/src/model/open_hf_set.cpp
   ${CKPT_ROOT}/src/model/open_dcp.cpp
+  ${CKPT_ROOT}/src/model/open_dcp_safetensors.cpp
   ${CKPT_ROOT}/src/model/key_table.cpp
   ${CKPT_ROOT}/src/model/read_plan.cpp
   ${CKPT_ROOT}/src/model/slice.cpp
@@ -216,6 +218,7 @@ set(CKPT_SHARED_HEADERS
   ${CKPT_ROOT}/src/convert/tensor_bytes.h
   ${CKPT_ROOT}/src/formats/aoti_package.h
   ${CKPT_ROOT}/src/formats/dcp_transforms.h
+  ${CKPT_ROOT}/src/formats/dcp_sharding_info.h
   ${CKPT_ROOT}/src/formats/format_detect.h
   ${CKPT_ROOT}/src/formats/legacy_reader.h
   ${CKPT_ROOT}/src/formats/pickled_module.h
@@ -230,6 +233,7 @@ set(CKPT_SHARED_HEADERS
   ${CKPT_ROOT}/src/model/layout.h
   ${CKPT_ROOT}/src/model/open_hf_set.h
   ${CKPT_ROOT}/src/model/open_dcp.h
+  ${CKPT_ROOT}/src/model/open_dcp_safetensors.h
   ${CKPT_ROOT}/src/model/read_plan.h
   ${CKPT_ROOT}/src/model/row_major.h
   ${CKPT_ROOT}/src/model/slice_plan.h

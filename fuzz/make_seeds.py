@@ -4,6 +4,7 @@ libraries (torch, safetensors from the project venv):
 
     .venv/bin/python fuzz/make_seeds.py            # rewrites fuzz/seeds/
     .venv/bin/python fuzz/make_seeds.py --dcp-only # rewrites fuzz/seeds/dcp_metadata/ only
+    .venv/bin/python fuzz/make_seeds.py --sets-only # rewrites fuzz/seeds/dcp_sets/ only
 
 Every file is small (tensors of a few elements) so the whole tree stays well under 2 MB.
 torch.save records a random serialization id, so regenerated files differ byte-for-byte
@@ -416,6 +417,77 @@ def hf_index_files():
     return files
 
 
+FILE_SPLIT = b"\n--ckpt-fuzz-file--\n"  # fuzz/targets.h kFileSplit
+
+
+def directory_seed(d):
+    """A directory as one dcp_sets input: NAME\nBYTES per file, separated by FILE_SPLIT."""
+    parts = []
+    for name in sorted(os.listdir(d)):
+        p = os.path.join(d, name)
+        if os.path.isfile(p):
+            with open(p, "rb") as f:
+                parts.append(name.encode() + b"\n" + f.read())
+    return FILE_SPLIT.join(parts)
+
+
+def dcp_sets_files():
+    """Small real directories: a DCP save, HuggingFaceStorageWriter pieces (distributed and
+    not), a Hugging Face shard set, and pieces whose boxes tile a tensor (two files)."""
+    import json
+    import tempfile
+
+    import torch.distributed.checkpoint as dcp
+    from safetensors.torch import save as st_save
+    seeds = {}
+    small = {"w": torch.arange(6, dtype=torch.float32).reshape(2, 3), "b": torch.ones(2, dtype=torch.float16),
+             "n": torch.tensor([1, 2], dtype=torch.int64)}
+    with tempfile.TemporaryDirectory() as tmp:
+        d = os.path.join(tmp, "dcp")
+        dcp.save({"model": dict(small), "step": 3}, storage_writer=dcp.FileSystemWriter(d), no_dist=True)
+        seeds["dcp_no_dist.set"] = directory_seed(d)
+        try:
+            from torch.distributed.checkpoint import HuggingFaceStorageWriter
+        except ImportError:
+            HuggingFaceStorageWriter = None
+        if HuggingFaceStorageWriter is not None:
+            d = os.path.join(tmp, "hfdist")
+            dcp.save(dict(small), storage_writer=HuggingFaceStorageWriter(d, save_distributed=True), no_dist=True)
+            seeds["hf_storage_distributed.set"] = directory_seed(d)
+            d = os.path.join(tmp, "hfnodist")
+            dcp.save(dict(small), storage_writer=HuggingFaceStorageWriter(d), no_dist=True)
+            seeds["hf_storage_index.set"] = directory_seed(d)
+        # Two ranks' pieces of one tensor, as the writer lays them out (rows 0-1 and 2).
+        d = os.path.join(tmp, "pieces")
+        os.makedirs(d)
+        full = torch.arange(9, dtype=torch.float32).reshape(3, 3)
+        for rank, (rows, off) in enumerate([((0, 2), 0), ((2, 3), 2)]):
+            info = {"w": {"saved_offsets": [off, 0]}}
+            tensors = {"w": full[rows[0]:rows[1]].contiguous()}
+            if rank == 1:
+                info["s"] = {"saved_offsets": []}
+                tensors["s"] = torch.tensor(2.5)
+            data = st_save(tensors, metadata={"DCP_SHARDING_INFO": json.dumps(info), "DCP_VERSION": "1.0",
+                                              "format": "pt"})
+            with open(os.path.join(d, f"shard-{rank + 1:05d}-model-00001-of-00001.safetensors"), "wb") as f:
+                f.write(data)
+        seeds["hf_storage_two_ranks.set"] = directory_seed(d)
+        d = os.path.join(tmp, "hfset")
+        os.makedirs(d)
+        idx = {"metadata": {"total_size": 0}, "weight_map": {}}
+        for i, keys in enumerate([["w"], ["b", "n"]], start=1):
+            name = f"model-{i:05d}-of-00002.safetensors"
+            with open(os.path.join(d, name), "wb") as f:
+                f.write(st_save({k: small[k] for k in keys}, metadata={"format": "pt"}))
+            for k in keys:
+                idx["weight_map"][k] = name
+                idx["metadata"]["total_size"] += small[k].numel() * small[k].element_size()
+        with open(os.path.join(d, "model.safetensors.index.json"), "w") as f:
+            json.dump(idx, f)
+        seeds["hf_shard_set.set"] = directory_seed(d)
+    return seeds
+
+
 def main():
     if os.path.isdir(SEEDS):
         shutil.rmtree(SEEDS)
@@ -471,6 +543,8 @@ def main():
         out("dcp_metadata", name, data)
     for name, data in hf_index_files().items():
         out("hf_index", name, data)
+    for name, data in dcp_sets_files().items():
+        out("dcp_sets", name, data)
 
     total = sum(os.path.getsize(os.path.join(dp, f)) for dp, _, fs in os.walk(SEEDS) for f in fs)
     count = sum(len(fs) for _, _, fs in os.walk(SEEDS))
@@ -478,7 +552,11 @@ def main():
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] == ["--dcp-only"]:  # just fuzz/seeds/dcp_metadata/ (runs dcp.save)
+    if sys.argv[1:] == ["--sets-only"]:  # just fuzz/seeds/dcp_sets/ (runs dcp.save)
+        shutil.rmtree(os.path.join(SEEDS, "dcp_sets"), ignore_errors=True)
+        for name, data in dcp_sets_files().items():
+            out("dcp_sets", name, data)
+    elif sys.argv[1:] == ["--dcp-only"]:  # just fuzz/seeds/dcp_metadata/ (runs dcp.save)
         shutil.rmtree(os.path.join(SEEDS, "dcp_metadata"), ignore_errors=True)
         for name, data in dcp_metadata_files().items():
             out("dcp_metadata", name, data)

@@ -67,6 +67,7 @@ nice -n "$nice_level" cmake --build "$build" --target fuzz_all -- -j"${FUZZ_BUIL
 mkdir -p fuzz/artifacts
 cat fuzz/zip.dict fuzz/pickle.dict > "$build/torch.dict"
 cat fuzz/pickle.dict fuzz/dcp.dict > "$build/dcp.dict"
+cat fuzz/sets.dict fuzz/dcp.dict fuzz/hf_index.dict fuzz/safetensors.dict fuzz/zip.dict > "$build/sets.dict"
 dict_for() {
   case "$1" in
     pickle) echo fuzz/pickle.dict ;;
@@ -76,6 +77,7 @@ dict_for() {
     rekey_ops) echo fuzz/rekey.dict ;;
     hf_index) echo fuzz/hf_index.dict ;;
     pt2_json) echo fuzz/pt2_json.dict ;;
+    dcp_sets) echo "$build/sets.dict" ;;
     *) echo "$build/torch.dict" ;;
   esac
 }

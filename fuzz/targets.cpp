@@ -45,6 +45,7 @@
 #include "formats/hf_index.h"        // hf_index
 #include "base/json_subset_sax.h"     // hf_index
 #include "formats/pt2_program.h"     // pt2_json
+#include "model/assembly.h"          // dcp_sets: detail::plan_assembly, as materialize runs it
 
 namespace ckpt::fuzz {
 
@@ -1081,6 +1082,62 @@ int pt2_json_target(const uint8_t* data, size_t size) {
   return 0;
 }
 
+// ======================================================================================
+// dcp_sets
+
+int dcp_sets_target(const uint8_t* data, size_t size) {
+  static const char* const T = "fuzz_dcp_sets";
+  const std::string_view in(reinterpret_cast<const char*>(data), size);
+  memory_opener fs("fuzzdir");
+  size_t files = 0;
+  for (size_t at = 0; at <= in.size() && files < 64;) {
+    size_t end = in.find(kFileSplit, at);
+    if (end == std::string_view::npos) end = in.size();
+    const std::string_view part = in.substr(at, end - at);
+    const size_t nl = part.find('\n');
+    if (nl != std::string_view::npos && nl > 0) {
+      try {
+        fs.add(std::string(part.substr(0, nl)), part.substr(nl + 1));
+        ++files;
+      } catch (const error& swallowed) {
+        note(__func__, swallowed);  // a name no writer gives
+      }
+    }
+    at = end + kFileSplit.size();
+  }
+  for (const bool chunks : {false, true}) {
+    open_options o;
+    o.read_chunk_archives = chunks;
+    o.max_tensors = 4096;
+    try {
+      checkpoint c = open_checkpoint("", o, fs);
+      stats().parsed++;
+      inspect_checkpoint(T, c);
+      std::vector<size_t> keys(c.keys.size());
+      for (size_t k = 0; k < keys.size(); ++k) keys[k] = k;
+      try {
+        const detail::assembly a = detail::plan_assembly(c, keys);
+        for (const auto& t : a.tensors) {
+          if (t.key >= c.keys.size()) fail(T, "plan_assembly: key out of range");
+          uint64_t covered = 0;
+          for (size_t s : t.storages) {
+            const detail::box_landing* l = a.landing(s);
+            if (!l) fail(T, "plan_assembly: a piece storage without a landing");
+            if (l->offset + l->nbytes > t.nbytes) fail(T, "plan_assembly: a piece lands past its tensor");
+            covered += l->nbytes;
+          }
+          if (covered != t.nbytes) fail(T, "plan_assembly: pieces do not fill the tensor exactly");
+        }
+      } catch (const error& swallowed) {
+        note(__func__, swallowed);
+      }
+    } catch (const error& swallowed) {
+      note(__func__, swallowed);
+    }
+  }
+  return 0;
+}
+
 namespace {
 const target kTargets[] = {
     {"pickle", pickle_target},
@@ -1094,6 +1151,7 @@ const target kTargets[] = {
     {"hf_index", hf_index_target},
     {"aoti_wrapper", aoti_wrapper_target},
     {"pt2_json", pt2_json_target},
+    {"dcp_sets", dcp_sets_target},
 };
 }  // namespace
 

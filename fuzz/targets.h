@@ -66,6 +66,17 @@ int hf_index_target(const uint8_t* data, size_t size);
 /// the srepr and TreeSpec renderers, which must decline rather than throw.
 int pt2_json_target(const uint8_t* data, size_t size);
 
+/// The set readers over an in-memory directory (src/io/memory_opener.cpp): the input is
+/// files separated by kFileSplit, each "NAME\nBYTES" (a Hugging Face index and its shards,
+/// a DCP `.metadata` and its `.distcp` files, HuggingFaceStorageWriter pieces, ...).
+/// open_checkpoint of the directory, with and without the chunk archives read; what opens
+/// must have a sound tensor table, render as inspect JSON, and every assembled key must
+/// pass plan_assembly (what materialize runs) or be refused by it with a ckpt::error.
+int dcp_sets_target(const uint8_t* data, size_t size);
+
+/// Separator of dcp_sets' files.
+constexpr std::string_view kFileSplit = "\n--ckpt-fuzz-file--\n";
+
 /// Separator of torchscript_meta's two-pickle input form.
 constexpr std::string_view kPickleSplit = "\n--ckpt-fuzz-constants.pkl--\n";
 

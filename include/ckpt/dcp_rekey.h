@@ -34,8 +34,9 @@ struct dcp_rekey_result {
   /// BYTE_IO items (new names): renamed, their values (torch.save blobs of any Python value
   /// in the data files) copied unopened.
   std::vector<std::string> byte_items;
-  /// BYTE_IO items behind a stream transform (zstd), whose values could not be searched for
-  /// renamed keys (the others were: one that holds a renamed key as a string is refused).
+  /// BYTE_IO items whose values could not be searched for renamed keys. Always empty: every
+  /// value is searched, a zstd one inflated first, and one behind an unknown transform is
+  /// refused (kept for the JSON report's `unchecked_byte_items`).
   std::vector<std::string> unchecked_byte_items;
   /// "item: module.name" for each global a BYTE_IO value names that torch.load(weights_only=
   /// True) would refuse: dcp.load unpickles these values with weights_only=False.

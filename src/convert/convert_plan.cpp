@@ -180,6 +180,13 @@ void choose_metadata(const checkpoint& c, const convert_request& r, convert_plan
   const bool from_safetensors = c.format == file_format::safetensors;
   std::vector<std::pair<std::string, std::string>> user;
   if (from_safetensors && c.files.front().st_header) user = c.files.front().st_header->metadata;
+  // HuggingFaceStorageWriter pieces (formats.md §9.10): DCP_SHARDING_INFO places the first
+  // file's boxes, DCP_VERSION dates that map; neither describes the whole tensors written,
+  // and a reader honouring the map would misplace them. Not carried, and not "lost" either.
+  if (c.layout == checkpoint_layout::dcp && from_safetensors)
+    user.erase(std::remove_if(user.begin(), user.end(),
+                              [](const auto& kv) { return kv.first == "DCP_SHARDING_INFO" || kv.first == "DCP_VERSION"; }),
+               user.end());
   if (r.to == convert_target::torch || r.to == convert_target::dcp) {
     // A torch.save file (or DCP directory) has no place for it: what says more than
     // "format: pt" is dropped.

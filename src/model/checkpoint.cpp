@@ -20,6 +20,7 @@
 #include "model/layout.h"
 #include "model/open_hf_set.h"
 #include "model/open_dcp.h"
+#include "model/open_dcp_safetensors.h"
 #include "pickle/node_marks.h"
 #include "pickle/pickle_accessors.h"
 #include "base/text.h"
@@ -649,6 +650,7 @@ checkpoint open_checkpoint(const std::string& path, const open_options& options,
     const detail::layout l = detail::detect_layout(fs, path);
     if (l.kind == detail::layout_kind::hf_index) return detail::open_hf_set(fs, l.file, options);
     if (l.kind == detail::layout_kind::dcp) return detail::open_dcp(fs, l, options);
+    if (l.kind == detail::layout_kind::dcp_safetensors) return detail::open_dcp_safetensors(fs, l, options);
     src = fs.open(l.file);
   } catch (error& e) {
     e.with_file(fs.display(path));
@@ -669,7 +671,7 @@ std::vector<std::string> checkpoint_input_files(const std::string& path) {
     std::vector<std::string> out;
     for (const auto& md : l.metadata) out.push_back(fs.display(md));
     for (const auto& part : l.parts) out.push_back(fs.display(part));
-    if (fs.stat("meta.pt").kind == file_kind::regular) out.push_back(fs.display("meta.pt"));
+    if (l.kind == detail::layout_kind::dcp && fs.stat("meta.pt").kind == file_kind::regular) out.push_back(fs.display("meta.pt"));
     return out;
   }
   const auto [dir, name] = detail::parent_and_name(file);

@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <string>
 #include <tuple>
 
 #include "ckpt/checkpoint.h"
@@ -41,6 +42,26 @@ std::string listed(const std::vector<std::string>& names) {
   refuse(fs, path, "not a regular file: a directory " + why, errc::usage);
 }
 
+// The names HuggingFaceStorageWriter gives a rank's pieces with save_distributed=True
+// (`_hf_utils.py` SHARDED_FILE_NAME: `shard-{rank+1}-model-{i}-of-{N}`, each number
+// zero-filled to at least 5 digits). No other writer names files so.
+bool is_dcp_piece_name(const std::string& n) {
+  size_t at = 0;
+  auto digits = [&] {
+    const size_t from = at;
+    while (at < n.size() && n[at] >= '0' && n[at] <= '9') ++at;
+    return at - from >= 5;
+  };
+  auto word = [&](const char* w) {
+    const size_t len = std::char_traits<char>::length(w);
+    if (n.compare(at, len, w) != 0) return false;
+    at += len;
+    return true;
+  };
+  return word("shard-") && digits() && word("-model-") && digits() && word("-of-") && digits() &&
+         word(".safetensors") && at == n.size();
+}
+
 }  // namespace
 
 bool is_shard_index_name(const std::string& name) {
@@ -63,12 +84,17 @@ layout detect_layout(const file_opener& fs, const std::string& path) {
               names.end());
   auto regular = [&](const std::string& n) { return fs.stat(join(path, n)).kind == file_kind::regular; };
   const bool global = std::binary_search(names.begin(), names.end(), std::string(".metadata")) && regular(".metadata");
-  std::vector<std::string> indexes, distcp, models;
+  std::vector<std::string> indexes, distcp, models, safetensors;
+  bool dcp_pieces = false;
   std::vector<std::pair<uint32_t, std::string>> rank_local;
   for (const std::string& n : names) {
     if (std::optional<uint32_t> r = dcp::rank_local_metadata_rank(n); r && regular(n)) rank_local.emplace_back(*r, n);
     if (is_shard_index_name(n) && regular(n)) indexes.push_back(n);
     if (ends_with(n, ".distcp") && regular(n)) distcp.push_back(n);
+    if (ends_with(n, ".safetensors") && regular(n)) {
+      safetensors.push_back(n);
+      dcp_pieces = dcp_pieces || is_dcp_piece_name(n);
+    }
     if ((n == "model.safetensors" || n == "pytorch_model.bin") && regular(n)) models.push_back(n);
   }
   const bool dcp = global || !rank_local.empty();
@@ -90,11 +116,14 @@ layout detect_layout(const file_opener& fs, const std::string& path) {
     ask_for_a_file(fs, path, "holding " + std::to_string(indexes.size()) + " Hugging Face shard indexes (" +
                                  listed(indexes) + "): name the one to read");
   if (indexes.size() == 1) return {layout_kind::hf_index, join(path, indexes.front()), {}, {}};
+  // HuggingFaceStorageReader reads every `*.safetensors` of the directory (hf_storage.py
+  // read_metadata), whatever its name: so do we, once the writer's names say what it is.
+  if (dcp_pieces) return {layout_kind::dcp_safetensors, path, safetensors, {}};
   if (models.size() > 1)
     ask_for_a_file(fs, path, "holding both model.safetensors and pytorch_model.bin: name the file to read");
   if (models.size() == 1) return {layout_kind::single_file, join(path, models.front()), {}, {}};
-  ask_for_a_file(fs, path, "without a checkpoint ckptool recognizes (.metadata, *.index.json, model.safetensors or "
-                           "pytorch_model.bin)");
+  ask_for_a_file(fs, path, "without a checkpoint ckptool recognizes (.metadata, *.index.json, "
+                           "shard-*-model-*-of-*.safetensors, model.safetensors or pytorch_model.bin)");
 }
 
 std::string resolve_layout(const file_opener& fs, const std::string& path) {

@@ -16,6 +16,9 @@ enum class layout_kind {
   single_file,  // `file` is the checkpoint (N = 1)
   hf_index,     // `file` is a shard index (`*.index.json`, `*.index.VARIANT.json`)
   dcp,          // `file` is the directory holding `.metadata` (or rank-local `__N.metadata`)
+  // `file` is a directory of safetensors pieces written by DCP's HuggingFaceStorageWriter
+  // with save_distributed=True (formats.md §9.10); `parts` its `*.safetensors` names
+  dcp_safetensors,
 };
 
 struct layout {
@@ -35,7 +38,8 @@ bool is_shard_index_name(const std::string& name);
 /// not a directory is a single file, or a shard index by its name; whether it exists and
 /// is a regular file is left to the open that follows, which says so in today's words.
 /// A directory is a DCP checkpoint if it holds `.metadata` or `__N.metadata`, a shard set if it holds one
-/// index, and that file if it holds exactly one of `model.safetensors` and
+/// index, a HuggingFaceStorageWriter directory (§9.10) if it holds no index but files named
+/// `shard-NNNNN-model-NNNNN-of-NNNNN.safetensors`, and that file if it holds exactly one of `model.safetensors` and
 /// `pytorch_model.bin`. Any other directory is refused as before layouts existed
 /// (errc::usage, "not a regular file: a directory ..."), naming what it holds.
 layout detect_layout(const file_opener& fs, const std::string& path);

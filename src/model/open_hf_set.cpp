@@ -14,6 +14,7 @@
 
 #include "ckpt/error.h"
 #include "formats/format_detect.h"
+#include "formats/dcp_sharding_info.h"
 #include "formats/hf_index.h"
 
 namespace ckpt::detail {
@@ -207,6 +208,47 @@ std::vector<ahead_shard> read_ahead(const file_opener& fs, const std::string& di
   return out;
 }
 
+// A set written by DCP's HuggingFaceStorageWriter(save_distributed=False) (formats.md
+// §9.10) is read by two loaders that disagree when a tensor is a box of a larger one:
+// transformers takes each shard's tensors whole, HuggingFaceStorageReader places them at
+// DCP_SHARDING_INFO's offsets. They agree only when every box is at offset 0 and is the
+// whole tensor; the index's total_size (every rank's bytes) is what shows the second.
+void check_dcp_written(const std::vector<checkpoint>& shards, const std::vector<hf::shard_contents>& contents,
+                       const hf::index& idx, const file_opener& fs, const std::string& dir,
+                       const std::string& shown_index) {
+  bool dcp_written = false;
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < shards.size(); ++i) {
+    bytes += contents[i].bytes;
+    const source_file& f = shards[i].files.front();
+    if (!f.st_header) continue;
+    const auto text = dcp::metadata_value(f.st_header->metadata, dcp::kShardingInfoKey);
+    if (!text) continue;
+    dcp_written = true;
+    const std::string shown = fs.display(join(dir, idx.shards[i]));
+    dcp::sharding_info info;
+    try {
+      info = dcp::parse_sharding_info(*text);
+    } catch (error& e) {
+      e.with_file(shown);
+      throw;
+    }
+    for (const auto& [fqn, offsets] : info.offsets)
+      if (std::any_of(offsets.begin(), offsets.end(), [](int64_t o) { return o != 0; }))
+        throw error(errc::unsupported,
+                    "tensor '" + fqn + "' is a box at nonzero offsets of a larger tensor (__metadata__ " +
+                        dcp::kShardingInfoKey + "): transformers would read the box as the whole tensor, "
+                        "HuggingFaceStorageReader would not; no single reading is exact")
+            .with_file(shown);
+  }
+  if (dcp_written && idx.total_size && *idx.total_size != bytes)
+    throw error(errc::corrupt, "metadata.total_size is " + std::to_string(*idx.total_size) + " bytes but the shards hold " +
+                                   std::to_string(bytes) + ": HuggingFaceStorageWriter counts every rank's pieces, so "
+                                   "pieces are missing (several processes saving with save_distributed=False write "
+                                   "one file name over each other)")
+        .with_file(shown_index);
+}
+
 }  // namespace
 
 std::vector<std::string> hf_set_files(const file_opener& fs, const std::string& index) {
@@ -290,6 +332,7 @@ checkpoint open_hf_set(const file_opener& fs, const std::string& index, const op
 
   const hf::cross_check_result check = hf::cross_check(idx, contents);
   if (check.errors()) refuse_findings(errors_of(check), shown_index);
+  check_dcp_written(shards, contents, idx, fs, dir, shown_index);
 
   checkpoint c;
   c.path = shown_index;

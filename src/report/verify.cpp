@@ -49,6 +49,10 @@ void add_summary(verify_report& r, const summary_facts& f) {
                         " chunks, each chunk's archive checked against .metadata, chunks tiling every tensor exactly");
   } else if (f.safetensors) {
     r.notes.push_back("safetensors has no checksums; header, dtypes and byte ranges are valid");
+    // HuggingFaceStorageWriter pieces (formats.md §9.10).
+    if (f.dcp)
+      r.notes.push_back("torch.distributed.checkpoint safetensors pieces: " + std::to_string(f.keys) + " tensors from " +
+                        std::to_string(f.chunks) + " boxes, tiling every tensor exactly");
   } else {
     r.notes.push_back("legacy torch files have no checksums; structure and views are valid");
   }

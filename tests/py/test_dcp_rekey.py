@@ -248,7 +248,8 @@ def test_every_layout_loads_by_new_names(dcp_dirs, tmp_path, name):
         if f.name != ".metadata":
             assert sha(out / f.name) == sha(f), f.name
     if name == "zstd2":
-        assert res["unchecked_byte_items"] == ["run.k"]
+        # The zstd value is inflated and searched like any other (test_zstd_byte_value_...).
+        assert res["unchecked_byte_items"] == []
     old, new = load_flat(src, before), load_flat(out, after)
     for k, v in old.items():
         w = new["run." + k]
@@ -432,6 +433,41 @@ def test_byte_value_naming_a_renamed_key_refused(tmp_path):
     assert rc == 0, err
     assert res["byte_item_globals"] == ["optim.sched: torch.optim.lr_scheduler.ConstantLR"], res
     sd = {"model": {"w": torch.zeros(2)}, "optim": {"param_groups": [{"lr": 0.0, "params": None}], "sched": None}}
+    dcp.load(sd, checkpoint_id=str(tmp_path / "out2"), no_dist=True)
+    assert torch.equal(sd["model"]["w"], torch.ones(2)) and sd["optim"]["param_groups"][0]["params"] == ["w"]
+
+
+def test_zstd_byte_value_naming_a_renamed_key_refused(tmp_path):
+    """A BYTE_IO value behind the zstd stream transform is inflated and searched as any other
+    (formats.md §9.7): one naming a renamed key is refused, naming the .distcp file and the
+    item; one that names none is renamed, its bytes copied, and loads by its new name."""
+    try:
+        from torch.distributed.checkpoint._extension import ZStandard
+        import zstandard  # noqa: F401
+    except ImportError:
+        pytest.skip("no zstd extension in this torch (or no zstandard module)")
+    from conftest import run_ckptool
+
+    def save_zstd(d: Path, state: dict) -> Path:
+        dcp.save(state, storage_writer=dcp.FileSystemWriter(str(d), _extensions=[ZStandard()]), no_dist=True)
+        return d
+
+    state = {"model": {"_orig_mod.w": torch.ones(2)},
+             "optim": {"param_groups": [{"lr": 0.1, "params": ["_orig_mod.w"]}]}}
+    src = save_zstd(tmp_path / "in", state)
+    assert all(s.transform_descriptors for s in read_md(src).storage_data.values())
+    out = tmp_path / "out"
+    rc, _, err = run_ckptool("rekey", src, "--strip-compiled", "-o", out, timeout=60)
+    assert rc == 3, err
+    assert "optim.param_groups.0.params" in err and "'_orig_mod.w'" in err and "stream.zstd/1" in err, err
+    assert ".distcp" in err, err
+    assert not out.exists() or list(out.iterdir()) == []
+    state["optim"]["param_groups"][0]["params"] = ["w"]
+    src2 = save_zstd(tmp_path / "in2", state)
+    rc, res, err = run_ckptool("rekey", src2, "--strip-compiled", "-o", tmp_path / "out2", "--json", timeout=60)
+    assert rc == 0, err
+    assert "not searched" not in err and json.loads(res)["unchecked_byte_items"] == [], (err, res)
+    sd = {"model": {"w": torch.zeros(2)}, "optim": {"param_groups": [{"lr": 0.0, "params": None}]}}
     dcp.load(sd, checkpoint_id=str(tmp_path / "out2"), no_dist=True)
     assert torch.equal(sd["model"]["w"], torch.ones(2)) and sd["optim"]["param_groups"][0]["params"] == ["w"]
 

@@ -116,7 +116,7 @@ def test_directory_with_one_model_file_opens_it(tmp_path, name):
      "not a regular file: a directory holding both a torch.distributed.checkpoint (.metadata) and a Hugging Face shard index "
      "(model.safetensors.index.json): name the file to read"),
     (["notes.txt"], "not a regular file: a directory without a checkpoint ckptool recognizes (.metadata, "
-                    "*.index.json, model.safetensors or pytorch_model.bin)"),
+                    "*.index.json, shard-*-model-*-of-*.safetensors, model.safetensors or pytorch_model.bin)"),
 ])
 def test_ambiguous_or_empty_directory_is_refused(tmp_path, files, why):
     """The user must name a file: a usage error (exit 2), as any directory was before."""

@@ -332,6 +332,13 @@ TEST_CASE("detected from names alone, ambiguous sets refused") {
       // A Trainer checkpoint directory: the model, and files that are not the model.
       {{"c/model.safetensors", "c/optimizer.pt", "c/scheduler.pt", "c/rng_state.pth", "c/training_args.bin"},
        "c", layout_kind::single_file, "c/model.safetensors"},
+      // HuggingFaceStorageWriter pieces (formats.md §9.10): the writer's names, no index.
+      {{"p/shard-00001-model-00001-of-00001.safetensors", "p/shard-00002-model-00001-of-00001.safetensors"}, "p",
+       layout_kind::dcp_safetensors, "p"},
+      // Beside an index, the index wins; a name short of 5 digits is not the writer's.
+      {{"p/model.safetensors.index.json", "p/shard-00001-model-00001-of-00001.safetensors"}, "p",
+       layout_kind::hf_index, "p/model.safetensors.index.json"},
+      {{"p/shard-1-model-1-of-1.safetensors"}, "p", std::nullopt, "without a checkpoint"},
       // Ambiguous or empty: refused, naming what was found.
       {{"hf/model.safetensors.index.json", "hf/pytorch_model.bin.index.json"}, "hf", std::nullopt,
        "not a regular file: a directory holding 2 Hugging Face shard indexes"},
