@@ -72,6 +72,7 @@ set(CKPT_CORE_SOURCES
   ${CKPT_ROOT}/src/model/checkpoint.cpp
   ${CKPT_ROOT}/src/model/layout.cpp
   ${CKPT_ROOT}/src/model/open_hf_set.cpp
+  ${CKPT_ROOT}/src/model/plain_tensor.cpp
   ${CKPT_ROOT}/src/model/open_dcp.cpp
   ${CKPT_ROOT}/src/model/open_dcp_safetensors.cpp
   ${CKPT_ROOT}/src/model/key_table.cpp
@@ -105,6 +106,7 @@ set(CKPT_CORE_SOURCES
 set(CKPT_TORCH_SOURCES
   ${CKPT_ROOT}/src/torch/aoti_swap.cpp
   ${CKPT_ROOT}/src/torch/run_exported.cpp
+  ${CKPT_ROOT}/src/torch/run_outputs.cpp
   ${CKPT_ROOT}/src/torch/aten_types.cpp
   ${CKPT_ROOT}/src/torch/c10d_group.cpp
   ${CKPT_ROOT}/src/torch/cast_values.cpp
@@ -255,6 +257,7 @@ set(CKPT_SHARED_HEADERS
   ${CKPT_ROOT}/src/report/json_writer.h
   ${CKPT_ROOT}/src/torch/aoti_swap.h
   ${CKPT_ROOT}/src/torch/run_exported.h
+  ${CKPT_ROOT}/src/torch/run_outputs.h
   ${CKPT_ROOT}/src/report/pt2_report.h
   ${CKPT_ROOT}/src/torch/aten_types.h
   ${CKPT_ROOT}/src/torch/c10d_group.h

@@ -44,6 +44,7 @@
 #include "formats/tensor_collector.h"  // detail::parse_storage_pid, for torchscript_meta's records
 #include "formats/hf_index.h"        // hf_index
 #include "base/json_subset_sax.h"     // hf_index
+#include "sax_log.h"                  // hf_index: the quick reader against nlohmann
 #include "formats/pt2_program.h"     // pt2_json
 #include "model/assembly.h"          // dcp_sets: detail::plan_assembly, as materialize runs it
 
@@ -836,28 +837,6 @@ int rekey_ops_target(const uint8_t* data, size_t size) {
 // ======================================================================================
 // hf_index
 
-// Writes each SAX event as a line: the quick JSON reader and nlohmann's must write the same.
-struct sax_log : nlohmann::json_sax<nlohmann::json> {
-  std::string log;
-  bool null() override { return add("null"); }
-  bool boolean(bool b) override { return add(b ? "true" : "false"); }
-  bool number_integer(number_integer_t v) override { return add("int " + std::to_string(v)); }
-  bool number_unsigned(number_unsigned_t v) override { return add("uint " + std::to_string(v)); }
-  bool number_float(number_float_t, const string_t& s) override { return add("float " + s); }
-  bool string(string_t& s) override { return add("str " + s); }
-  bool binary(binary_t&) override { return add("binary"); }
-  bool start_object(std::size_t) override { return add("{"); }
-  bool key(string_t& k) override { return add("key " + k); }
-  bool end_object() override { return add("}"); }
-  bool start_array(std::size_t) override { return add("["); }
-  bool end_array() override { return add("]"); }
-  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override { return false; }
-  bool add(const std::string& s) {
-    log += s;
-    log += '\n';
-    return true;
-  }
-};
 
 int hf_index_target(const uint8_t* data, size_t size) {
   static const char* const T = "fuzz_hf_index";

@@ -14,6 +14,7 @@
 #include "base/text.h"
 #include "formats/safetensors_writer.h"
 #include "model/assembly.h"
+#include "model/plain_tensor.h"
 #include "model/row_major.h"
 
 namespace ckpt {
@@ -69,17 +70,9 @@ std::vector<source_key> keys_below(const checkpoint& c, const value_path& root) 
 
 // Refuses a record whose values the writers cannot reproduce exactly as a plain tensor.
 void check_record(const checkpoint& c, const tensor_record& t, const std::string& key, convert_target to) {
-  auto refuse = [&](const std::string& why) {
-    throw error(errc::unsupported, "tensor " + text::quote(key) + " " + why + ": convert writes plain tensors only")
+  if (const auto why = detail::not_plain_reason(c, t))
+    throw error(errc::unsupported, "tensor " + text::quote(key) + " " + *why + ": convert writes plain tensors only")
         .with_file(c.path);
-  };
-  if (t.composite()) refuse("is " + t.kind->description());
-  if (t.kind && !t.kind->subclass.empty()) refuse("is a " + t.kind->subclass + " (a local shard at most)");
-  if (t.quant) refuse("is quantized (" + std::string(name(t.type)) + ")");
-  if (elements_per_byte(t.type) != 1) refuse("packs several elements per byte (" + std::string(name(t.type)) + ")");
-  if (!t.storage) refuse("is a meta tensor (no data)");
-  const storage_record& s = c.storages.at(*t.storage);
-  if (!s.file_offset || s.archive_range) refuse("has no data in the file");
 }
 
 uint64_t contiguous_bytes(dtype type, const std::vector<int64_t>& shape) {

@@ -15,6 +15,7 @@
 #include "ckpt/rekey.h"
 #include "formats/pt2_schema.h"
 #include "model/assembly.h"
+#include "model/plain_tensor.h"
 #include "model/row_major.h"
 
 namespace ckpt::pt2 {
@@ -63,18 +64,10 @@ uint64_t view_extent(const tensor_record& t) {
 
 // The refusals convert makes for a tensor it cannot copy as plain bytes.
 void check_source(const checkpoint& c, const tensor_record& t, const std::string& key) {
-  auto refuse = [&](const std::string& why) {
-    throw error(errc::unsupported, "checkpoint tensor " + text::quote(key) + " " + why +
+  if (const auto why = detail::not_plain_reason(c, t))
+    throw error(errc::unsupported, "checkpoint tensor " + text::quote(key) + " " + *why +
                                        ": an exported program's weights are plain tensors")
         .with_file(c.path);
-  };
-  if (t.composite()) refuse("is " + t.kind->description());
-  if (t.kind && !t.kind->subclass.empty()) refuse("is a " + t.kind->subclass + " (a local shard at most)");
-  if (t.quant) refuse("is quantized (" + std::string(name(t.type)) + ")");
-  if (elements_per_byte(t.type) != 1) refuse("packs several elements per byte (" + std::string(name(t.type)) + ")");
-  if (!t.storage) refuse("is a meta tensor (no data)");
-  const storage_record& s = c.storages.at(*t.storage);
-  if (!s.file_offset || s.archive_range) refuse("has no data in the file");
 }
 
 // A JSON record the archive reader has parsed once already (so it exists and is JSON).

@@ -1,8 +1,7 @@
 #include "ckpt/materialize.h"
 
 #include <chrono>
-#include <cmath>
-#include <sstream>
+#include <ostream>
 #include <streambuf>
 
 #include <torch/cuda.h>
@@ -18,6 +17,7 @@
 #include "torch/torch_message.h"
 #include "torch/aoti_swap.h"
 #include "torch/run_exported.h"
+#include "torch/run_outputs.h"
 
 namespace ckpt {
 namespace {
@@ -145,33 +145,7 @@ void run_method(torch::jit::Module& m, const materialize_request& req, const c10
   }
   synchronize(dev);
   r.run_method = req.run_method;
-  std::function<void(const c10::IValue&, const std::string&)> flatten = [&](const c10::IValue& v, const std::string& path) {
-    if (v.isTensor()) {
-      at::Tensor t = v.toTensor();
-      meta_output o;
-      o.path = path;
-      o.is_tensor = true;
-      o.type = "Tensor";
-      o.dtype = c10::getDtypeNames(t.scalar_type()).first;
-      o.shape = t.sizes().vec();
-      r.outputs.push_back(o);
-      // Meta tensors have shapes but no values: no checksum (NaN, null in JSON).
-      r.checksums.push_back(t.is_meta() ? std::nan("") : t.numel() ? t.to(at::kDouble).sum().item<double>() : 0.0);
-    } else if (v.isTuple() || v.isList()) {
-      auto elems = v.isTuple() ? v.toTupleRef().elements().vec() : v.toListRef().vec();
-      for (size_t i = 0; i < elems.size(); ++i) flatten(elems[i], path.empty() ? std::to_string(i) : path + "." + std::to_string(i));
-    } else {
-      meta_output o;
-      o.path = path;
-      o.type = v.tagKind();
-      std::ostringstream s;
-      s << v;
-      o.value = s.str().substr(0, 80);
-      r.outputs.push_back(o);
-      r.checksums.push_back(0.0);
-    }
-  };
-  flatten(out, "");
+  detail::record_outputs(out, "", r);
 }
 
 }  // namespace

@@ -1,8 +1,6 @@
 #include "torch/run_exported.h"
 
 #include <chrono>
-#include <cmath>
-#include <sstream>
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -13,48 +11,10 @@
 #include "ckpt/error.h"
 #include "ckpt/pt2.h"
 #include "torch/aten_types.h"
+#include "torch/run_outputs.h"
 #include "torch/torch_message.h"
 
 namespace ckpt::detail {
-namespace {
-
-void flatten(const c10::IValue& v, const std::string& path, materialize_report& r) {
-  auto child = [&](const std::string& k) { return path.empty() ? k : path + "." + k; };
-  if (v.isTensor()) {
-    at::Tensor t = v.toTensor();
-    meta_output o;
-    o.path = path;
-    o.is_tensor = true;
-    o.type = "Tensor";
-    o.dtype = c10::getDtypeNames(t.scalar_type()).first;
-    o.shape = t.sizes().vec();
-    r.outputs.push_back(o);
-    r.checksums.push_back(t.numel() ? t.to(at::kCPU).to(at::kDouble).sum().item<double>() : 0.0);
-  } else if (v.isTuple() || v.isList()) {
-    auto elems = v.isTuple() ? v.toTupleRef().elements().vec() : v.toListRef().vec();
-    for (size_t i = 0; i < elems.size(); ++i) flatten(elems[i], child(std::to_string(i)), r);
-  } else if (v.isGenericDict()) {
-    for (const auto& e : v.toGenericDict()) {
-      std::ostringstream k;
-      if (e.key().isString())
-        k << e.key().toStringRef();
-      else
-        k << e.key();
-      flatten(e.value(), child(k.str()), r);
-    }
-  } else {
-    meta_output o;
-    o.path = path;
-    o.type = v.tagKind();
-    std::ostringstream s;
-    s << v;
-    o.value = s.str().substr(0, 80);
-    r.outputs.push_back(o);
-    r.checksums.push_back(0.0);
-  }
-}
-
-}  // namespace
 
 bool is_exported_program(const std::string& path) {
   try {
@@ -97,7 +57,7 @@ materialize_report run_exported(const materialize_request& req) {
   }
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   r.run_method = req.run_method;
-  flatten(out, "", r);
+  record_outputs(out, "", r);
   return r;
 }
 
