@@ -206,20 +206,7 @@ int run_materialize(materialize_options& o) {
       doc["io"] = {{"bytes_read", sr.bytes_read}};
     }
     if (!r.run_method.empty()) {
-      nlohmann::json outs = nlohmann::json::array();
-      for (size_t i = 0; i < r.outputs.size(); ++i) {
-        const auto& x = r.outputs[i];
-        nlohmann::json j = {{"path", x.path}, {"type", x.type}};
-        if (x.is_tensor) {
-          j["dtype"] = x.dtype;
-          j["shape"] = x.shape;
-          j["checksum"] = r.checksums[i];
-        } else {
-          j["value"] = x.value;
-        }
-        outs.push_back(j);
-      }
-      doc["run"] = {{"method", r.run_method}, {"outputs", outs}};
+      doc["run"] = {{"method", r.run_method}, {"outputs", run_outputs_json(r)}};
     }
     doc["output"] = r.output_written ? nlohmann::json(o.output) : nlohmann::json(nullptr);
     report << ckpt::json_text(doc) << "\n";
@@ -273,6 +260,23 @@ int run_materialize(materialize_options& o) {
 }
 
 }  // namespace
+
+nlohmann::json run_outputs_json(const ckpt::materialize_report& r) {
+  nlohmann::json outs = nlohmann::json::array();
+  for (size_t i = 0; i < r.outputs.size(); ++i) {
+    const auto& x = r.outputs[i];
+    nlohmann::json j = {{"path", x.path}, {"type", x.type}};
+    if (x.is_tensor) {
+      j["dtype"] = x.dtype;
+      j["shape"] = x.shape;
+      j["checksum"] = r.checksums[i];
+    } else {
+      j["value"] = x.value;
+    }
+    outs.push_back(j);
+  }
+  return outs;
+}
 
 verb setup_materialize(CLI::App& app) {
   auto o = std::make_shared<materialize_options>();

@@ -17,6 +17,7 @@
 #include "ckpt/pt2_fill.h"
 #include "ckpt/report.h"
 #include "aoti_cli.h"
+#include "cmd_materialize.h"
 #include "common.h"
 #include "io/temp_registry.h"
 #include "plugin/torch_plugin.h"
@@ -141,20 +142,7 @@ int materialize_exported_program(ckpt::output_set& set, const ckpt::checkpoint& 
     doc["unexpected"] = plan.unexpected;
     doc["meta_export"] = plan.meta_export;
     if (!run.run_method.empty()) {
-      nlohmann::json outs = nlohmann::json::array();
-      for (size_t i = 0; i < run.outputs.size(); ++i) {
-        const auto& x = run.outputs[i];
-        nlohmann::json j = {{"path", x.path}, {"type", x.type}};
-        if (x.is_tensor) {
-          j["dtype"] = x.dtype;
-          j["shape"] = x.shape;
-          j["checksum"] = run.checksums[i];
-        } else {
-          j["value"] = x.value;
-        }
-        outs.push_back(j);
-      }
-      doc["run"] = {{"method", run.run_method}, {"runtime", "nativert"}, {"outputs", outs}};
+      doc["run"] = {{"method", run.run_method}, {"runtime", "nativert"}, {"outputs", run_outputs_json(run)}};
     }
     doc["output"] = a.out ? nlohmann::json(a.output) : nlohmann::json(nullptr);
     report << ckpt::json_text(doc) << "\n";

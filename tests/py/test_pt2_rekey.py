@@ -28,6 +28,7 @@ import torch
 import torch.nn as nn
 
 from conftest import inspect_json, run_ckptool
+from test_pt2 import WithCompiled
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore::DeprecationWarning"),
@@ -52,15 +53,6 @@ class Inner(nn.Module):
     def forward(self, x):
         return self.out(self.act(self.fc(x))) * self.scale + self.shift + self.c
 
-
-class WithCompiled(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.sub = torch.compile(nn.Linear(4, 4))
-        self.out = nn.Linear(4, 2)
-
-    def forward(self, x):
-        return self.out(self.sub(x))
 
 
 class Wrapper(nn.Module):
