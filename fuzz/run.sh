@@ -15,7 +15,8 @@
 # Crashes, timeouts, OOMs and leaks go to fuzz/artifacts/<target>/ (git-ignored) and make
 # the script exit 1; the log of each run is fuzz/artifacts/<target>.log. JOBS > 1 runs the
 # target in libFuzzer's -fork mode with that many processes. Campaigns run under
-# nice -n ${FUZZ_NICE:-10}. Environment: BUILD_DIR (default build-fuzz), FUZZ_TARGETS,
+# nice -n ${FUZZ_NICE:-10}. Environment: BUILD_DIR (default build-fuzz; CI passes build-asan,
+# whose clang build has the targets too), FUZZ_TARGETS,
 # FUZZ_EXTRA_ARGS (passed to every libFuzzer run).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -60,6 +61,8 @@ if [ ! -f "$build/build.ninja" ]; then
   CC=clang CXX=clang++ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DCKPTOOL_FUZZ_ONLY=ON >/dev/null || { echo "run.sh: cmake configure failed" >&2; exit 2; }
 fi
+grep -q '^build fuzz_all:' "$build/build.ninja" ||
+  { echo "run.sh: $build has no fuzz targets (it needs clang and CKPTOOL_FUZZ=ON)" >&2; exit 2; }
 nice -n "$nice_level" cmake --build "$build" --target fuzz_all -- -j"${FUZZ_BUILD_JOBS:-2}" >/dev/null ||
   { echo "run.sh: build failed (rerun: cmake --build $build --target fuzz_all)" >&2; exit 2; }
 

@@ -14,6 +14,9 @@ as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 # Debian packages: the C++ dependencies and tools.
 packages=(cmake ninja-build g++ pkg-config zlib1g-dev libcli11-dev nlohmann-json3-dev libspdlog-dev doctest-dev libre2-dev libzstd-dev)
 python3 -c 'import venv, ensurepip' 2>/dev/null || packages+=(python3-venv)
+# The sanitized build is clang's, so that it also builds the libFuzzer targets (fuzz/) from
+# the same objects: one build for the ASan suite and the fuzzing CI runs.
+[ "$sanitize" = 1 ] && packages+=(clang libclang-rt-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
@@ -38,10 +41,12 @@ fi
 torch_prefix=$(.venv/bin/python -c 'import torch; print(torch.utils.cmake_prefix_path)')
 # The sanitizer build only has to find bugs: -O1 with line tables is what ASan reports
 # need, and compiles LibTorch-heavy files much faster than -O2 -g.
-if [ "$sanitize" = 1 ]; then build_type=(-DCMAKE_BUILD_TYPE=None "-DCMAKE_CXX_FLAGS=-O1 -g1");
+if [ "$sanitize" = 1 ]; then build_type=(-DCMAKE_BUILD_TYPE=None "-DCMAKE_CXX_FLAGS=-O1 -g1" -DCKPTOOL_FUZZ=ON);
 else build_type=(-DCMAKE_BUILD_TYPE=RelWithDebInfo); fi
 if [ ! -f "$build/build.ninja" ]; then
-  cmake -S . -B "$build" -G Ninja "${build_type[@]}" \
+  compiler=()
+  [ "$sanitize" = 1 ] && compiler=(-DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++)
+  cmake -S . -B "$build" -G Ninja "${build_type[@]}" "${compiler[@]}" \
     -DCMAKE_PREFIX_PATH="$torch_prefix${CMAKE_PREFIX_PATH:+;$CMAKE_PREFIX_PATH}" \
     -DCKPTOOL_SANITIZE=$([ "$sanitize" = 1 ] && echo ON || echo OFF) \
     -DCKPTOOL_PYTHON="$root/.venv/bin/python" >/dev/null

@@ -83,7 +83,11 @@ class attribute_walker {
       c10::Dict<c10::IValue, c10::IValue> dict = v.toGenericDict();
       std::vector<std::pair<c10::IValue, c10::IValue>> items;
       for (const auto& kv : dict) items.emplace_back(kv.key(), kv.value());
-      for (auto& [key, value] : items) {
+      for (auto& item : items) {
+        // Named, not a structured binding: C++17 lambdas cannot capture bindings (clang
+        // refuses; GCC allows it as an extension).
+        const c10::IValue& key = item.first;
+        const c10::IValue& value = item.second;
         // The model file's pickle names a dict's values by string or integer key only.
         const bool keyed = key.isString() || key.isInt();
         if (key.isString())

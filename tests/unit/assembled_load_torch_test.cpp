@@ -109,7 +109,9 @@ TEST_CASE("load_tensors assembles every key from its pieces exactly as torch cut
       last_total = total;
     };
     auto got = by_name(ckpt::load_tensors(f.c, o));
-    for (const auto& [name, want] : f.full) {
+    for (const auto& entry : f.full) {
+      const std::string& name = entry.first;  // CAPTURE's lambda cannot capture a binding
+      const at::Tensor& want = entry.second;
       CAPTURE(name);
       REQUIRE(got.count(name));
       CHECK(same_bytes(got[name], want));
@@ -128,7 +130,9 @@ TEST_CASE("assembled keys: meta plans without reading, --dtype casts, --mmap map
     ckpt::load_options o;
     o.device = c10::Device(c10::kMeta);
     auto got = by_name(ckpt::load_tensors(f.c, o));
-    for (const auto& [name, want] : f.full) {
+    for (const auto& entry : f.full) {
+      const std::string& name = entry.first;  // CAPTURE's lambda cannot capture a binding
+      const at::Tensor& want = entry.second;
       CAPTURE(name);
       CHECK(got[name].is_meta());
       CHECK((got[name].sizes() == want.sizes()));
@@ -184,7 +188,9 @@ TEST_CASE("materialize: --check-finite finds a NaN in a piece, -o writes the ass
   }
   auto back = by_name(ckpt::load_tensors(out, ckpt::load_options()));
   std::remove(out.c_str());
-  for (const auto& [name, want] : f.full) {
+  for (const auto& entry : f.full) {
+    const std::string& name = entry.first;  // CAPTURE's lambda cannot capture a binding
+    const at::Tensor& want = entry.second;
     CAPTURE(name);
     CHECK(same_bytes(back.at(name), want));
   }

@@ -80,7 +80,10 @@ TEST_CASE("hf index: malformed documents are corrupt, each beside a twin that pa
       {"{\"weight_map\": {\"k\": \"s\xff.bin\"}}", "{\"weight_map\": {\"k\": \"s\xc3\xa9.bin\"}}"},  // UTF-8
       {"", "{\"weight_map\": {\"k\": \"s.bin\"}}"},
   };
-  for (const auto& [bad, good] : cases) {
+  for (const auto& c : cases) {
+    // Not a structured binding: CAPTURE's lambda cannot name one in C++17 (clang refuses).
+    const char* bad = c.first;
+    const char* good = c.second;
     CAPTURE(bad);
     CHECK(kind_of(bad) == errc::corrupt);
     CHECK_NOTHROW(hf::parse_index(good));

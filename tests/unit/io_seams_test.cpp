@@ -125,7 +125,8 @@ TEST_CASE("a range that is not inside the parent is refused when the slice is ma
   auto parent = std::make_shared<ckpt::memory_source>(std::vector<uint8_t>(100), "p.distcp");
   CHECK_NOTHROW(ckpt::slice_source(parent, 100, 0));
   CHECK_NOTHROW(ckpt::slice_source(parent, 0, 100));
-  for (auto [off, len] : {std::pair<uint64_t, uint64_t>{90, 11}, {101, 0}, {~0ull, 2}, {1, ~0ull}}) {
+  for (auto range : {std::pair<uint64_t, uint64_t>{90, 11}, {101, 0}, {~0ull, 2}, {1, ~0ull}}) {
+    const uint64_t off = range.first, len = range.second;  // the lambda below cannot capture bindings
     auto f = failure_of([&] { ckpt::slice_source s(parent, off, len); });
     REQUIRE(f);
     CHECK(f->kind == errc::corrupt);

@@ -65,7 +65,9 @@ TEST_CASE("a mapped load is lazy unless populate is set, and equal to the saved 
     o.threads = 2;
     auto tensors = ckpt::load_tensors(ck.path, o);
     REQUIRE(tensors.size() == 2);
-    for (const auto& [name, t] : tensors) {
+    for (const auto& entry : tensors) {
+      const std::string& name = entry.first;  // CAPTURE's lambda cannot capture a binding
+      const at::Tensor& t = entry.second;
       CAPTURE(name);
       size_t present = present_pages(t.data_ptr(), t.nbytes());
       if (populate) {
