@@ -961,7 +961,7 @@ int dcp_metadata_target(const uint8_t* data, size_t size) {
   static const char* const T = "fuzz_dcp_metadata";
   dcp::metadata md;
   // The one-pass decoder may decline anything; what it takes, the tree decoder (the
-  // reference) must take too, with the same result (docs/formats.md §9.9).
+  // reference) must take too, with the same result (docs/formats.md §9.11).
   dcp::metadata fast;
   const bool taken = dcp::detail::decode_metadata_stream(data, size, {}, &fast);
   try {

@@ -409,7 +409,7 @@ metadata decode_metadata_tree(const uint8_t* data, size_t size, const decode_opt
 }  // namespace detail
 
 // The one-pass decoder takes what PyTorch writes; anything else, and every error, is the
-// tree decoder's (docs/formats.md §9.9).
+// tree decoder's (docs/formats.md §9.11).
 metadata decode_metadata(const uint8_t* data, size_t size, const decode_options& options) {
   metadata md;
   if (detail::decode_metadata_stream(data, size, options, &md)) return md;

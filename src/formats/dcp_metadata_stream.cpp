@@ -1,4 +1,4 @@
-// The one-pass `.metadata` decoder (docs/formats.md §9.9). The tree decoder builds a node
+// The one-pass `.metadata` decoder (docs/formats.md §9.11). The tree decoder builds a node
 // for every value of the pickle (2.5 M for 20,000 keys x 4 ranks) and then walks them; this
 // one keeps each value in 8 bytes (scalars inline, strings as views into the input,
 // containers and objects as small records in a few flat arrays) and reads the entries off

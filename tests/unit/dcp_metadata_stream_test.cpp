@@ -1,5 +1,5 @@
 // The one-pass .metadata decoder against the tree decoder, its reference (docs/formats.md
-// §9.9): on real files both give the same metadata, and on every single-byte mutation of a
+// §9.11): on real files both give the same metadata, and on every single-byte mutation of a
 // real file the one-pass decoder either declines or gives exactly what the tree decoder
 // gives (a file the tree refuses must never be taken).
 #include <doctest/doctest.h>
