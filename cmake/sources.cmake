@@ -222,6 +222,7 @@ set(CKPT_SHARED_HEADERS
   ${CKPT_ROOT}/src/formats/aoti_package.h
   ${CKPT_ROOT}/src/formats/dcp_transforms.h
   ${CKPT_ROOT}/src/formats/dcp_metadata_decoders.h
+  ${CKPT_ROOT}/src/base/scratch_array.h
   ${CKPT_ROOT}/src/formats/dcp_sharding_info.h
   ${CKPT_ROOT}/src/formats/format_detect.h
   ${CKPT_ROOT}/src/formats/legacy_reader.h

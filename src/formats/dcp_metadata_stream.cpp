@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "base/byteio.h"
+#include "base/scratch_array.h"
 #include "ckpt/file_opener.h"
 #include "formats/dcp_metadata_decoders.h"
 #include "pickle/pickle_opcodes.h"
@@ -130,8 +131,11 @@ class key_set {
 
 class stream_decoder {
  public:
+  // Every record and element comes from an opcode of at least one byte (an object from
+  // three: its class, its arguments, the call), which bounds each array by the input.
   stream_decoder(const uint8_t* data, size_t size, const pickle::limits& lim)
-      : data_(data), size_(size), lim_(lim), limit_(size) {}
+      : data_(data), size_(size), lim_(lim), limit_(size), memo_(2 * size + 4100), elems_(size + 16),
+        segs_(size + 16), seqs_(size + 16), objs_(size / 3 + 16) {}
 
   void run(metadata* out);
 
@@ -212,13 +216,15 @@ class stream_decoder {
     if (n > kLen24 || elems_.size() >= (uint64_t(1) << 36)) no();
     charge(1 + n);
     const uint64_t start = elems_.size();
-    elems_.insert(elems_.end(), stack_.begin() + long(from), stack_.end());
+    if (n > elems_.capacity() - start) no();
+    elems_.append(stack_.data() + from, n);
     stack_.resize(from);
     push(make(t_tuple, (start << 24) | n));
   }
   void push_seq(tag t) {
     charge(1);
-    seqs_.emplace_back();
+    if (seqs_.size() == seqs_.capacity()) no();
+    seqs_.push_back(seq_rec{});
     push(make(t, seqs_.size() - 1));
   }
   // Appends stack_[from..] to a list or dict record.
@@ -233,8 +239,8 @@ class stream_decoder {
         uint64_t(segs_[r.tail].len) + n < UINT32_MAX) {
       segs_[r.tail].len += uint32_t(n);
     } else {
-      if (segs_.size() >= UINT32_MAX - 1 || n >= UINT32_MAX) no();
-      segs_.push_back({elems_.size(), uint32_t(n)});
+      if (segs_.size() >= std::min<size_t>(UINT32_MAX - 1, segs_.capacity()) || n >= UINT32_MAX) no();
+      segs_.push_back({elems_.size(), uint32_t(n), UINT32_MAX});
       const uint32_t s = uint32_t(segs_.size() - 1);
       if (r.tail == UINT32_MAX)
         r.head = s;
@@ -242,7 +248,8 @@ class stream_decoder {
         segs_[r.tail].next = s;
       r.tail = s;
     }
-    elems_.insert(elems_.end(), stack_.begin() + long(from), stack_.end());
+    if (n > elems_.capacity() - elems_.size()) no();
+    elems_.append(stack_.data() + from, n);
     r.count += n;
   }
   void make_global(std::string_view module, std::string_view name) {
@@ -283,15 +290,16 @@ class stream_decoder {
   slot make_object(slot callable, slot args, uint64_t offset) {
     if (tag_of(args) != t_tuple || tag_of(callable) != t_global) no();
     charge(6);
+    if (objs_.size() == objs_.capacity()) no();
     const uint32_t g = uint32_t(payload(callable));
-    objs_.push_back({offset, args, make(t_absent, 0), g, globals_[g].c});
+    objs_.push_back({offset, args, make(t_absent, 0), g, globals_[g].c, false});
     return make(t_object, objs_.size() - 1);
   }
   void memo_put(uint64_t key) {
     const slot v = top();
     if (key >= memo_.size()) {
-      if (key > 2 * memo_count_ + 4096) no();  // a sparse key: the tree machine's business
-      memo_.resize(std::max<size_t>(size_t(key) + 1, memo_.size() * 2), make(t_absent, 0));
+      if (key > 2 * memo_count_ + 4096 || key >= memo_.capacity()) no();  // sparse: the tree machine's business
+      memo_.resize(size_t(key) + 1);  // room never written is zero: t_absent
     }
     if (tag_of(memo_[key]) == t_absent) {
       if (memo_count_ >= lim_.max_memo) no();
@@ -559,12 +567,12 @@ class stream_decoder {
 
   std::vector<slot> stack_;
   std::vector<size_t> marks_;
-  std::vector<slot> memo_;
+  ckpt::detail::scratch_array<slot> memo_;
   uint64_t memo_count_ = 0;
-  std::vector<slot> elems_;
-  std::vector<segment> segs_;
-  std::vector<seq_rec> seqs_;
-  std::vector<object_rec> objs_;
+  ckpt::detail::scratch_array<slot> elems_;
+  ckpt::detail::scratch_array<segment> segs_;
+  ckpt::detail::scratch_array<seq_rec> seqs_;
+  ckpt::detail::scratch_array<object_rec> objs_;
   std::vector<global_rec> globals_;
 };
 
@@ -724,10 +732,7 @@ void stream_decoder::entries(slot root, metadata& md) {
 
 void stream_decoder::run(metadata* out) {
   if (size_ > lim_.max_pickle_bytes || size_ >= (uint64_t(1) << 36) || lim_.max_depth < kSchemaDepth) no();
-  // The pickler memoizes nearly every value: about one memo entry per 7 bytes of input,
-  // and as many elements.
-  memo_.reserve(size_ / 6 + 16);
-  elems_.reserve(size_ / 4 + 16);
+  if (!memo_.ok() || !elems_.ok() || !segs_.ok() || !seqs_.ok() || !objs_.ok()) no();
   stack_.reserve(256);
   while (!stopped_) {
     if (in_frame_ && pos_ == limit_) {
