@@ -422,8 +422,7 @@ metadata decode_metadata(const byte_source& src, const decode_options& options) 
     if (src.size() > options.lim.max_pickle_bytes)
       throw_limit("the .metadata pickle is " + std::to_string(src.size()) +
                   " bytes, over the pickle size limit (raise with --max-pickle-bytes)");
-    // Not zeroed first (a vector would be): 17 MB of memset for a DCP of 80,000 chunks. In
-    // huge pages where the kernel has them: 4,000 page faults fewer for such a file.
+    // Not zeroed first (a vector would be): 17 MB of memset for a DCP of 80,000 chunks.
     const size_t n = size_t(src.size());
     ckpt::detail::scratch_array<uint8_t> mapped(n);
     std::unique_ptr<uint8_t[]> bytes;
