@@ -1,5 +1,5 @@
 // Internal: a growable array of trivially copyable values for scratch data that reaches
-// tens of MB (the one-pass .metadata decoder's memo and records, the bytes it decodes).
+// tens of MB (the one-pass .metadata decoder's memo and records).
 // Large, its room is one anonymous mapping reserved at its largest size up front: address
 // space only, faulted in as it is written, never moved, copied or cleared twice (a vector
 // doubling to 30 MB copies and faults in about twice that). Small, it is one calloc. Room

@@ -10,7 +10,6 @@
 #include <string_view>
 #include <vector>
 
-#include "base/scratch_array.h"
 #include "ckpt/dcp.h"
 #include "ckpt/error.h"
 #include "ckpt/file_opener.h"
@@ -424,11 +423,9 @@ metadata decode_metadata(const byte_source& src, const decode_options& options) 
                   " bytes, over the pickle size limit (raise with --max-pickle-bytes)");
     // Not zeroed first (a vector would be): 17 MB of memset for a DCP of 80,000 chunks.
     const size_t n = size_t(src.size());
-    ckpt::detail::scratch_array<uint8_t> mapped(n);
-    std::unique_ptr<uint8_t[]> bytes;
-    uint8_t* room = mapped.ok() ? mapped.data() : (bytes.reset(new uint8_t[n ? n : 1]), bytes.get());
-    src.read_exact(0, room, n);
-    return decode_metadata(room, n, options);
+    std::unique_ptr<uint8_t[]> bytes(new uint8_t[n ? n : 1]);
+    src.read_exact(0, bytes.get(), n);
+    return decode_metadata(bytes.get(), n, options);
   } catch (error& e) {
     e.with_file(src.name());
     throw;
