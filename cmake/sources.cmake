@@ -49,6 +49,7 @@ set(CKPT_CORE_SOURCES
   ${CKPT_ROOT}/src/formats/dcp_sharding_info.cpp
   ${CKPT_ROOT}/src/formats/dcp_rank_local.cpp
   ${CKPT_ROOT}/src/formats/dcp_metadata.cpp
+  ${CKPT_ROOT}/src/formats/dcp_metadata_stream.cpp
   ${CKPT_ROOT}/src/formats/dcp_storage_index.cpp
   ${CKPT_ROOT}/src/formats/dcp_transforms.cpp
   ${CKPT_ROOT}/src/formats/dcp_vocabulary.cpp
@@ -220,6 +221,8 @@ set(CKPT_SHARED_HEADERS
   ${CKPT_ROOT}/src/convert/tensor_bytes.h
   ${CKPT_ROOT}/src/formats/aoti_package.h
   ${CKPT_ROOT}/src/formats/dcp_transforms.h
+  ${CKPT_ROOT}/src/formats/dcp_metadata_decoders.h
+  ${CKPT_ROOT}/src/base/scratch_array.h
   ${CKPT_ROOT}/src/formats/dcp_sharding_info.h
   ${CKPT_ROOT}/src/formats/format_detect.h
   ${CKPT_ROOT}/src/formats/legacy_reader.h

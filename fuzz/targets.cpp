@@ -45,6 +45,8 @@
 #include "formats/hf_index.h"        // hf_index
 #include "base/json_subset_sax.h"     // hf_index
 #include "sax_log.h"                  // hf_index: the quick reader against nlohmann
+#include "dcp_metadata_text.h"        // dcp_metadata: the one-pass decoder against the tree
+#include "formats/dcp_metadata_decoders.h"
 #include "formats/pt2_program.h"     // pt2_json
 #include "model/assembly.h"          // dcp_sets: detail::plan_assembly, as materialize runs it
 
@@ -958,12 +960,20 @@ bool tiles_exactly(const dcp::tensor_meta& t, std::string* why) {
 int dcp_metadata_target(const uint8_t* data, size_t size) {
   static const char* const T = "fuzz_dcp_metadata";
   dcp::metadata md;
+  // The one-pass decoder may decline anything; what it takes, the tree decoder (the
+  // reference) must take too, with the same result (docs/formats.md §9.11).
+  dcp::metadata fast;
+  const bool taken = dcp::detail::decode_metadata_stream(data, size, {}, &fast);
   try {
-    md = dcp::decode_metadata(data, size);
+    md = dcp::detail::decode_metadata_tree(data, size, {});
   } catch (const error& swallowed) {
+    if (taken) fail(T, "the one-pass decoder took a .metadata the tree decoder refuses: " + swallowed.one_line());
     note(__func__, swallowed);
     return 0;
   }
+  if (taken && fuzz::dcp_metadata_text(fast) != fuzz::dcp_metadata_text(md))
+    fail(T, "the one-pass decoder and the tree decoder disagree:\n" + clip(fuzz::dcp_metadata_text(fast), 2000) +
+                "\n---\n" + clip(fuzz::dcp_metadata_text(md), 2000));
   stats().parsed++;
   for (const auto& g : md.globals) {
     std::string_view n = g;

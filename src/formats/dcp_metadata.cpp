@@ -13,6 +13,7 @@
 #include "ckpt/dcp.h"
 #include "ckpt/error.h"
 #include "ckpt/file_opener.h"
+#include "formats/dcp_metadata_decoders.h"
 #include "pickle/pickle_accessors.h"
 
 namespace ckpt::dcp {
@@ -20,7 +21,7 @@ namespace {
 
 using pickle::kind;
 using pickle::value;
-using detail::bad;
+using ckpt::detail::bad;
 
 constexpr std::string_view kMetadataModule = "torch.distributed.checkpoint.metadata";
 constexpr std::string_view kFilesystemModule = "torch.distributed.checkpoint.filesystem";
@@ -92,7 +93,7 @@ const value* state_dict(const value* obj, const where& what) {
 
 // A field of a dataclass state dict, or nullptr when absent. Later writes of the same key
 // replace earlier ones in the pickle machine's dicts, as in Python's.
-const value* field(const value* state, std::string_view name) { return detail::str_key(state, name); }
+const value* field(const value* state, std::string_view name) { return ckpt::detail::str_key(state, name); }
 
 const value* required(const value* state, std::string_view name, const where& what) {
   const value* v = field(state, name);
@@ -344,7 +345,9 @@ std::string join(const std::vector<std::string>& v) {
 
 }  // namespace
 
-metadata decode_metadata(const uint8_t* data, size_t size, const decode_options& options) {
+namespace detail {
+
+metadata decode_metadata_tree(const uint8_t* data, size_t size, const decode_options& options) {
   pickle::parse_options po;
   po.lim = options.lim;
   std::vector<std::string> seen;
@@ -401,6 +404,16 @@ metadata decode_metadata(const uint8_t* data, size_t size, const decode_options&
   md.writer_meta = decode_storage_meta(field(s, "storage_meta"));
   md.version = as_optional_string(field(s, "version"), "Metadata.version");
   return md;
+}
+
+}  // namespace detail
+
+// The one-pass decoder takes what PyTorch writes; anything else, and every error, is the
+// tree decoder's (docs/formats.md §9.11).
+metadata decode_metadata(const uint8_t* data, size_t size, const decode_options& options) {
+  metadata md;
+  if (detail::decode_metadata_stream(data, size, options, &md)) return md;
+  return detail::decode_metadata_tree(data, size, options);
 }
 
 metadata decode_metadata(const byte_source& src, const decode_options& options) {
