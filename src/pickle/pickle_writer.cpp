@@ -354,8 +354,17 @@ class writer {
   }
 
   void save_global(std::string_view module_name, std::string_view attr) {
+    for (const recent_global& r : recent_globals_)
+      if (r.used && r.attr == attr && r.module == module_name) return get(r.idx);
     std::string key = std::string(module_name) + '\n' + std::string(attr);
-    if (auto it = named_memo_.find(key); it != named_memo_.end()) return get(it->second);
+    if (auto it = named_memo_.find(key); it != named_memo_.end()) {
+      recent_global& r = recent_globals_[next_recent_++ % kRecentGlobals];
+      r.module = module_name;
+      r.attr = attr;
+      r.idx = it->second;
+      r.used = true;
+      return get(it->second);
+    }
     if (attr.find('.') == std::string_view::npos) return save_plain_global(module_name, attr, key);
     // Below protocol 4 a nested name a.b.c is spelled getattr(getattr(a, 'b'), 'c').
     // CPython recurses through the parents; this emits the same bytes in a loop: one
@@ -625,6 +634,17 @@ class writer {
   // of rewriting a pickle of a million tensors (rekey: 36 -> 19 CPU s).
   node_table<uint32_t, UINT32_MAX> memo_;
   std::unordered_map<std::string, uint32_t> named_memo_;  // globals and constants by name
+  // Globals found in named_memo_ lately, found again without making their key: each
+  // tensor's backward hooks (an OrderedDict) name collections.OrderedDict, a key made and
+  // hashed a million times for a million tensors. A name's memo index never changes.
+  static constexpr size_t kRecentGlobals = 4;
+  struct recent_global {
+    std::string module, attr;
+    uint32_t idx = 0;
+    bool used = false;
+  };
+  recent_global recent_globals_[kRecentGlobals];
+  size_t next_recent_ = 0;
   node_table<uint8_t, 0> refs_;
   const document* doc_;
   size_t expected_;
