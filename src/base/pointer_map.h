@@ -40,6 +40,12 @@ class pointer_map {
       put(key, value);
   }
   size_t size() const { return size_; }
+  /// Calls f(key, value) for every entry, in no particular order.
+  template <class F>
+  void for_each(F&& f) const {
+    for (const slot& s : slots_)
+      if (s.key) f(s.key, s.value);
+  }
 
  private:
   struct slot {

@@ -6,6 +6,7 @@
 #include <pthread.h>
 
 #include <exception>
+#include <memory>
 
 #include <algorithm>
 #include <cstring>
@@ -29,25 +30,6 @@ constexpr int kMaxDepth = 10000;
 // cost memory.
 constexpr size_t kWriterStackBytes = size_t(512) << 20;
 constexpr size_t kMaxNameLinks = 100;  // dots in one global's qualified name
-
-// Kinds CPython never memoizes (immutable; identity does not matter to Python code). A
-// node of these kinds gets a memo slot only when the tree shares it, so sharing that a
-// hand-made pickle expressed survives, and CPython's own output is reproduced exactly.
-bool memo_only_if_shared(const value* v) {
-  switch (v->type) {
-    case kind::none:
-    case kind::boolean:
-    case kind::integer:
-    case kind::big_integer:
-    case kind::floating:
-    case kind::persistent_id:
-      return true;
-    case kind::tuple:
-      return v->items.empty();
-    default:
-      return false;
-  }
-}
 
 // Values CPython shares by itself (None, True, False, the small-int cache, the empty tuple):
 // the reader keeps one node for each, and CPython never memoizes them, so neither does the
@@ -95,6 +77,36 @@ class node_table {
   const document* doc_;
   std::vector<V> dense_;
   ckpt::detail::pointer_map<V> sparse_;
+};
+
+// The memo index of each node written that can be met again. A node is written again only
+// when a shared node (two places refer to it, or a cycle returns to it) is met while its
+// first writing is still open: a tuple's elements and a reduce call's arguments come before
+// its memo slot. So a node needs its index kept when it is shared or is written while a
+// shared node is open; for most trees that is few nodes, kept in a pointer_map (an array
+// of every node's index was 4 bytes a node, 36 MB at rekey's peak for a million tensors).
+// Past one node in 16, the entries move to such an array, which then costs no more.
+class memo_table {
+ public:
+  explicit memo_table(const document* doc) : doc_(doc) {}
+  const uint32_t* find(const value* v) const {
+    if (dense_) return dense_->find(v);
+    return sparse_.find(v);
+  }
+  void set(const value* v, uint32_t idx) {
+    if (dense_) return dense_->set(v, idx);
+    sparse_.assign(v, idx);
+    if (doc_ && sparse_.size() > doc_->node_count() / 16 + 4096) {
+      dense_ = std::make_unique<node_table<uint32_t, UINT32_MAX>>(doc_);
+      sparse_.for_each([this](const void* k, uint32_t i) { dense_->set(static_cast<const value*>(k), i); });
+      sparse_ = ckpt::detail::pointer_map<uint32_t>();
+    }
+  }
+
+ private:
+  const document* doc_;
+  ckpt::detail::pointer_map<uint32_t> sparse_;
+  std::unique_ptr<node_table<uint32_t, UINT32_MAX>> dense_;
 };
 
 class writer {
@@ -174,10 +186,12 @@ class writer {
     put_memo_index(idx);
     return idx;
   }
-  void memoize(const value* v) { memo_.set(v, memoize_fresh()); }
-  const uint32_t* memo_of(const value* v) const {
-    return memo_.find(v);
+  // Only a node that can be met again needs its index kept (see memo_table).
+  void memoize(const value* v) {
+    const uint32_t idx = memoize_fresh();
+    if (open_shared_ > 0 || shared(v)) memo_.set(v, idx);
   }
+  const uint32_t* memo_of(const value* v) const { return memo_.find(v); }
   // save_reduce's ending: the object may already be in the memo if saving its arguments
   // reached it through a cycle; then the fresh copy is dropped for the memoized one.
   void finish_reduce(const value* v) {
@@ -194,9 +208,8 @@ class writer {
     // own depth guard.
     // Depth first, a frame per level holding where its children are (its items, then its
     // state): a stack of every pending child was 30 MB at rekey's peak for a dict of a
-    // million tensors. Counting does not depend on the order.
-    node_table<uint8_t, 0> seen(doc_);
-    seen.set(root, 1);
+    // million tensors. Counting does not depend on the order. Every node is counted (a node
+    // counted is one seen), for memo_of as well as for the immutable kinds' memo slots.
     struct frame {
       const value* node;
       size_t next;  // items[next], or the state when next == items.size()
@@ -213,11 +226,9 @@ class writer {
       const value* child = f.next < n ? f.node->items[f.next] : f.node->state;
       ++f.next;
       if (!child) continue;
-      if (memo_only_if_shared(child)) bump(child);
-      if (!seen.find(child)) {
-        seen.set(child, 1);
-        todo.push_back({child, 0});
-      }
+      const bool first = !refs_.find(child);
+      bump(child);
+      if (first) todo.push_back({child, 0});
     }
   }
   void bump(const value* v) {
@@ -233,6 +244,15 @@ class writer {
   }
 
   // --- values ------------------------------------------------------------------------
+  struct open_guard {
+    explicit open_guard(int* n) : n(n) {
+      if (n) ++*n;
+    }
+    ~open_guard() {
+      if (n) --*n;
+    }
+    int* n;
+  };
   struct depth_guard {
     explicit depth_guard(int* d) : depth(d) {
       if (++*depth > kMaxDepth)
@@ -247,6 +267,7 @@ class writer {
     if (!v) throw_unsupported("cannot write a missing value (null node)");
     depth_guard guard(&depth_);
     if (const uint32_t* idx = memo_of(v)) return get(*idx);
+    const open_guard open(shared(v) ? &open_shared_ : nullptr);
     switch (v->type) {
       case kind::none:
         put(op::NONE);
@@ -298,6 +319,9 @@ class writer {
         put(op::BINPERSID);
         break;
     }
+    // Kinds CPython never memoizes (immutable; identity does not matter to Python code) get
+    // a memo slot only when the tree shares them, so sharing that a hand-made pickle
+    // expressed survives, and CPython's own output is reproduced exactly.
     if (shared(v) && !never_memoized(v)) memoize(v);
   }
 
@@ -354,8 +378,17 @@ class writer {
   }
 
   void save_global(std::string_view module_name, std::string_view attr) {
+    for (const recent_global& r : recent_globals_)
+      if (r.used && r.attr == attr && r.module == module_name) return get(r.idx);
     std::string key = std::string(module_name) + '\n' + std::string(attr);
-    if (auto it = named_memo_.find(key); it != named_memo_.end()) return get(it->second);
+    if (auto it = named_memo_.find(key); it != named_memo_.end()) {
+      recent_global& r = recent_globals_[next_recent_++ % kRecentGlobals];
+      r.module = module_name;
+      r.attr = attr;
+      r.idx = it->second;
+      r.used = true;
+      return get(it->second);
+    }
     if (attr.find('.') == std::string_view::npos) return save_plain_global(module_name, attr, key);
     // Below protocol 4 a nested name a.b.c is spelled getattr(getattr(a, 'b'), 'c').
     // CPython recurses through the parents; this emits the same bytes in a loop: one
@@ -621,10 +654,23 @@ class writer {
   }
 
   std::vector<uint8_t> out_;
-  // Pointer-keyed maps in one array each: node-allocating hash maps were most of the time
-  // of rewriting a pickle of a million tensors (rekey: 36 -> 19 CPU s).
-  node_table<uint32_t, UINT32_MAX> memo_;
+  // Pointer-keyed maps without a node per entry: node-allocating hash maps were most of the
+  // time of rewriting a pickle of a million tensors (rekey: 36 -> 19 CPU s). The memo holds
+  // shared nodes only (see memoize), few enough for a pointer_map; the counts are one array.
+  memo_table memo_;
+  int open_shared_ = 0;  // shared nodes being written (see memo_table)
   std::unordered_map<std::string, uint32_t> named_memo_;  // globals and constants by name
+  // Globals found in named_memo_ lately, found again without making their key: each
+  // tensor's backward hooks (an OrderedDict) name collections.OrderedDict, a key made and
+  // hashed a million times for a million tensors. A name's memo index never changes.
+  static constexpr size_t kRecentGlobals = 4;
+  struct recent_global {
+    std::string module, attr;
+    uint32_t idx = 0;
+    bool used = false;
+  };
+  recent_global recent_globals_[kRecentGlobals];
+  size_t next_recent_ = 0;
   node_table<uint8_t, 0> refs_;
   const document* doc_;
   size_t expected_;

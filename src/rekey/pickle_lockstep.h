@@ -1,5 +1,6 @@
 // Internal: tells that a pickle is another one with only some str operands changed, by
-// walking both opcode by opcode, without decoding either (docs/formats.md §3.1.1).
+// walking the old one's opcodes and comparing the bytes between the changed ones, without
+// decoding either (docs/formats.md §3.1.1).
 #pragma once
 
 #include <cstddef>

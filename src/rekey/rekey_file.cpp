@@ -419,7 +419,8 @@ struct made_pickle {
 void verify_torch_output(const std::string& temp, checkpoint& in, const made_pickle& pkl, const rekey_plan& plan,
                          const rekey_request& req, in_place_log* log) {
   file_source src(temp);
-  auto ar = zip::archive::open(src, req.reader.zip_limits);
+  // The names are the input's, checked one by one here: no second index of them.
+  auto ar = zip::archive::open_like(src, *only_file(in).zip, req.reader.zip_limits);
   {
     const auto& before = only_file(in).zip->entries();
     const auto& after = ar->entries();

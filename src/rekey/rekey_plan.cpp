@@ -115,14 +115,18 @@ rekey_plan plan_rekey(std::vector<std::string> keys, const std::vector<key_op>& 
   std::vector<bool> touched(ops.size(), false);
   plan.mapping.reserve(keys.size());
   for (std::string& key : keys) {
-    std::string current = key;
+    // The key itself until an operation changes it: no copy of a key first.
+    std::string current;
+    const std::string* now = &key;
     for (size_t o = 0; o < ops.size(); ++o) {
-      std::string next = apply_op(ops[o], current);
-      if (next != current) {
+      std::string next = apply_op(ops[o], *now);
+      if (next != *now) {
         touched[o] = true;
         current = std::move(next);
+        now = &current;
       }
     }
+    if (now == &key) current = key;
     if (key != current) plan.changed++;
     if (current.empty() && !key.empty()) plan.emptied.push_back(key);
     plan.mapping.emplace_back(std::move(key), std::move(current));

@@ -292,12 +292,15 @@ void inflate_entry(const byte_source& src, const entry& e, uint8_t* out, size_t 
 
 class archive_parser {
  public:
-  archive_parser(archive& a, const byte_source& src) : a_(a), src_(src) {}
+  archive_parser(archive& a, const byte_source& src, const archive* like = nullptr) : a_(a), src_(src), like_(like) {}
 
   void run() {
     end_info end = read_end();
     read_central_directory(end);
-    check_duplicates();
+    if (like_)
+      check_same_names();
+    else
+      check_duplicates();
     // Layout before naming policy, so a structural lie is reported as such even in an
     // archive that is not a torch archive at all.
     read_local_headers(end);
@@ -571,6 +574,21 @@ class archive_parser {
     if (copies.empty()) a_.by_record_ = std::move(index);
   }
 
+  // open_like: the names of an archive whose names were checked, one by one in its order.
+  void check_same_names() {
+    const auto& entries = a_.entries_;
+    const auto& like = like_->entries_;
+    if (entries.size() != like.size())
+      corrupt("archive has " + std::to_string(entries.size()) + " entries, the archive it repeats " +
+                  std::to_string(like.size()),
+              info_.empty() ? 0 : info_[0].central_offset);
+    for (size_t i = 0; i < entries.size(); ++i)
+      if (entries[i].name != like[i].name)
+        corrupt("entry " + std::to_string(i) + " is named " + quote(entries[i].name) + ", in the archive it repeats " +
+                    quote(like[i].name),
+                info_[i].central_offset);
+  }
+
   void assign_prefix() {
     auto& entries = a_.entries_;
     const std::string_view first = entries[0].name;
@@ -580,7 +598,7 @@ class archive_parser {
               info_[0].central_offset);
     a_.prefix_ = std::string(first.substr(0, slash));
     const std::string lead = a_.prefix_ + "/";
-    const bool index_here = !a_.by_record_;
+    const bool index_here = !a_.by_record_ && !like_;
     if (index_here) a_.by_record_ = std::make_unique<detail::string_index>(entries.size());
     for (size_t i = 0; i < entries.size(); ++i) {
       entry& e = entries[i];
@@ -905,6 +923,7 @@ class archive_parser {
 
   archive& a_;
   const byte_source& src_;
+  const archive* like_;  // open_like's model, or null
   std::vector<central_extra> info_;
   std::vector<size_t> order_;  // entries by local header offset (read_local_headers)
   std::vector<uint8_t> tail_;
@@ -923,11 +942,26 @@ std::unique_ptr<archive> archive::open(const byte_source& src, const open_option
   return a;
 }
 
+std::unique_ptr<archive> archive::open_like(const byte_source& src, const archive& like, const open_options& options) {
+  std::unique_ptr<archive> a(new archive(src, options));
+  try {
+    archive_parser(*a, src, &like).run();
+  } catch (error& e) {
+    src.locate(e);
+    throw;
+  }
+  return a;
+}
+
 archive::archive(const byte_source& src, open_options options) : src_(src), options_(options) {}
 archive::~archive() = default;
 
 const entry* archive::find(std::string_view record) const {
-  if (!by_record_) return nullptr;
+  if (!by_record_) {
+    for (const entry& e : entries_)
+      if (e.record == record) return &e;
+    return nullptr;
+  }
   // The index is by full name (see check_duplicates): "prefix/record", built on the stack
   // for the usual short names.
   char small[256];

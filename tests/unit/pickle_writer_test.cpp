@@ -232,6 +232,34 @@ TEST_CASE("pickle_writer: cycles terminate and survive") {
   CHECK(od.root->state->dict_value(0) == od.root);
 }
 
+TEST_CASE("pickle_writer: the memo keeps only the nodes it can meet again, in a map or an array") {
+  // A shared tuple is open while its elements are written (its memo slot comes after
+  // them): a list inside it, referred to once, is met again when the cycle returns to the
+  // tuple. Enough of them turn the memo's map into an array over the document's nodes.
+  for (int lists : {3, 20000}) {
+    CAPTURE(lists);
+    tree t;
+    value* root = t.list();
+    std::vector<value*> elements;
+    for (int i = 0; i < lists; ++i) elements.push_back(t.list({t.str("s" + std::to_string(i % 7))}));
+    value* tup = t.tuple(elements);
+    elements[0]->items.push_back(tup);  // the cycle back to the open tuple
+    root->items = {tup, tup};
+    // The same bytes with the document's node numbers (array) as without (map only).
+    const std::vector<uint8_t> with_doc = write(root, 2, &t.doc);
+    CHECK(with_doc == write(root, 2));
+    document back = parse_bytes(with_doc);
+    REQUIRE(back.root->items.size() == 2);
+    CHECK(back.root->items[0] == back.root->items[1]);
+    const value* tup_back = back.root->items[0];
+    REQUIRE(tup_back->items.size() == size_t(lists));
+    CHECK(tup_back->items[0]->items[1] == tup_back);
+    CHECK(tup_back->items[size_t(lists) - 1]->items[0]->text == "s" + std::to_string((lists - 1) % 7));
+    // Written again from what was read, the stream is the same.
+    CHECK(write(back.root, 2, &back) == with_doc);
+  }
+}
+
 TEST_CASE("pickle_writer: objects, globals and the spellings protocol 2 lacks") {
   tree t;
   value* kw = t.make(kind::dict);

@@ -237,6 +237,57 @@ TEST_CASE("Z5 duplicate names") {
   }
 }
 
+TEST_CASE("open_like: the names of the archive it repeats, in its order, instead of the duplicate check") {
+  built model = build({{"a/x", {1}}, {"a/y", {2}}, {"a/z", {3}}});
+  ckpt::memory_source model_src(model.bytes);
+  auto like = ckpt::zip::archive::open(model_src);
+  auto open_like = [&](const built& b) {
+    ckpt::memory_source src(b.bytes);
+    outcome o;
+    try {
+      auto a = ckpt::zip::archive::open_like(src, *like);
+      o.ok = true;
+      // No index: find scans, with the same answers.
+      for (const auto& e : a->entries()) CHECK(a->find(e.record) == &e);
+      CHECK(a->find("w") == nullptr);
+      CHECK(a->find("a/x") == nullptr);
+    } catch (const ckpt::error& e) {
+      o.kind = e.kind();
+      o.message = e.message();
+      o.offset = e.offset();
+    }
+    return o;
+  };
+  SUBCASE("twin: the same names, other contents") {
+    outcome o = open_like(build({{"a/x", {7, 7}}, {"a/y", {}}, {"a/z", {9}}}));
+    CHECK_MESSAGE(o.ok, o.message);
+  }
+  SUBCASE("a name repeated where the model has another") {
+    built b = build({{"a/x", {1}}, {"a/y", {2}}, {"a/y", {3}}});
+    outcome o = open_like(b);
+    REQUIRE_FALSE(o.ok);
+    CHECK(o.kind == errc::corrupt);
+    CHECK_MESSAGE(o.message.find("entry 2 is named 'a/y', in the archive it repeats 'a/z'") != std::string::npos,
+                  o.message);
+    CHECK(o.offset == b.at.central[2]);
+  }
+  SUBCASE("the same names in another order") {
+    outcome o = open_like(build({{"a/y", {2}}, {"a/x", {1}}, {"a/z", {3}}}));
+    REQUIRE_FALSE(o.ok);
+    CHECK_MESSAGE(o.message.find("entry 0 is named 'a/y'") != std::string::npos, o.message);
+  }
+  SUBCASE("a name less or more") {
+    outcome fewer = open_like(build({{"a/x", {1}}, {"a/y", {2}}}));
+    CHECK_FALSE(fewer.ok);
+    CHECK_MESSAGE(fewer.message.find("archive has 2 entries, the archive it repeats 3") != std::string::npos,
+                  fewer.message);
+    CHECK_FALSE(open_like(build({{"a/x", {1}}, {"a/y", {2}}, {"a/z", {3}}, {"a/w", {4}}})).ok);
+  }
+  SUBCASE("names differing only in case") {
+    CHECK_FALSE(open_like(build({{"a/x", {1}}, {"a/Y", {2}}, {"a/z", {3}}})).ok);
+  }
+}
+
 TEST_CASE("Z5 single top-level folder") {
   SUBCASE("two roots") {
     expect_error(build({{"a/data.pkl", {1}}, {"b/data.pkl", {2}}}).bytes, errc::corrupt,
