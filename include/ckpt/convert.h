@@ -22,6 +22,7 @@
 #include "ckpt/output_dir.h"
 #include "ckpt/output_set.h"
 #include "ckpt/rekey.h"
+#include "ckpt/slice.h"
 
 namespace ckpt {
 
@@ -53,6 +54,10 @@ struct convert_request {
   /// dcp only: the ranks the output is laid out for (each tensor split in row bands as
   /// DTensor's Shard(0) splits it over that many ranks; formats.md §9.9).
   uint32_t ranks = 1;
+  /// dcp only: each key's DTensor placement over those ranks, the first matching rule's
+  /// (Shard(d), Replicate(); Range is refused with errc::usage); a key no rule matches
+  /// keeps the default above. Its rank and world are not used. nullopt: the default for all.
+  std::optional<slice_selection> placements;
   /// Bytes of tensor data written so far and the total. Called often; keep it cheap.
   std::function<void(uint64_t done, uint64_t total)> progress;
 };
