@@ -166,11 +166,11 @@ int run_convert(const convert_options& o) {
   if (!to_set && o.force)
     throw ckpt::error(ckpt::errc::usage, "--force applies to --to hf and --to dcp (an output directory) only; convert "
                                          "never replaces its input");
-  // Only a shard set's files are divided among ranks; one file is one process's work, and
+  // Only a set's files are divided among ranks; one file is one process's work, and
   // running it on every rank would only race.
-  if (parallel && req.to != ckpt::convert_target::hf)
-    throw ckpt::error(ckpt::errc::usage, "under torchrun only --to hf is divided among ranks; --to " + o.to +
-                                             " is written by one process: run it without a launcher");
+  if (parallel && !to_set)
+    throw ckpt::error(ckpt::errc::usage, "under torchrun only --to hf and --to dcp are divided among ranks; --to " +
+                                             o.to + " is written by one process: run it without a launcher");
 
   // Everything read and everything written, declared before anything is read or written.
   ckpt::output_set set;
@@ -222,7 +222,9 @@ int run_convert(const convert_options& o) {
   ckpt::convert_result r;
   if (parallel) {
     install_test_kill(req, group->rank());
-    r = ckpt::write_converted_hf_set(*group, c, plan, dir.get(), files, req, [&set] { set.check_inputs_unchanged(); });
+    const auto check = [&set] { set.check_inputs_unchanged(); };
+    r = to_dcp ? ckpt::write_converted_dcp(*group, c, plan, dir.get(), files, req, check)
+               : ckpt::write_converted_hf_set(*group, c, plan, dir.get(), files, req, check);
     if (!rank0) return 0;
     report(o, req, plan, r, *text);
     return 0;
