@@ -53,11 +53,9 @@ dcp_layout lay_out(const convert_plan& plan, uint32_t ranks, const slice_selecti
   for (size_t i = 0; i < plan.tensors.size(); ++i) {
     const convert_tensor& t = plan.tensors[i];
     const placement p = placement_of(t, placements);
-    const uint64_t es = t.shape.empty() || t.nbytes == 0 ? 0 : t.nbytes / [&] {
-      uint64_t n = 1;
-      for (int64_t d : t.shape) n *= uint64_t(d);
-      return n;
-    }();
+    uint64_t numel_all = 1;
+    for (int64_t d : t.shape) numel_all *= uint64_t(d);
+    const uint64_t es = numel_all ? t.nbytes / numel_all : 0;  // bytes per element, as written
     for (uint32_t r = 0; r < ranks; ++r) {
       const std::vector<dim_range> box = slice_box(p, t.shape, r, ranks, "key '" + t.name + "'");
       candidate c;
