@@ -67,7 +67,16 @@ dcp_layout lay_out(const convert_plan& plan, uint32_t ranks, const slice_selecti
         c.sizes.push_back(d.length);
         numel *= uint64_t(d.length);
       }
-      c.nbytes = t.shape.empty() ? t.nbytes : numel * es;
+      // A band of whole rows counts bytes per row, which holds for dtypes packing several
+      // elements in a byte too (those cannot be cut otherwise: gather_box refuses them).
+      bool rows_only = true;
+      for (size_t d = 1; d < box.size(); ++d) rows_only = rows_only && box[d].length == t.shape[d];
+      if (t.shape.empty())
+        c.nbytes = t.nbytes;
+      else if (rows_only)
+        c.nbytes = t.shape[0] ? t.nbytes / uint64_t(t.shape[0]) * uint64_t(box[0].length) : 0;
+      else
+        c.nbytes = numel * es;
       if (r > 0 && found.back().tensor == i && found.back().offsets == c.offsets) {
         found.back().last = r;
         continue;
