@@ -16,7 +16,9 @@
 #include "ckpt/output_dir.h"
 #include "ckpt/output_set.h"
 #include "ckpt/parallel_convert.h"
+#include "ckpt/input_file.h"
 #include "ckpt/report.h"
+#include "ckpt/slice.h"
 #include "common.h"
 #include "distributed.h"
 #include "formats/hf_shard_plan.h"
@@ -32,6 +34,7 @@ namespace {
 struct convert_options {
   std::string input, output, to, max_shard_size, state_dict, dtype;
   uint32_t ranks = 0;  // 0: not given
+  std::string plan;    // --plan: a JSON file or a preset name
   std::vector<std::string> select;
   bool drop_other = false, json = false, force = false;
   ckpt::open_options reader;
@@ -62,6 +65,19 @@ ckpt::convert_request make_request(const convert_options& o) {
   if (o.ranks) {
     if (req.to != ckpt::convert_target::dcp) throw ckpt::error(ckpt::errc::usage, "--ranks applies to --to dcp only");
     req.ranks = o.ranks;
+  }
+  if (!o.plan.empty()) {
+    if (req.to != ckpt::convert_target::dcp)
+      throw ckpt::error(ckpt::errc::usage, "--plan applies to --to dcp only (materialize --plan loads one rank's slices)");
+    // The placements of a 1-D mesh of req.ranks (formats.md §9.9); the rank is not used.
+    std::optional<ckpt::slice_selection> sel = ckpt::slice_preset(o.plan, 0, req.ranks);
+    if (!sel) sel = ckpt::parse_slice_plan(ckpt::read_text_input(o.plan), "--plan " + o.plan, 0, req.ranks);
+    for (const auto& [glob, p] : sel->rules)
+      if (p.type == ckpt::placement::kind::range)
+        throw ckpt::error(ckpt::errc::usage, "--plan " + o.plan + " '" + glob + "': " + ckpt::placement_text(p) +
+                                                 " is not a DTensor placement: --to dcp takes Shard(D) and "
+                                                 "Replicate() only");
+    req.placements = std::move(sel);
   }
   if (!o.max_shard_size.empty()) {
     if (req.to != ckpt::convert_target::hf)
@@ -100,7 +116,10 @@ void report(const convert_options& o, const ckpt::convert_request& req, const ck
     doc["input"] = o.input;
     doc["output"] = o.output;
     doc["to"] = o.to;
-    if (req.to == ckpt::convert_target::dcp) doc["ranks"] = req.ranks;
+    if (req.to == ckpt::convert_target::dcp) {
+      doc["ranks"] = req.ranks;
+      if (!o.plan.empty()) doc["plan"] = o.plan;
+    }
     nlohmann::json ops = nlohmann::json::array();
     for (const auto& op : req.ops) ops.push_back(op.describe());
     doc["operations"] = ops;
@@ -147,11 +166,11 @@ int run_convert(const convert_options& o) {
   if (!to_set && o.force)
     throw ckpt::error(ckpt::errc::usage, "--force applies to --to hf and --to dcp (an output directory) only; convert "
                                          "never replaces its input");
-  // Only a shard set's files are divided among ranks; one file is one process's work, and
+  // Only a set's files are divided among ranks; one file is one process's work, and
   // running it on every rank would only race.
-  if (parallel && req.to != ckpt::convert_target::hf)
-    throw ckpt::error(ckpt::errc::usage, "under torchrun only --to hf is divided among ranks; --to " + o.to +
-                                             " is written by one process: run it without a launcher");
+  if (parallel && !to_set)
+    throw ckpt::error(ckpt::errc::usage, "under torchrun only --to hf and --to dcp are divided among ranks; --to " +
+                                             o.to + " is written by one process: run it without a launcher");
 
   // Everything read and everything written, declared before anything is read or written.
   ckpt::output_set set;
@@ -203,7 +222,9 @@ int run_convert(const convert_options& o) {
   ckpt::convert_result r;
   if (parallel) {
     install_test_kill(req, group->rank());
-    r = ckpt::write_converted_hf_set(*group, c, plan, dir.get(), files, req, [&set] { set.check_inputs_unchanged(); });
+    const auto check = [&set] { set.check_inputs_unchanged(); };
+    r = to_dcp ? ckpt::write_converted_dcp(*group, c, plan, dir.get(), files, req, check)
+               : ckpt::write_converted_hf_set(*group, c, plan, dir.get(), files, req, check);
     if (!rank0) return 0;
     report(o, req, plan, r, *text);
     return 0;
@@ -265,6 +286,10 @@ verb setup_convert(CLI::App& app) {
                   "row bands as DTensor's Shard(0) (default 1)")
       ->type_name("K")
       ->check(CLI::Range(1u, 1u << 20));
+  cmd->add_option("--plan", o->plan,
+                  "--to dcp: each key's DTensor placement over the --ranks mesh, a JSON file {\"GLOB\": "
+                  "\"Shard(D)|Replicate()\"} (first match wins; unmatched keys get the default) or llama-tp")
+      ->check(non_empty_path());
   cmd->add_option("--dtype", o->dtype,
                   "Cast floating tensors to this floating dtype, rounding as torch's Tensor.to does (integers and "
                   "bool are kept)")

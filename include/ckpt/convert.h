@@ -22,6 +22,7 @@
 #include "ckpt/output_dir.h"
 #include "ckpt/output_set.h"
 #include "ckpt/rekey.h"
+#include "ckpt/slice.h"
 
 namespace ckpt {
 
@@ -50,9 +51,13 @@ struct convert_request {
   std::function<void(const void* src, dtype from, void* dst, dtype to, uint64_t count)> cast;
   /// hf only: the Hub's max_shard_size in bytes.
   uint64_t max_shard_size = 5'000'000'000ULL;
-  /// dcp only: the ranks the output is laid out for (each tensor split in row bands as
-  /// DTensor's Shard(0) splits it over that many ranks; formats.md §9.9).
+  /// dcp only: the ranks the output is laid out for (by default each tensor split in row
+  /// bands as DTensor's Shard(0) splits it over that many ranks; formats.md §9.9).
   uint32_t ranks = 1;
+  /// dcp only: each key's DTensor placement over those ranks, the first matching rule's
+  /// (Shard(d), Replicate(); Range is refused with errc::usage); a key no rule matches
+  /// keeps the default above. Its rank and world are not used. nullopt: the default for all.
+  std::optional<slice_selection> placements;
   /// Bytes of tensor data written so far and the total. Called often; keep it cheap.
   std::function<void(uint64_t done, uint64_t total)> progress;
 };
@@ -146,10 +151,12 @@ convert_result write_converted_hf_set(const checkpoint& c, const convert_plan& p
 std::vector<std::string> dcp_files(const convert_plan& plan, uint32_t ranks);
 
 /// Writes the DCP directory (formats.md §9.9) into `out`, which the caller opened with
-/// dcp_files' names and commits: each tensor cut in dim-0 bands over request.ranks ranks,
-/// each band a torch.save item of its rank's file, gathered band by band (never the whole
-/// tensor when it has several bands); `.metadata` last, decoded and checked again before
-/// it is written. Throws as write_converted_file.
+/// dcp_files' names and commits: each tensor cut over request.ranks ranks as its placement
+/// (request.placements, else Shard(0)) cuts it, each box kept once (on the rank DCP's
+/// deduplication picks) as a torch.save item of that rank's file, gathered box by box
+/// (never the whole tensor when it has several boxes; a column box as strided runs);
+/// `.metadata` last, decoded and checked again before it is written. Throws as
+/// write_converted_file, and errc::usage for a Range placement or a dimension a tensor lacks.
 convert_result write_converted_dcp(const checkpoint& c, const convert_plan& plan, output_dir& out,
                                    const convert_request& request);
 

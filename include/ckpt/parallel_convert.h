@@ -1,4 +1,4 @@
-// `convert --to hf` by several processes (docs/distributed.md): the shard set's files are
+// `convert --to hf` and `--to dcp` by several processes (docs/distributed.md): the shard set's files are
 // divided among the ranks of a process group, each written by one rank into one staging
 // directory that rank 0 creates, and rank 0 commits the set only once every rank reported
 // its files complete.
@@ -33,5 +33,14 @@ std::vector<int> assign_files(const std::vector<uint64_t>& bytes, int world);
 convert_result write_converted_hf_set(process_group& group, const checkpoint& c, const convert_plan& plan,
                                       output_dir* out, const std::vector<std::string>& files,
                                       const convert_request& request, const std::function<void()>& before_commit);
+
+/// write_converted_dcp and the commit, by every rank of `group`, as write_converted_hf_set
+/// above: the K rank files of the layout (request.ranks, request.placements) are divided by
+/// assign_files (bytes per file), each written by one rank; every rank reports where its
+/// items landed, and rank 0 writes `.metadata` from all of them and commits. The directory
+/// is byte for byte the single process's but for `.metadata`'s random save_id.
+convert_result write_converted_dcp(process_group& group, const checkpoint& c, const convert_plan& plan, output_dir* out,
+                                   const std::vector<std::string>& files, const convert_request& request,
+                                   const std::function<void()>& before_commit);
 
 }  // namespace ckpt

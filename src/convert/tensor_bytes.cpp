@@ -6,6 +6,7 @@
 
 #include "ckpt/error.h"
 #include "model/row_major.h"
+#include "model/slice_plan.h"
 
 namespace ckpt::detail {
 namespace {
@@ -136,6 +137,79 @@ tensor_buffer tensor_bytes::gather_rows(const convert_tensor& t, int64_t row0, i
   band.storage_offset += row0 * band.stride[0];
   band.shape[0] = rows;
   return cast(t, gather_view(band, uint64_t(rows) * row_bytes));
+}
+
+tensor_buffer tensor_bytes::gather_box(const convert_tensor& t, const std::vector<int64_t>& offsets,
+                                       const std::vector<int64_t>& sizes) const {
+  const uint64_t es = element_size(t.source_type);
+  if (elements_per_byte(t.source_type) != 1 || es == 0)
+    throw error(errc::unsupported, "tensor " + t.source_key + ": its dtype " + std::string(name(t.source_type)) +
+                                       " packs several elements in a byte and cannot be cut but in rows");
+  std::vector<dim_range> box;
+  uint64_t numel = 1;
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    box.push_back({offsets[d], sizes[d]});
+    numel *= uint64_t(sizes[d]);
+  }
+  tensor_buffer out = make_buffer(numel * es);
+  if (numel == 0) return cast(t, std::move(out));
+  // Pieces, each a row-major box of the tensor from a file offset: the DCP chunks, or the
+  // one record held whole.
+  struct piece {
+    std::vector<dim_range> box;
+    const byte_source* file;
+    uint64_t offset;
+  };
+  std::vector<piece> pieces;
+  if (t.assembled) {
+    for (size_t p = 0; p < c_.keys.piece_count(*t.assembled); ++p) {
+      const tensor_piece tp = c_.keys.piece(*t.assembled, p);
+      const tensor_record& r = c_.tensors[tp.tensor];
+      piece pc;
+      uint64_t n = 1;
+      for (size_t d = 0; d < t.shape.size(); ++d) {
+        pc.box.push_back({tp.offsets.empty() ? 0 : tp.offsets[d], r.shape[d]});
+        n *= uint64_t(r.shape[d]);
+      }
+      if (n == 0 || !r.storage) continue;
+      const storage_record& st = c_.storages[*r.storage];
+      if (!st.file_offset) throw error(errc::io, "a piece of '" + t.source_key + "' has no data (internal error)");
+      pc.file = c_.files[st.file].source.get();
+      pc.offset = *st.file_offset;
+      pieces.push_back(std::move(pc));
+    }
+  } else {
+    const tensor_record& r = c_.tensors[*t.record];
+    if (!is_row_major(r) || r.storage_offset < 0) {
+      // The box of a view is a view: the same strides, from the box's first element.
+      tensor_record v = r;
+      for (size_t d = 0; d < box.size(); ++d) {
+        v.storage_offset += box[d].start * r.stride[d];
+        v.shape[d] = box[d].length;
+      }
+      return cast(t, gather_view(v, out.nbytes));
+    }
+    const storage_record& st = c_.storages[*r.storage];
+    if (uint64_t(r.storage_offset) * es + t.source_nbytes > st.nbytes)
+      throw error(errc::corrupt, "tensor " + t.source_key + " reaches past its storage").with_file(c_.files[st.file].path);
+    piece pc;
+    for (int64_t n : t.shape) pc.box.push_back({0, n});
+    pc.file = c_.files[st.file].source.get();
+    pc.offset = *st.file_offset + uint64_t(r.storage_offset) * es;
+    pieces.push_back(std::move(pc));
+  }
+  uint64_t landed = 0;
+  for (const piece& pc : pieces) {
+    std::vector<slice_span> spans;
+    intersect_piece(box, pc.box, es, pc.offset, spans);
+    landed += span_bytes(spans);
+    read_spans(*pc.file, spans, out.bytes.get());
+  }
+  // Pieces cover their tensor exactly (plan_assembly checked them), so every box.
+  if (landed != out.nbytes)
+    throw error(errc::corrupt, "tensor " + t.source_key + ": its pieces hold " + std::to_string(landed) + " of the " +
+                                   std::to_string(out.nbytes) + " bytes of a chunk");
+  return cast(t, std::move(out));
 }
 
 tensor_buffer tensor_bytes::gather_view(const tensor_record& r, uint64_t nbytes) const {

@@ -67,6 +67,12 @@ class tensor_bytes {
   /// never the whole tensor, from a view or from the DCP pieces it overlaps.
   std::optional<file_range> straight_rows(const convert_tensor& t, int64_t row0, int64_t rows) const;
   tensor_buffer gather_rows(const convert_tensor& t, int64_t row0, int64_t rows) const;
+  /// The box offsets/sizes of t (a DCP chunk of another placement than Shard(0), a column
+  /// band), row-major and cast, read alone: from a row-major record or the DCP pieces it
+  /// meets as the strided runs it is (model/slice_plan.h), from a strided view as the view
+  /// it is. Never the whole tensor.
+  tensor_buffer gather_box(const convert_tensor& t, const std::vector<int64_t>& offsets,
+                           const std::vector<int64_t>& sizes) const;
 
  private:
   tensor_buffer gather_view(const tensor_record& r, uint64_t nbytes) const;

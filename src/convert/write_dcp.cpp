@@ -19,48 +19,117 @@ namespace ckpt {
 
 namespace detail {
 
-dcp_layout lay_out(const convert_plan& plan, uint32_t ranks) {
+namespace {
+
+// One distinct box of a tensor and the ranks [first, last] whose DTensor holds it.
+struct candidate {
+  size_t tensor = 0;
+  uint32_t first = 0, last = 0;
+  std::vector<int64_t> offsets, sizes;
+  uint64_t nbytes = 0;
+};
+
+placement placement_of(const convert_tensor& t, const slice_selection* placements) {
+  std::optional<placement> p = placements ? placements->match(t.name) : std::nullopt;
+  if (!p) {
+    placement dflt;
+    if (!t.shape.empty()) dflt.type = placement::kind::shard;  // Shard(0)
+    return dflt;
+  }
+  if (p->type == placement::kind::range)
+    throw error(errc::usage, "key '" + t.name + "': " + placement_text(*p) +
+                                 " is not a DTensor placement: --to dcp takes Shard(d) and Replicate() only");
+  return *p;
+}
+
+}  // namespace
+
+dcp_layout lay_out(const convert_plan& plan, uint32_t ranks, const slice_selection* placements) {
+  if (ranks == 0) throw error(errc::usage, "--ranks must be at least 1");
+  // Every rank's SavePlan holds one item per tensor, its DTensor's local box; equal
+  // boxes (equal offsets) are one MetadataIndex, met on a run of ranks: all of them for a
+  // replicated tensor, the trailing ones for the empty boxes at the end of a dimension.
+  std::vector<candidate> found;
+  for (size_t i = 0; i < plan.tensors.size(); ++i) {
+    const convert_tensor& t = plan.tensors[i];
+    const placement p = placement_of(t, placements);
+    uint64_t numel_all = 1;
+    for (int64_t d : t.shape) numel_all *= uint64_t(d);
+    const uint64_t es = numel_all ? t.nbytes / numel_all : 0;  // bytes per element, as written
+    for (uint32_t r = 0; r < ranks; ++r) {
+      const std::vector<dim_range> box = slice_box(p, t.shape, r, ranks, "key '" + t.name + "'");
+      candidate c;
+      c.tensor = i;
+      c.first = c.last = r;
+      uint64_t numel = 1;
+      for (const dim_range& d : box) {
+        c.offsets.push_back(d.start);
+        c.sizes.push_back(d.length);
+        numel *= uint64_t(d.length);
+      }
+      // A band of whole rows counts bytes per row, which holds for dtypes packing several
+      // elements in a byte too (those cannot be cut otherwise: gather_box refuses them).
+      bool rows_only = true;
+      for (size_t d = 1; d < box.size(); ++d) rows_only = rows_only && box[d].length == t.shape[d];
+      if (t.shape.empty())
+        c.nbytes = t.nbytes;
+      else if (rows_only)
+        c.nbytes = t.shape[0] ? t.nbytes / uint64_t(t.shape[0]) * uint64_t(box[0].length) : 0;
+      else
+        c.nbytes = numel * es;
+      if (r > 0 && found.back().tensor == i && found.back().offsets == c.offsets) {
+        found.back().last = r;
+        continue;
+      }
+      found.push_back(std::move(c));
+    }
+  }
+  // dedup_save_plans (formats.md §9.9): items in the order first met, rank 0's plan first,
+  // then the items new in rank 1's, and so on; each goes to the rank of those holding it
+  // with the fewest bytes assigned so far (the lowest on a tie), an item counting its
+  // bytes, or 1 when it has none.
+  std::stable_sort(found.begin(), found.end(), [](const candidate& a, const candidate& b) { return a.first < b.first; });
+  std::vector<uint64_t> load(ranks, 0);
+  load[0] += plan.byte_items.size();  // BYTE_IO items are rank 0's, each counting 1
   dcp_layout out;
   out.chunks.resize(plan.tensors.size());
   out.items.resize(ranks);
-  std::vector<uint64_t> load(ranks, 0);
-  for (size_t i = 0; i < plan.tensors.size(); ++i) {
-    const convert_tensor& t = plan.tensors[i];
-    const uint64_t row_bytes = t.shape.empty() ? t.nbytes : (t.shape[0] ? t.nbytes / uint64_t(t.shape[0]) : 0);
-    auto add = [&](int64_t row0, int64_t rows, uint32_t rank) {
-      band b;
-      b.tensor = i;
-      b.row0 = row0;
-      b.rows = rows;
-      b.rank = rank;
-      b.nbytes = t.shape.empty() ? t.nbytes : uint64_t(rows) * row_bytes;
-      b.offsets.assign(t.shape.size(), 0);
-      b.sizes = t.shape;
-      if (!t.shape.empty()) {
-        b.offsets[0] = row0;
-        b.sizes[0] = rows;
-      }
-      out.chunks[i].push_back(out.bands.size());
-      out.items[rank].push_back(out.bands.size());
-      load[rank] += b.nbytes;
-      out.bands.push_back(std::move(b));
-    };
-    if (t.shape.empty()) {
-      add(0, 1, uint32_t(std::min_element(load.begin(), load.end()) - load.begin()));
-      continue;
-    }
-    const int64_t n = t.shape[0];
-    const int64_t per = n / int64_t(ranks) + (n % int64_t(ranks) != 0);
-    std::vector<int64_t> taken;
-    for (uint32_t r = 0; r < ranks; ++r) {
-      const int64_t start = per * int64_t(r);
-      const int64_t row0 = std::min(start, n), rows = start >= n ? 0 : std::min(per, n - start);
-      if (std::find(taken.begin(), taken.end(), row0) != taken.end()) continue;
-      taken.push_back(row0);
-      add(row0, rows, r);
-    }
+  for (candidate& c : found) {
+    uint32_t at = c.first;
+    for (uint32_t r = c.first + 1; r <= c.last; ++r)
+      if (load[r] < load[at]) at = r;
+    load[at] += std::max<uint64_t>(c.nbytes, 1);
+    band b;
+    b.tensor = c.tensor;
+    b.rank = at;
+    b.nbytes = c.nbytes;
+    b.offsets = std::move(c.offsets);
+    b.sizes = std::move(c.sizes);
+    out.bands.push_back(std::move(b));
+  }
+  // A rank's file holds its items in state-dict order; a tensor's chunks are in rank order
+  // (create_default_global_save_plan walks the plans rank by rank).
+  std::vector<size_t> order(out.bands.size());
+  for (size_t k = 0; k < order.size(); ++k) order[k] = k;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    const band &x = out.bands[a], &y = out.bands[b];
+    return x.rank != y.rank ? x.rank < y.rank : x.tensor < y.tensor;
+  });
+  for (size_t k : order) {
+    out.items[out.bands[k].rank].push_back(k);
+    out.chunks[out.bands[k].tensor].push_back(k);
   }
   return out;
+}
+
+dcp_layout lay_out(const convert_plan& plan, const convert_request& request) {
+  return lay_out(plan, request.ranks, request.placements ? &*request.placements : nullptr);
+}
+
+std::vector<uint64_t> dcp_file_bytes(const dcp_layout& layout, uint32_t ranks) {
+  std::vector<uint64_t> bytes(size_t(ranks) + 1, 0);
+  for (const band& b : layout.bands) bytes[b.rank] += b.nbytes;
+  return bytes;
 }
 
 }  // namespace detail
@@ -107,11 +176,18 @@ uint64_t write_item(const detail::tensor_bytes& source, const convert_tensor& t,
   w.add_record(".format_version", "1", 1);
   w.add_record(".storage_alignment", "64", 2);
   w.add_record("byteorder", "little", 6);
-  if (auto range = source.straight_rows(t, b.row0, b.rows)) {
+  // A band of whole rows (Shard(0), a whole tensor) is one range of a row-major source;
+  // any other box is read as the strided runs it is (formats.md §16.3).
+  bool rows_only = true;
+  for (size_t d = 1; d < t.shape.size(); ++d) rows_only = rows_only && b.offsets[d] == 0 && b.sizes[d] == t.shape[d];
+  const int64_t row0 = t.shape.empty() ? 0 : b.offsets[0], rows = t.shape.empty() ? 1 : b.sizes[0];
+  std::optional<detail::file_range> range;
+  if (rows_only) range = source.straight_rows(t, row0, rows);
+  if (range) {
     w.add_record_copy("data/0", range->fd, range->offset, range->nbytes, range->crc32);
   } else {
-    const detail::tensor_buffer data = source.gather_rows(t, b.row0, b.rows);
-    if (data.nbytes != b.nbytes) throw error(errc::io, "a band of '" + t.name + "' came out of the wrong size (internal error)");
+    const detail::tensor_buffer data = rows_only ? source.gather_rows(t, row0, rows) : source.gather_box(t, b.offsets, b.sizes);
+    if (data.nbytes != b.nbytes) throw error(errc::io, "a chunk of '" + t.name + "' came out of the wrong size (internal error)");
     w.add_record("data/0", data.bytes.get(), size_t(data.nbytes));
   }
   w.add_record("version", "3\n", 2);
@@ -152,51 +228,72 @@ std::vector<std::string> dcp_files(const convert_plan&, uint32_t ranks) {
   return files;
 }
 
-convert_result write_converted_dcp(const checkpoint& c, const convert_plan& plan, output_dir& out,
-                                   const convert_request& request) {
-  if (request.ranks == 0) throw error(errc::usage, "--ranks must be at least 1");
+namespace detail {
+
+dcp_written write_dcp_files(const checkpoint& c, const convert_plan& plan, const dcp_layout& layout,
+                            const std::string& directory, const std::vector<bool>& mine,
+                            const convert_request& request) {
   for (const auto& t : plan.tensors)
     if (t.tie_of) throw error(errc::io, "a DCP plan holds no ties (internal error)");
-  const dcp_layout layout = detail::lay_out(plan, request.ranks);
+  const auto is_mine = [&](uint32_t r) { return mine.empty() || (r < mine.size() && mine[r]); };
   const detail::tensor_bytes source(c, plan, request);
-  std::vector<item_place> places(layout.bands.size()), byte_places(plan.byte_items.size());
-  convert_result result;
-  uint64_t done = 0;
-  for (uint32_t r = 0; r < request.ranks; ++r) {
+  dcp_written w;
+  w.places.resize(layout.bands.size());
+  w.byte_places.resize(plan.byte_items.size());
+  uint64_t total = 0, done = 0;  // progress counts the files written here
+  for (const band& b : layout.bands)
+    if (is_mine(b.rank)) total += b.nbytes;
+  const uint32_t ranks = uint32_t(layout.items.size());
+  for (uint32_t r = 0; r < ranks; ++r) {
+    if (!is_mine(r)) continue;
     const std::string name = data_file_name(r);
     output_set set;
     set.set_staged();
-    output_file& o = set.add_output(out.staged(name));
+    output_file& o = set.add_output(directory + "/" + name);
     set.open();
     uint64_t offset = 0;
     for (size_t i = 0; r == 0 && i < plan.byte_items.size(); ++i) {
       copy_item(c, plan.byte_items[i], o);
-      byte_places[i] = {0, offset, plan.byte_items[i].length};
+      w.byte_places[i] = {0, offset, plan.byte_items[i].length};
       offset += plan.byte_items[i].length;
     }
     for (size_t k : layout.items[r]) {
       const band& bd = layout.bands[k];
       const uint64_t length = write_item(source, plan.tensors[bd.tensor], bd, o, offset);
-      places[k] = {r, offset, length};
+      w.places[k] = {r, offset, length};
       offset += length;
       done += bd.nbytes;
-      if (request.progress) request.progress(done, plan.data_bytes);
+      if (request.progress) request.progress(done, total);
     }
     set.commit();
-    result.bytes_written += offset;
-    result.files.push_back(name);
+    w.result.bytes_written += offset;
+    w.result.files.push_back(name);
   }
+  return w;
+}
+
+uint64_t write_dcp_metadata(const checkpoint& c, const convert_plan& plan, const dcp_layout& layout,
+                            const dcp_written& written, const std::string& directory, const std::string& checkpoint_id) {
   const std::vector<uint8_t> md =
-      detail::dcp_metadata_pickle(c, plan, layout, places, byte_places, absolute_id(out.path()));
+      dcp_metadata_pickle(c, plan, layout, written.places, written.byte_places, absolute_id(checkpoint_id));
   output_set set;
   set.set_staged();
-  output_file& o = set.add_output(out.staged(kMetadataName));
+  output_file& o = set.add_output(directory + "/" + kMetadataName);
   set.open();
   o.write(md.data(), md.size());
   set.commit();
-  result.bytes_written += md.size();
-  result.files.push_back(kMetadataName);
-  return result;
+  return md.size();
+}
+
+}  // namespace detail
+
+convert_result write_converted_dcp(const checkpoint& c, const convert_plan& plan, output_dir& out,
+                                   const convert_request& request) {
+  const dcp_layout layout = detail::lay_out(plan, request);
+  detail::dcp_written w = detail::write_dcp_files(c, plan, layout, out.staging_directory(), {}, request);
+  w.result.bytes_written += detail::write_dcp_metadata(c, plan, layout, w, out.staging_directory(), out.path());
+  w.result.files.push_back(kMetadataName);
+  return w.result;
 }
 
 }  // namespace ckpt

@@ -1,6 +1,6 @@
-// convert --to hf over a process group (ckpt/parallel_convert.h). The files are the ones a
-// single process writes (detail::write_hf_set_files), so the set is byte for byte the same;
-// only who writes which file, and who commits, change.
+// convert --to hf and --to dcp over a process group (ckpt/parallel_convert.h). The files
+// are the ones a single process writes (detail::write_hf_set_files, write_dcp_files), so
+// the set is byte for byte the same; only who writes which file, and who commits, change.
 #include "ckpt/parallel_convert.h"
 
 #include <sys/stat.h>
@@ -9,9 +9,11 @@
 #include <cerrno>
 #include <cstring>
 #include <numeric>
+#include <sstream>
 
 #include "ckpt/error.h"
 #include "convert/convert_writers.h"
+#include "convert/dcp_layout.h"
 
 namespace ckpt {
 
@@ -31,9 +33,10 @@ std::vector<int> assign_files(const std::vector<uint64_t>& bytes, int world) {
   return owner;
 }
 
-convert_result write_converted_hf_set(process_group& group, const checkpoint& c, const convert_plan& plan,
-                                      output_dir* out, const std::vector<std::string>& files,
-                                      const convert_request& request, const std::function<void()>& before_commit) {
+namespace {
+
+// Rank 0 opens the output directory; every rank gets its staging directory's path.
+std::string open_staging(process_group& group, output_dir* out, const std::vector<std::string>& files) {
   const int rank = group.rank();
   if (rank == 0 && !out) throw error(errc::usage, "internal error: rank 0 has no output directory");
   run_collectively(group, "convert/open", [&] {
@@ -41,18 +44,31 @@ convert_result write_converted_hf_set(process_group& group, const checkpoint& c,
   });
   // The staging directory is rank 0's: only it creates, commits or removes it. The others
   // write their files into it by name.
-  const std::string staging = group.broadcast("convert/staging", rank == 0 ? out->staging_directory() : std::string());
+  return group.broadcast("convert/staging", rank == 0 ? out->staging_directory() : std::string());
+}
+
+void check_visible(const std::string& staging) {
+  struct stat st;
+  if (::stat(staging.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+    throw error(errc::io, "rank 0's staging directory is not visible on this rank (" + std::string(std::strerror(errno)) +
+                              "): the output directory must be on a file system every rank shares")
+        .with_file(staging);
+}
+
+}  // namespace
+
+convert_result write_converted_hf_set(process_group& group, const checkpoint& c, const convert_plan& plan,
+                                      output_dir* out, const std::vector<std::string>& files,
+                                      const convert_request& request, const std::function<void()>& before_commit) {
+  const int rank = group.rank();
+  const std::string staging = open_staging(group, out, files);
 
   const std::vector<int> owner = assign_files(detail::hf_set_file_bytes(plan, request.max_shard_size), group.world());
   std::vector<bool> mine(owner.size());
   for (size_t f = 0; f < owner.size(); ++f) mine[f] = owner[f] == rank;
   convert_result written;
   run_collectively(group, "convert/write", [&] {
-    struct stat st;
-    if (::stat(staging.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
-      throw error(errc::io, "rank 0's staging directory is not visible on this rank (" + std::string(std::strerror(errno)) +
-                                "): the output directory must be on a file system every rank shares")
-          .with_file(staging);
+    check_visible(staging);
     written = detail::write_hf_set_files(c, plan, staging, mine, request);
     if (before_commit) before_commit();
   });
@@ -64,6 +80,67 @@ convert_result write_converted_hf_set(process_group& group, const checkpoint& c,
   convert_result result;
   result.files = files;
   for (const auto& b : bytes) result.bytes_written += std::strtoull(b.c_str(), nullptr, 10);
+  return result;
+}
+
+convert_result write_converted_dcp(process_group& group, const checkpoint& c, const convert_plan& plan, output_dir* out,
+                                   const std::vector<std::string>& files, const convert_request& request,
+                                   const std::function<void()>& before_commit) {
+  const int rank = group.rank();
+  // Every rank lays the same plan out the same way; a refusal (a Range, a dimension the
+  // tensor lacks) is every rank's at once.
+  detail::dcp_layout layout;
+  run_collectively(group, "convert/layout", [&] { layout = detail::lay_out(plan, request); });
+  const std::string staging = open_staging(group, out, files);
+  // The rank files are divided; `.metadata`, last, is rank 0's.
+  const std::vector<int> owner = assign_files(detail::dcp_file_bytes(layout, request.ranks), group.world());
+  std::vector<bool> mine(request.ranks);
+  for (size_t f = 0; f < mine.size(); ++f) mine[f] = owner[f] == rank;
+  detail::dcp_written written;
+  run_collectively(group, "convert/write", [&] {
+    check_visible(staging);
+    written = detail::write_dcp_files(c, plan, layout, staging, mine, request);
+    if (before_commit) before_commit();
+  });
+  // Where each rank put its items, for rank 0's `.metadata`: "b K OFFSET LENGTH" per band
+  // (the rank is the band's), "i K OFFSET LENGTH" per BYTE_IO item (rank 0's file).
+  std::ostringstream mine_places;
+  mine_places << written.result.bytes_written << "\n";
+  for (size_t k = 0; k < layout.bands.size(); ++k)
+    if (mine[layout.bands[k].rank])
+      mine_places << "b " << k << " " << written.places[k].offset << " " << written.places[k].length << "\n";
+  if (!mine.empty() && mine[0])
+    for (size_t i = 0; i < written.byte_places.size(); ++i)
+      mine_places << "i " << i << " " << written.byte_places[i].offset << " " << written.byte_places[i].length << "\n";
+  const std::vector<std::string> gathered = group.all_gather("convert/places", mine_places.str());
+
+  convert_result result;
+  result.files = files;
+  run_collectively(group, "convert/commit", [&] {
+    detail::dcp_written all;
+    all.places.resize(layout.bands.size());
+    all.byte_places.resize(plan.byte_items.size());
+    for (const std::string& text : gathered) {
+      std::istringstream in(text);
+      uint64_t bytes = 0;
+      in >> bytes;
+      result.bytes_written += bytes;
+      std::string tag;
+      uint64_t k = 0, offset = 0, length = 0;
+      while (in >> tag >> k >> offset >> length) {
+        const bool band = tag == "b";
+        if ((band && k >= all.places.size()) || (!band && (tag != "i" || k >= all.byte_places.size())))
+          throw error(errc::io, "a rank reported an item this rank did not plan (internal error)");
+        if (band)
+          all.places[k] = {layout.bands[k].rank, offset, length};
+        else
+          all.byte_places[k] = {0, offset, length};
+      }
+    }
+    if (rank != 0) return;
+    result.bytes_written += detail::write_dcp_metadata(c, plan, layout, all, staging, out->path());
+    out->commit();
+  });
   return result;
 }
 

@@ -1,7 +1,11 @@
 #include "model/slice_plan.h"
 
 #include <algorithm>
+#include <cstring>
+#include <memory>
 #include <stdexcept>
+
+#include "ckpt/error.h"
 
 namespace ckpt::detail {
 
@@ -103,6 +107,37 @@ std::vector<slice_read> plan_slice_reads(const std::vector<slice_span>& spans, c
     }
   }
   return out;
+}
+
+uint64_t read_spans(const byte_source& file, const std::vector<slice_span>& spans, uint8_t* dst,
+                    const slice_read_options& o) {
+  std::unique_ptr<uint8_t[]> bounce;
+  uint64_t total = 0;
+  try {
+    for (const slice_read& r : plan_slice_reads(spans, o)) {
+      const slice_span& s = spans[r.span];
+      switch (r.how) {
+        case slice_read::mode::direct:
+          file.read_exact(r.offset, dst + s.dst + (r.offset - s.src), size_t(r.nbytes));
+          break;
+        case slice_read::mode::rows:
+          for (uint64_t k = r.first_row; k < r.first_row + r.row_count; ++k)
+            file.read_exact(s.src + k * s.src_pitch, dst + s.dst + k * s.dst_pitch, size_t(s.width));
+          break;
+        case slice_read::mode::bounce:
+          if (!bounce) bounce.reset(new uint8_t[std::max<uint64_t>(o.max_read, 1)]);
+          file.read_exact(r.offset, bounce.get(), size_t(r.nbytes));
+          for (uint64_t k = 0; k < r.row_count; ++k)
+            std::memcpy(dst + s.dst + (r.first_row + k) * s.dst_pitch, bounce.get() + k * s.src_pitch, size_t(s.width));
+          break;
+      }
+      total += r.nbytes;
+    }
+  } catch (error& e) {
+    file.locate(e);
+    throw;
+  }
+  return total;
 }
 
 }  // namespace ckpt::detail

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "ckpt/byte_source.h"
 #include "ckpt/slice.h"
 
 namespace ckpt::detail {
@@ -53,5 +54,11 @@ struct slice_read_options {
 
 /// How to read `spans`: coalesced where the rows are close, cut at max_read.
 std::vector<slice_read> plan_slice_reads(const std::vector<slice_span>& spans, const slice_read_options& o = {});
+
+/// Reads `spans` of `file` into `dst` (the slice, row-major from its first element) as
+/// plan_slice_reads plans them, one read after the other, through a buffer of at most
+/// o.max_read bytes. Returns the bytes read. Throws what the source throws, located.
+uint64_t read_spans(const byte_source& file, const std::vector<slice_span>& spans, uint8_t* dst,
+                    const slice_read_options& o = {});
 
 }  // namespace ckpt::detail

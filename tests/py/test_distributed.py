@@ -6,6 +6,9 @@
   torch saved;
 * verify with 2 and 3 ranks finds a byte flipped in any one of the 4 ``.distcp`` files,
   whichever rank's share holds it, and rank 0 prints exactly the single-process report;
+* ``convert --to dcp --ranks 4 --plan``: the directory is byte for byte the single
+  process's (``.metadata`` but for its random save_id), torch's dcp.load reads it; a rank
+  killed mid-write leaves nothing;
 * a rank SIGKILLed while writing its shard (the CKPTOOL_TEST_KILL_RANK hook): no output
   directory, no staging directory, no partial file; every other rank exits 4 within the
   timeout, naming the lost rank; under torchrun too.
@@ -219,7 +222,7 @@ def test_one_file_targets_are_refused_in_parallel(grid4, tmp_path):
     seen = ranks(2, "convert", grid4, "-o", tmp_path / "x.safetensors", "--to", "safetensors", "--drop-other")
     for rc, stdout, err, _ in seen:
         assert rc == 2, seen
-        assert "only --to hf is divided among ranks" in err
+        assert "only --to hf and --to dcp are divided among ranks" in err
     assert list(tmp_path.iterdir()) == []
 
 
@@ -243,3 +246,72 @@ def test_without_launcher_variables_no_libtorch_is_loaded(grid4, tmp_path):
     rc, _, err = run_ckptool("verify", grid4, env={"CKPTOOL_TORCH_PLUGIN": str(tmp_path / "none.so"),
                                                      "RANK": "0", "WORLD_SIZE": "1"})
     assert rc == 0, err
+
+
+# ---------------------------------------------------------------- --to dcp
+
+DCP_PLAN = {"col": "Shard(1)", "grid_big": "Shard(-1)", "hsdp": "Replicate()"}
+
+
+def same_but_save_id(a: dict, b: dict):
+    """Two DCP trees: equal files, `.metadata` equal once b's save_id is a's."""
+    import pickle
+    assert sorted(a) == sorted(b)
+    for name in a:
+        if name != ".metadata":
+            assert a[name] == b[name], name
+    ida = pickle.loads(a[".metadata"]).storage_meta.save_id
+    idb = pickle.loads(b[".metadata"]).storage_meta.save_id
+    assert b[".metadata"].replace(idb.encode(), ida.encode()) == a[".metadata"]
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_parallel_dcp_is_byte_identical_and_loads(grid4, tmp_path, n):
+    import torch
+    import torch.distributed.checkpoint as dcp
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(DCP_PLAN))
+    out = tmp_path / "d"  # the same path both times: .metadata records it
+    args = ("convert", grid4, "-o", out, "--to", "dcp", "--ranks", "4", "--plan", plan)
+    rc, _, err = run_ckptool(*args, timeout=120)
+    assert rc == 0, err
+    want_tree = tree(out)
+    shutil.rmtree(out)
+    rc, log = torchrun(n, *args)
+    assert rc == 0, log
+    assert log.count("converted 5 tensors to dcp") == 1, log
+    same_but_save_id(want_tree, tree(out))
+    assert leftovers(tmp_path) == []
+    # PyTorch reads it: every tensor, and the BYTE_IO item grid4 saved.
+    want = expected_grid4()
+    sd = {k: torch.zeros_like(v) for k, v in want.items()}
+    sd["rank_count"] = None
+    dcp.load(sd, checkpoint_id=str(out), no_dist=True)
+    assert sd.pop("rank_count") == 4
+    for k, v in want.items():
+        assert torch.equal(sd[k], v), k
+
+
+def test_rank_killed_mid_dcp_convert_leaves_nothing(grid4, tmp_path):
+    out = tmp_path / "d"
+    timeout = 5
+    seen = ranks(3, "convert", grid4, "-o", out, "--to", "dcp", "--ranks", "4", "--dist-timeout", timeout,
+                 env={"CKPTOOL_TEST_KILL_RANK": "1"}, timeout=60)
+    assert seen[1][0] == -signal.SIGKILL, seen
+    for r in (0, 2):
+        rc, stdout, err, took = seen[r]
+        assert rc == 4 and stdout == "", (r, seen)
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and "missing ranks: 1" in lines[0], err
+        assert took < (3 * timeout + 10) * TIME_SCALE, took
+    assert not out.exists()
+    assert leftovers(tmp_path) == []
+
+
+def test_a_dcp_refusal_reaches_every_rank(grid4, tmp_path):
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"w": "Shard(3)", "*": "Replicate()"}))
+    seen = ranks(2, "convert", grid4, "-o", tmp_path / "d", "--to", "dcp", "--ranks", "2", "--plan", plan)
+    for rc, stdout, err, _ in seen:
+        assert rc == 2 and "Shard(3)" in err, seen
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.json"]

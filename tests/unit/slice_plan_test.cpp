@@ -245,3 +245,33 @@ TEST_CASE("random slices of random chunk grids land every element where it belon
     }
   }
 }
+
+TEST_CASE("read_spans lands a box from a byte source: far rows, close rows through the buffer, cut reads") {
+  // A [2, 3, 40] uint32 tensor, each element its index, 16 bytes into the source.
+  const std::vector<int64_t> shape = {2, 3, 40};
+  std::vector<uint8_t> bytes(16 + 240 * 4);
+  for (uint32_t i = 0; i < 240; ++i) std::memcpy(bytes.data() + 16 + i * 4, &i, 4);
+  const ckpt::memory_source file(bytes, "t.bin");
+  const box whole = {{0, 2}, {0, 3}, {0, 40}};
+  for (const box& b : {box{{0, 2}, {1, 2}, {0, 40}}, box{{0, 2}, {0, 3}, {10, 20}}, box{{1, 1}, {0, 3}, {0, 39}},
+                       box{{0, 2}, {2, 1}, {5, 1}}}) {
+    for (uint64_t max_read : {uint64_t(16) << 20, uint64_t(200)}) {
+      const spans sp = meet(b, whole, 4, 16);
+      std::vector<uint32_t> got(size_t(b[0].length * b[1].length * b[2].length), 0xffffffffu);
+      ckpt::detail::slice_read_options o;
+      o.max_read = max_read;
+      const uint64_t read = ckpt::detail::read_spans(file, sp, reinterpret_cast<uint8_t*>(got.data()), o);
+      CHECK(read >= got.size() * 4);
+      size_t k = 0;
+      for (int64_t i = b[0].start; i < b[0].start + b[0].length; ++i)
+        for (int64_t j = b[1].start; j < b[1].start + b[1].length; ++j)
+          for (int64_t l = b[2].start; l < b[2].start + b[2].length; ++l)
+            CHECK(got[k++] == uint32_t((i * shape[1] + j) * shape[2] + l));
+    }
+  }
+  // A source that ends early: the error names the file.
+  const ckpt::memory_source short_file(std::vector<uint8_t>(100), "short.bin");
+  std::vector<uint32_t> got(240);
+  CHECK_THROWS_WITH(ckpt::detail::read_spans(short_file, meet(whole, whole, 4, 16), reinterpret_cast<uint8_t*>(got.data())),
+                    doctest::Contains("short.bin"));
+}
