@@ -54,6 +54,15 @@ def run_ckptool(*args, timeout: float = 60, cwd=None, env=None) -> tuple[int, st
             p.stderr.decode("utf-8", "replace"))
 
 
+def peak_rss_mib(args, timeout: float = 120) -> float:
+    """Peak RSS of one successful ckptool run, as GNU time reports it. time runs ckptool from
+    a small process of its own: a child forked from pytest would inherit pytest's peak."""
+    p = subprocess.run(["/usr/bin/time", "-f", "%M", str(CKPTOOL), *map(str, args)], capture_output=True, text=True,
+                       timeout=timeout)
+    assert p.returncode == 0, p.stderr
+    return int(p.stderr.strip().splitlines()[-1]) / 1024
+
+
 def sha256(path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:

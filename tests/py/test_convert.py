@@ -20,7 +20,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -32,7 +31,7 @@ from safetensors.torch import load_file, save_file
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from conftest import CKPTOOL, SANITIZED, run_ckptool  # noqa: E402
+from conftest import CKPTOOL, peak_rss_mib, run_ckptool, SANITIZED  # noqa: E402
 from fixtures import Evil  # noqa: E402
 
 warnings.filterwarnings("ignore")
@@ -391,14 +390,6 @@ def test_dcp_to_every_target(dcp_dirs, tmp_path, name):
 
 
 # ---------------------------------------------------------------- memory
-
-
-def peak_rss_mib(args) -> float:
-    """Peak RSS of one ckptool run, as GNU time reports it. time runs ckptool from a small
-    process of its own: a child forked from pytest would inherit pytest's peak."""
-    p = subprocess.run(["/usr/bin/time", "-f", "%M", str(CKPTOOL), *map(str, args)], capture_output=True, text=True)
-    assert p.returncode == 0, p.stderr
-    return int(p.stderr.strip().splitlines()[-1]) / 1024
 
 
 @pytest.mark.skipif(not Path("/usr/bin/time").exists(), reason="needs GNU time")

@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import pickle
-import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -30,7 +29,7 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import dcp_fixtures  # noqa: E402
-from conftest import CKPTOOL, SANITIZED, run_ckptool  # noqa: E402
+from conftest import CKPTOOL, peak_rss_mib, run_ckptool, SANITIZED  # noqa: E402
 
 warnings.filterwarnings("ignore")
 
@@ -382,13 +381,6 @@ def test_shard_set_to_dcp(tmp_path):
     convert(tmp_path / "hf", out, "--to", "dcp", "--ranks", "2")
     assert_same(dcp_loaded(out), want)
     assert_same(ckptool_reads_back(out, tmp_path), want)
-
-
-def peak_rss_mib(args) -> float:
-    p = subprocess.run(["/usr/bin/time", "-f", "%M", str(CKPTOOL), *map(str, args)], capture_output=True, text=True,
-                       timeout=120)
-    assert p.returncode == 0, p.stderr
-    return int(p.stderr.strip().splitlines()[-1]) / 1024
 
 
 @pytest.mark.skipif(not Path("/usr/bin/time").exists(), reason="needs GNU time")

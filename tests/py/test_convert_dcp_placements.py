@@ -16,7 +16,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -27,7 +26,7 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import dcp_fixtures  # noqa: E402
-from conftest import CKPTOOL, SANITIZED, run_ckptool  # noqa: E402
+from conftest import CKPTOOL, peak_rss_mib, run_ckptool, SANITIZED  # noqa: E402
 
 warnings.filterwarnings("ignore")
 
@@ -266,13 +265,6 @@ def test_plan_needs_dcp(work, tmp_path):
     rc, _, err = convert(work / "sample.pt", "-o", tmp_path / "hf", "--to", "hf", "--plan", "llama-tp", ok=False)
     assert rc == 2 and "--plan applies to --to dcp only" in err, err
     assert list(tmp_path.iterdir()) == []
-
-
-def peak_rss_mib(args) -> float:
-    p = subprocess.run(["/usr/bin/time", "-f", "%M", str(CKPTOOL), *map(str, args)], capture_output=True, text=True,
-                       timeout=120)
-    assert p.returncode == 0, p.stderr
-    return int(p.stderr.strip().splitlines()[-1]) / 1024
 
 
 @pytest.mark.skipif(not Path("/usr/bin/time").exists(), reason="needs GNU time")
