@@ -43,6 +43,12 @@ torch_prefix=$(.venv/bin/python -c 'import torch; print(torch.utils.cmake_prefix
 # need, and compiles LibTorch-heavy files much faster than -O2 -g.
 if [ "$sanitize" = 1 ]; then build_type=(-DCMAKE_BUILD_TYPE=None "-DCMAKE_CXX_FLAGS=-O1 -g1" -DCKPTOOL_FUZZ=ON);
 else build_type=(-DCMAKE_BUILD_TYPE=RelWithDebInfo); fi
+# A sanitized build dir configured before it became clang's (GCC has no libFuzzer): CMake
+# cannot switch compilers in place, so configure it again.
+if [ "$sanitize" = 1 ] && [ -f "$build/CMakeCache.txt" ] && ! grep -q '^CMAKE_CXX_COMPILER:.*clang' "$build/CMakeCache.txt"; then
+  echo "build.sh: $build was configured with another compiler; configuring it again with clang"
+  rm -rf "$build/CMakeCache.txt" "$build/CMakeFiles" "$build/build.ninja"
+fi
 if [ ! -f "$build/build.ninja" ]; then
   compiler=()
   [ "$sanitize" = 1 ] && compiler=(-DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++)
