@@ -27,6 +27,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import dcp_fixtures  # noqa: E402
 from conftest import CKPTOOL, peak_rss_mib, run_ckptool, SANITIZED  # noqa: E402
+from test_convert_dcp import assert_same, dcp_loaded, read_md  # noqa: E402
 
 warnings.filterwarnings("ignore")
 
@@ -69,36 +70,11 @@ def placement_of(key: str) -> str:
     return "Shard(0)" if sample()[key].dim() else "Replicate()"
 
 
-def bits(t: torch.Tensor) -> bytes:
-    t = t.contiguous().reshape(-1)
-    return t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
-
-
-def assert_same(got: dict, want: dict):
-    assert sorted(got) == sorted(want), (sorted(got), sorted(want))
-    for k, v in want.items():
-        assert got[k].dtype == v.dtype and tuple(got[k].shape) == tuple(v.shape), k
-        assert bits(got[k]) == bits(v), k
-
-
 def convert(*args, ok=True):
     rc, out, err = run_ckptool("convert", *args, timeout=120)
     if ok:
         assert rc == 0, f"exit {rc}: {err}"
     return rc, out, err
-
-
-def read_md(d: Path):
-    from torch.distributed.checkpoint import FileSystemReader
-    return FileSystemReader(str(d)).read_metadata()
-
-
-def dcp_loaded(d: Path) -> dict:
-    import torch.distributed.checkpoint as dcp
-    md = read_md(d)
-    sd = {k: torch.zeros(tuple(v.size), dtype=v.properties.dtype) for k, v in md.state_dict_metadata.items()}
-    dcp.load(sd, checkpoint_id=str(d), no_dist=True)
-    return sd
 
 
 # Each rank: dcp.load ours into DTensors of the plan's placements, compared with
