@@ -2,7 +2,7 @@
 # Builds the libFuzzer targets (clang, ASan + UBSan; idempotent) and runs each for a while.
 #
 #   fuzz/run.sh [SECONDS_PER_TARGET] [JOBS]      default 60 s, 1 job
-#   fuzz/run.sh --ci                             the CI step: 25 s per target, 1 job,
+#   fuzz/run.sh --ci                             the CI step: 10 s per target, 1 job,
 #                                                one target per core at a time
 #   FUZZ_TARGETS="pickle torch_archive" fuzz/run.sh 600   only these targets
 #
@@ -33,7 +33,7 @@ for a in "$@"; do
     *) positional+=("$a") ;;
   esac
 done
-if [ "$ci" = 1 ]; then seconds=25; jobs=1; fi
+if [ "$ci" = 1 ]; then seconds=10; jobs=1; fi
 [ ${#positional[@]} -ge 1 ] && seconds=${positional[0]}
 [ ${#positional[@]} -ge 2 ] && jobs=${positional[1]}
 case "$seconds$jobs" in *[!0-9]*) echo "run.sh: SECONDS and JOBS must be integers" >&2; exit 2 ;; esac

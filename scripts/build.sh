@@ -41,7 +41,9 @@ fi
 torch_prefix=$(.venv/bin/python -c 'import torch; print(torch.utils.cmake_prefix_path)')
 # The sanitizer build only has to find bugs: -O1 with line tables is what ASan reports
 # need, and compiles LibTorch-heavy files much faster than -O2 -g.
-if [ "$sanitize" = 1 ]; then build_type=(-DCMAKE_BUILD_TYPE=None "-DCMAKE_CXX_FLAGS=-O1 -g1" -DCKPTOOL_FUZZ=ON);
+# No CUDA loader there: no GPU runs it under the sanitizers, and the normal build compiles it
+# (its pipeline logic is LibTorch-free and runs in the unit tests against a hostile engine).
+if [ "$sanitize" = 1 ]; then build_type=(-DCMAKE_BUILD_TYPE=None "-DCMAKE_CXX_FLAGS=-O1 -g1" -DCKPTOOL_FUZZ=ON -DCKPTOOL_CUDA=OFF);
 else build_type=(-DCMAKE_BUILD_TYPE=RelWithDebInfo); fi
 # A sanitized build dir configured before it became clang's (GCC has no libFuzzer): CMake
 # cannot switch compilers in place, so configure it again.

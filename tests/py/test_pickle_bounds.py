@@ -58,8 +58,11 @@ def _deflated(base_zip: bytes, pk: bytes) -> bytes:
 
 
 def _run_measured(args, timeout: float):
-    """ckptool under RLIMIT_AS = AS_CAP; returns (rc, stderr, seconds, peak RSS bytes)."""
+    """ckptool under RLIMIT_AS = AS_CAP; returns (rc, stderr, seconds, peak RSS bytes).
+    GNU time reports the peak from a small process of its own: wait4 on a child forked from
+    pytest would count pytest's own pages as the child's peak."""
     import resource
+    import tempfile
 
     def preexec():
         if not SANITIZED:
@@ -67,16 +70,14 @@ def _run_measured(args, timeout: float):
 
     env = dict(os.environ)
     env.setdefault("ASAN_OPTIONS", "detect_leaks=0")
-    t0 = time.perf_counter()
-    p = subprocess.Popen([str(CKPTOOL), *map(str, args)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                         preexec_fn=preexec, env=env)
-    try:
-        err = p.stderr.read().decode("utf-8", "replace")
-        _, status, usage = os.wait4(p.pid, 0)
-    finally:
-        p.stderr.close()
-    p.returncode = os.waitstatus_to_exitcode(status)
-    return p.returncode, err, time.perf_counter() - t0, usage.ru_maxrss * 1024
+    with tempfile.NamedTemporaryFile("r") as peak_kib:
+        t0 = time.perf_counter()
+        p = subprocess.run(["/usr/bin/time", "-f", "%M", "-o", peak_kib.name, str(CKPTOOL), *map(str, args)],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=preexec, env=env,
+                           timeout=timeout * TIME_SCALE * 4)
+        secs = time.perf_counter() - t0
+        lines = peak_kib.read().split()
+    return p.returncode, p.stderr.decode("utf-8", "replace"), secs, int(lines[-1]) * 1024
 
 
 @pytest.fixture(scope="module")
