@@ -122,6 +122,18 @@ def test_inspect_text_and_verify(aoti, tmp_path):
     assert doc["ok"] and doc["format"] == "aoti-package" and doc["tensors"] == 3 and doc["records_checked"] >= 10
 
 
+def test_verify_under_a_launcher_is_refused_on_every_rank(aoti, tmp_path):
+    """An AOTInductor package is one small file of metadata: `verify` under torchrun has
+    nothing to divide, and says so on every rank with the usage code, never half-run."""
+    from test_distributed import ranks
+    got = ranks(2, "verify", aoti / "default.pt2", env={"TMPDIR": str(tmp_path)})
+    for rank, (rc, out, err, _) in enumerate(got):
+        assert rc == 2, f"rank {rank}: exit {rc}: {err}"
+        assert "runs in one process, not under a launcher" in err, f"rank {rank}: {err}"
+        assert err.count("\n") == 1, f"rank {rank}: not one line: {err!r}"
+    assert list(tmp_path.iterdir()) == [], list(tmp_path.iterdir())
+
+
 def run_swap(tmp_path, ckpt, pkg, *extra, env=None):
     return ck(tmp_path, "materialize", ckpt, "--model", pkg, "--run", "forward", "--input", "3x8", "--json", *extra,
               env=env)

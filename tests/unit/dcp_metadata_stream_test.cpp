@@ -76,6 +76,26 @@ TEST_CASE("dcp metadata stream: forms it leaves to the tree decoder") {
   }
 }
 
+// Under AddressSanitizer the exhaustive loop below takes ~100 s against ~6.5 s, and the CI
+// runs the unit tests twice there (the second time for leaks). There every offset still gets
+// its eight single-bit flips and the boundary values; the fuzz target dcp_metadata compares
+// the two decoders on mutations at random besides.
+#if defined(__SANITIZE_ADDRESS__)
+#define CKPT_TEST_UNDER_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define CKPT_TEST_UNDER_ASAN 1
+#endif
+#endif
+#ifdef CKPT_TEST_UNDER_ASAN
+static bool mutation_tried(uint8_t original, int v) {
+  const int flipped = original ^ v;
+  return (flipped & (flipped - 1)) == 0 || v == 0 || v == 0xff || v == 0x7f || v == 0x80;
+}
+#else
+static bool mutation_tried(uint8_t, int) { return true; }
+#endif
+
 TEST_CASE("dcp metadata stream: every single-byte mutation is declined or decoded as the tree decodes it") {
   for (const char* rel : {"tests/data/dcp/small/.metadata", "fuzz/seeds/dcp_metadata/zstd.metadata"}) {
     CAPTURE(rel);
@@ -86,7 +106,7 @@ TEST_CASE("dcp metadata stream: every single-byte mutation is declined or decode
     std::vector<uint8_t> b = original;
     for (size_t i = 0; i < b.size(); ++i) {
       for (int v = 0; v < 256; ++v) {
-        if (v == original[i]) continue;
+        if (v == original[i] || !mutation_tried(original[i], v)) continue;
         b[i] = uint8_t(v);
         ++cases;
         const std::string s = stream_text(b);
