@@ -274,6 +274,17 @@ def test_dim0_chunks_are_copied_from_mappings(dcp_dirs, tmp_path):
                                want[k].view(torch.uint8) if want[k].dim() else want[k]), (out.name, k)
 
 
+def test_json_times_the_open_apart(dcp_dirs):
+    """--json reports open_seconds (reading .metadata and every chunk's archive) beside
+    seconds (the load): the benchmark adds the two to compare with a Python loader's call."""
+    d = scenario(dcp_dirs, "shard2")
+    rc, so, err = run_ckptool("materialize", d, "--device", "cpu", "--json", timeout=120)
+    assert rc == 0, err
+    doc = json.loads(so)
+    assert isinstance(doc["open_seconds"], float) and 0 < doc["open_seconds"] < 60, doc
+    assert isinstance(doc["seconds"], float) and doc["seconds"] >= 0, doc
+
+
 @pytest.mark.parametrize("name", ["shard2", "grid4"])
 def test_materialize_assembled_dtype_and_meta(dcp_dirs, name, tmp_path):
     d = scenario(dcp_dirs, name)
