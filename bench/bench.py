@@ -1382,11 +1382,12 @@ def targets(summaries: list, calib: dict, counts: list) -> list:
 
 
 def memory_agents() -> str:
-    """What else moves this VM's memory while samples run, both measured as the cause of
-    copying loads varying 1.0-1.3x between runs of the same binary: free page reporting
+    """What else moves this VM's memory while samples run: free page reporting
     (virtio_balloon: pages a process frees go back to the host, and the next process that
-    allocates them waits for the host to back them again), and a DAMON scheme paging out
-    page-cache pages left unread for some seconds (a warm fixture partly cold again)."""
+    allocates them waits for the host to back them again) and a DAMON scheme paging out
+    page-cache pages left unread for a while. Suspected, not shown, of the part of a copying
+    load's wall outside its own clock that varies between samples and runs (S6 hf_big
+    1.01x and 1.29x of the single file in two runs with equal own load times)."""
     out = []
     try:
         order = Path("/sys/module/page_reporting/parameters/page_reporting_order").read_text().strip()
