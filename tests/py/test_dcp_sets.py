@@ -221,6 +221,70 @@ def test_materialize_equals_dcp_load(dcp_dirs, name, tmp_path):
                            if want[k].dim() else want[k]), k
 
 
+def userfaultfd_available() -> bool:
+    """Whether this process may open a userfaultfd for its own faults (Linux 5.11's
+    UFFD_USER_MODE_ONLY needs no privilege), as ckptool's page filler does."""
+    import ctypes
+    number = {"x86_64": 323, "aarch64": 282}.get(os.uname().machine)
+    if number is None:
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    for flags in (os.O_CLOEXEC | 1, os.O_CLOEXEC):
+        fd = libc.syscall(number, flags)
+        if fd >= 0:
+            os.close(fd)
+            return True
+    return False
+
+
+def materialize_rchar(d: Path, out: Path, env=None) -> int:
+    """Bytes ckptool materialize D -o OUT read through read(): a reaped child's I/O counters
+    are added to its parent's, so /proc/self/io measures it."""
+    def rchar() -> int:
+        with open("/proc/self/io") as fh:
+            return next(int(line.split()[1]) for line in fh if line.startswith("rchar:"))
+    before = rchar()
+    rc, _, err = run_ckptool("materialize", d, "--device", "cpu", "-o", out, timeout=120, env=env)
+    assert rc == 0, err
+    return rchar() - before
+
+
+def test_dim0_chunks_are_copied_from_mappings(dcp_dirs, tmp_path):
+    """The dim-0 chunks of a tensor over a megabyte ("big": 2.4 MB of rows of 4000 bytes, the
+    second chunk starting mid-page) are copied page by page from mappings of the .distcp
+    files (piece_reader.cpp), the page the chunks share assembled from both: the process
+    reads through read() far less than the tensor, the pread path reads all of it, and both
+    give dcp.load's values bit for bit."""
+    if not userfaultfd_available():
+        pytest.skip("no userfaultfd here: the loader reads with pread")
+    d = scenario(dcp_dirs, "shard2")
+    want = loaded(d)
+    big = want["model.big"].numel() * want["model.big"].element_size()
+    mapped, pread = tmp_path / "mapped.pt", tmp_path / "pread.pt"
+    read_mapped = materialize_rchar(d, mapped)
+    read_pread = materialize_rchar(d, pread, env={"CKPTOOL_NO_USERFAULTFD": "1"})
+    assert read_pread >= big, f"the pread path read {read_pread} bytes for a {big}-byte tensor?"
+    assert read_mapped < big // 4, f"read() {read_mapped} bytes for a {big}-byte tensor: its chunks were not mapped"
+    for out in (mapped, pread):
+        got = torch.load(out, weights_only=True)
+        assert sorted(got) == sorted(want)
+        for k in want:
+            assert got[k].dtype == want[k].dtype and got[k].shape == want[k].shape, k
+            assert torch.equal(got[k].view(torch.uint8) if got[k].dim() else got[k],
+                               want[k].view(torch.uint8) if want[k].dim() else want[k]), (out.name, k)
+
+
+def test_json_times_the_open_apart(dcp_dirs):
+    """--json reports open_seconds (reading .metadata and every chunk's archive) beside
+    seconds (the load): the benchmark adds the two to compare with a Python loader's call."""
+    d = scenario(dcp_dirs, "shard2")
+    rc, so, err = run_ckptool("materialize", d, "--device", "cpu", "--json", timeout=120)
+    assert rc == 0, err
+    doc = json.loads(so)
+    assert isinstance(doc["open_seconds"], float) and 0 < doc["open_seconds"] < 60, doc
+    assert isinstance(doc["seconds"], float) and doc["seconds"] >= 0, doc
+
+
 @pytest.mark.parametrize("name", ["shard2", "grid4"])
 def test_materialize_assembled_dtype_and_meta(dcp_dirs, name, tmp_path):
     d = scenario(dcp_dirs, name)

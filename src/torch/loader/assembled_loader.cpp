@@ -84,10 +84,13 @@ loaded_tensors load_with_pieces(const checkpoint& c, std::vector<bool> needed, c
     if (targets.empty()) {
       targets.base.assign(c.storages.size(), nullptr);
       targets.boxes.assign(c.storages.size(), nullptr);
+      targets.fresh_bytes.assign(c.storages.size(), 0);
     }
+    const bool fresh = o.device.is_cpu() && t.nbytes >= kOwnMappingBytes;  // empty_cpu_tensor's own mapping
     for (size_t s : t.storages) {
       targets.base[s] = static_cast<uint8_t*>(whole[j].data_ptr());
       targets.boxes[s] = a.landing(s);
+      targets.fresh_bytes[s] = fresh ? t.nbytes : 0;
     }
   }
   out.storages = load_storages(c, needed, o, &targets);

@@ -18,6 +18,10 @@ namespace ckpt::detail {
 struct piece_targets {
   std::vector<uint8_t*> base;             // the tensor's first byte; null: not a piece
   std::vector<const box_landing*> boxes;  // where in it each piece's bytes go
+  // The tensor's bytes when it has a CPU mapping of its own whose pages nothing has touched
+  // (allocate_host_tensor), else 0 or empty: only such pages may be claimed by the page
+  // filler (piece_reader.cpp), which needs them fresh and the tensor's alone.
+  std::vector<uint64_t> fresh_bytes;
   bool empty() const { return base.empty(); }
 };
 
