@@ -5,8 +5,12 @@
 # quick local run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Each stage's end, in seconds since the start: where CI's time goes.
+started=$SECONDS
+stage() { echo "test.sh: [$((SECONDS - started)) s] $*"; }
 
 scripts/build.sh
+stage "normal build done"
 # Fixtures that real torch writes slowly (DCP directories from gloo ranks, AOTInductor
 # packages from Inductor's compiler) are built once and shared by the test files and by
 # both test runs; the tests only read them (dcp_fixtures.build serializes their writers).
@@ -29,6 +33,7 @@ if [ "${CKPTOOL_SKIP_ASAN:-0}" != 1 ]; then
 fi
 
 ctest --test-dir build --output-on-failure -j 2
+stage "normal suite done"
 
 if [ "${CKPTOOL_SKIP_ASAN:-0}" != 1 ]; then
   echo "test.sh: waiting for the sanitized build"
@@ -40,6 +45,7 @@ if [ "${CKPTOOL_SKIP_ASAN:-0}" != 1 ]; then
   fi
   asan_build_pid=
   tail -n 1 "$asan_build_log"
+  stage "sanitized build done"
   # Not under the sanitizers: the benchmark smoke test, and test_distributed (ckptool
   # processes under torchrun talking over c10d), whose reading and writing paths the
   # single-process tests run under ASan; it took ~50 s of the ~700 s ASan run.
@@ -51,7 +57,9 @@ if [ "${CKPTOOL_SKIP_ASAN:-0}" != 1 ]; then
   UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   PYTEST_ADDOPTS="$skip_py" \
     ctest --test-dir build-asan --output-on-failure -j 2
+  stage "sanitized suite done"
   ASAN_OPTIONS=detect_leaks=1 build-asan/tests/unit_tests
+  stage "leak-checked unit tests done"
 fi
 
 if [ "${CKPTOOL_SKIP_FUZZ:-0}" != 1 ]; then
@@ -60,4 +68,5 @@ if [ "${CKPTOOL_SKIP_FUZZ:-0}" != 1 ]; then
   # The targets come from the sanitized build (clang), or from a build of their own when
   # that was skipped. Long campaigns: fuzz/run.sh SECONDS.
   if [ "${CKPTOOL_SKIP_ASAN:-0}" != 1 ]; then BUILD_DIR=build-asan fuzz/run.sh --ci; else fuzz/run.sh --ci; fi
+  stage "fuzzing done"
 fi
