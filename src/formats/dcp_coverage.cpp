@@ -34,7 +34,7 @@ std::string source_of(const chunk* c, const std::vector<std::string>& sources) {
   throw e;
 }
 
-u128 volume(const std::vector<int64_t>& sizes) {
+u128 volume(const dim_list& sizes) {
   u128 v = 1;
   for (int64_t s : sizes) {
     if (s == 0) return 0;
@@ -88,19 +88,26 @@ std::optional<chunk> find_gap(const tensor_meta& t, const std::vector<const chun
 
 }  // namespace
 
-std::string format_shape(const std::vector<int64_t>& v) {
+namespace {
+
+std::string format_ints(const int64_t* v, size_t n) {
   // Once per chunk in every storage key ("w@(0, 0)"): one string, no temporaries.
   std::string s;
-  s.reserve(2 + 8 * v.size());
+  s.reserve(2 + 8 * n);
   s += '(';
   char digits[24];
-  for (size_t i = 0; i < v.size(); ++i) {
+  for (size_t i = 0; i < n; ++i) {
     if (i) s += ", ";
     s.append(digits, std::to_chars(digits, digits + sizeof digits, v[i]).ptr);
   }
-  s += v.size() == 1 ? ",)" : ")";
+  s += n == 1 ? ",)" : ")";
   return s;
 }
+
+}  // namespace
+
+std::string format_shape(const dim_list& v) { return format_ints(v.data(), v.size()); }
+std::string format_shape(const std::vector<int64_t>& v) { return format_ints(v.data(), v.size()); }
 
 void check_coverage(const std::string& fqn, const tensor_meta& t, const std::vector<std::string>& sources) {
   const size_t rank = t.size.size();
