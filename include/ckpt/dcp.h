@@ -145,7 +145,8 @@ class storage_index {
   /// Throws a corrupt ckpt::error naming the first entry listed twice (and, with `sources`,
   /// the metadata file that listed it: a rank-local merge).
   explicit storage_index(const std::vector<storage_item>& entries, const std::vector<std::string>& sources = {});
-  /// The entry of a chunk at `offsets`, or of a BYTE_IO item (offsets nullptr); nullptr if none.
+  /// The entry of a chunk at `offsets` (a chunk's own dim_list, or any list of coordinates
+  /// converted to one), or of a BYTE_IO item (offsets nullptr); nullptr if none.
   const storage_item* find(std::string_view fqn, const dim_list* offsets) const;
 
  private:
@@ -182,6 +183,5 @@ metadata merge_rank_local(std::vector<metadata> ranks, const std::vector<std::st
 
 /// "(3, 0)": a box coordinate as errors and reports print it.
 std::string format_shape(const dim_list& v);
-std::string format_shape(const std::vector<int64_t>& v);
 
 }  // namespace ckpt::dcp

@@ -37,8 +37,8 @@ class json_writer {
   void key(const char (&k)[N]) {
     constexpr size_t n = N - 1;
     const size_t depth = counts_.size();
-    const size_t indent = compact_ ? 0 : 1 + std::min(2 * depth, kMaxIndent);
-    if (compact_ || 2 * depth > kMaxIndent) return key(std::string_view(k, n));
+    if (2 * depth > kMaxIndent) return key(std::string_view(k, n));
+    const size_t indent = compact_ ? 0 : 1 + 2 * depth;
     if (cap_ - len_ < n + indent + 5) make_room(n + indent + 5);
     char* p = buf_.get() + len_;
     if (counts_.back()++ > 0) *p++ = ',';
@@ -47,8 +47,14 @@ class json_writer {
     *p++ = '"';
     std::memcpy(p, k, n);
     p += n;
-    std::memcpy(p, "\": ", 3);
-    len_ = size_t(p + 3 - buf_.get());
+    if (compact_) {
+      std::memcpy(p, "\":", 2);
+      p += 2;
+    } else {
+      std::memcpy(p, "\": ", 3);
+      p += 3;
+    }
+    len_ = size_t(p - buf_.get());
     after_key_ = true;
   }
   void string(std::string_view s);
