@@ -116,7 +116,7 @@ void print_set_text(std::ostream& out, const ckpt::checkpoint& c, const text_opt
       std::string notes;
       if (!whole) notes = std::to_string(n) + (n == 1 ? " chunk" : " chunks");
       const auto& shape = c.keys.shape(k, c.tensors);
-      rows.push_back({display_name(c.keys.key(k)), ckpt::name(c.keys.type(k, c.tensors)), ckpt::text::shape(shape),
+      rows.push_back({display_name(c.keys.key(k)), ckpt::name(c.keys.type(k, c.tensors)), shape_text(shape),
                       human_bytes(key_bytes(c, k)), notes});
       const auto& r = rows.back();
       w[0] = std::max(w[0], std::min<size_t>(r[0].size(), 72));

@@ -105,7 +105,7 @@ std::string kind_note(const ckpt::tensor_kind& k) {
 }
 
 row tensor_row(const ckpt::checkpoint& c, const ckpt::tensor_record& t, const std::string& key, bool with_notes) {
-  if (!with_notes) return {display_name(key), ckpt::name(t.type), ckpt::text::shape(t.shape), human_bytes(t.nbytes()), {}};
+  if (!with_notes) return {display_name(key), ckpt::name(t.type), shape_text(t.shape), human_bytes(t.nbytes()), {}};
   std::vector<std::string> notes;
   if (t.parameter) notes.push_back("param");
   if (t.kind) notes.push_back(kind_note(*t.kind));
@@ -126,7 +126,7 @@ row tensor_row(const ckpt::checkpoint& c, const ckpt::tensor_record& t, const st
   if (!t.location.empty() && t.location != "cpu" && t.location != "meta") notes.push_back("saved on " + display_name(t.location));
   std::string joined;
   for (const auto& n : notes) joined += (joined.empty() ? "" : ", ") + n;
-  return {display_name(key), ckpt::name(t.type), ckpt::text::shape(t.shape), human_bytes(t.nbytes()), joined};
+  return {display_name(key), ckpt::name(t.type), shape_text(t.shape), human_bytes(t.nbytes()), joined};
 }
 
 const char* wrapper_origin(const std::string& segment) {

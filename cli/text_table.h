@@ -3,11 +3,31 @@
 // keys is 100,000 fields; through the stream they cost as much as reading the checkpoint.
 #pragma once
 
+#include <charconv>
 #include <ostream>
 #include <string>
 #include <string_view>
 
 namespace cli {
+
+/// "[419, 64]", as ckpt::text::shape prints a shape (a negative dimension, a nested
+/// tensor's varying one, as "?"), from a dim_list without converting it to a vector.
+template <class Dims>
+std::string shape_text(const Dims& dims) {
+  std::string out;
+  out.reserve(2 + 8 * dims.size());
+  out += '[';
+  char digits[24];
+  for (size_t i = 0; i < dims.size(); ++i) {
+    if (i) out.append(", ", 2);
+    if (dims[i] < 0)
+      out += '?';
+    else
+      out.append(digits, std::to_chars(digits, digits + sizeof digits, dims[i]).ptr);
+  }
+  out += ']';
+  return out;
+}
 
 class table_lines {
  public:
