@@ -57,6 +57,28 @@ ckpt::file_fingerprint add_checkpoint_inputs(ckpt::output_set& set, const std::s
 std::string human_bytes(uint64_t n) {
   static const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
   if (n < 1024) return std::to_string(n) + " B";
+  char buf[48];
+  if (n < (uint64_t(1) << 53)) {
+    // n / 1024^u to one decimal in integers: the value is n * 10 / 2^(10u) exactly, rounded
+    // half to even as printf's "%.1f" (and to_chars below) round the exact double, which
+    // below 2^53 is n itself. Twice per row of a 20,000-key table, the double path was 7%
+    // of inspect.
+    int u = 1;
+    while (u < 5 && n >= (uint64_t(1) << (10 * (u + 1)))) ++u;
+    const unsigned shift = 10 * unsigned(u);
+    const unsigned __int128 tenths = static_cast<unsigned __int128>(n) * 10;
+    uint64_t q = uint64_t(tenths >> shift);
+    const unsigned __int128 rest = tenths & ((static_cast<unsigned __int128>(1) << shift) - 1);
+    const unsigned __int128 half = static_cast<unsigned __int128>(1) << (shift - 1);
+    if (rest > half || (rest == half && (q & 1))) ++q;
+    char* end = std::to_chars(buf, buf + 32, q / 10).ptr;
+    *end++ = '.';
+    *end++ = char('0' + q % 10);
+    *end++ = ' ';
+    std::string out(buf, end);
+    out += units[u];
+    return out;
+  }
   double v = double(n);
   int u = 0;
   while (v >= 1024 && u < 5) {
@@ -65,7 +87,6 @@ std::string human_bytes(uint64_t n) {
   }
   // to_chars with a precision rounds as printf's "%.1f" does, without printf's parsing
   // of a format for each of 20,000 rows.
-  char buf[48];
   char* end = std::to_chars(buf, buf + 32, v, std::chars_format::fixed, 1).ptr;
   *end++ = ' ';
   std::string out(buf, end);

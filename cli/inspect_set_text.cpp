@@ -13,6 +13,7 @@
 #include "ckpt/wrappers.h"
 #include "common.h"
 #include "inspect_text.h"
+#include "text_table.h"
 
 namespace cli {
 namespace {
@@ -115,26 +116,32 @@ void print_set_text(std::ostream& out, const ckpt::checkpoint& c, const text_opt
       std::string notes;
       if (!whole) notes = std::to_string(n) + (n == 1 ? " chunk" : " chunks");
       const auto& shape = c.keys.shape(k, c.tensors);
-      rows.push_back({display_name(c.keys.key(k)), ckpt::name(c.keys.type(k, c.tensors)), ckpt::text::shape(shape),
+      rows.push_back({display_name(c.keys.key(k)), ckpt::name(c.keys.type(k, c.tensors)), shape_text(shape),
                       human_bytes(key_bytes(c, k)), notes});
       const auto& r = rows.back();
       w[0] = std::max(w[0], std::min<size_t>(r[0].size(), 72));
       for (int i = 1; i < 4; ++i) w[i] = std::max(w[i], r[size_t(i)].size());
     }
+    table_lines lines(out);
     auto line = [&](const std::array<std::string, 5>& r) {
-      out << "  " << std::left << std::setw(int(w[0])) << r[0] << "  " << std::setw(int(w[1])) << r[1] << "  "
-          << std::setw(int(w[2])) << r[2] << "  " << std::right << std::setw(int(w[3])) << r[3];
-      if (!r[4].empty()) out << "  " << r[4];
-      out << "\n";
+      lines.text("  ").left(r[0], w[0]).text("  ").left(r[1], w[1]).text("  ").left(r[2], w[2]).text("  ");
+      lines.right(r[3], w[3]);
+      if (!r[4].empty()) lines.text("  ").text(r[4]);
+      lines.end_line();
     };
-    out << "\n";
+    lines.end_line();
     line({"KEY", "DTYPE", "SHAPE", "BYTES", "NOTES"});
     for (size_t i = 0; i < shown.size(); ++i) {
       line(rows[i]);
       if (options.chunks)
-        for (size_t p = 0; p < c.keys.piece_count(shown[i]); ++p)
-          out << "      " << piece_text(c, c.keys.piece(shown[i], p)) << "\n";
+        for (size_t p = 0; p < c.keys.piece_count(shown[i]); ++p) {
+          lines.text("      ").text(piece_text(c, c.keys.piece(shown[i], p)));
+          lines.end_line();
+        }
     }
+    lines.flush();
+    // The stream's alignment as the manipulators this replaced left it.
+    out.setf(std::ios::right, std::ios::adjustfield);
   }
 
   out << "\ntotals";

@@ -15,6 +15,7 @@
 #include "base/text_escape.h"
 #include "ckpt/wrappers.h"
 #include "common.h"
+#include "text_table.h"
 #include "base/text.h"
 
 namespace cli {
@@ -41,14 +42,18 @@ void print_table(std::ostream& out, const List& list, const Rows& make_row) {
     w[2] = std::max(w[2], r.shape.size());
     w[3] = std::max(w[3], r.bytes.size());
   });
+  table_lines lines(out);
   auto line = [&](const row& r) {
-    out << "  " << std::left << std::setw(int(w[0])) << r.key << "  " << std::setw(int(w[1])) << r.dtype << "  "
-        << std::setw(int(w[2])) << r.shape << "  " << std::right << std::setw(int(w[3])) << r.bytes;
-    if (!r.notes.empty()) out << "  " << r.notes;
-    out << "\n";
+    lines.text("  ").left(r.key, w[0]).text("  ").left(r.dtype, w[1]).text("  ").left(r.shape, w[2]).text("  ");
+    lines.right(r.bytes, w[3]);
+    if (!r.notes.empty()) lines.text("  ").text(r.notes);
+    lines.end_line();
   };
   line({"KEY", "DTYPE", "SHAPE", "BYTES", "NOTES"});
   make_row(list, true, line);
+  lines.flush();
+  // The stream's alignment as the manipulators this replaced left it.
+  out.setf(std::ios::right, std::ios::adjustfield);
 }
 
 // Shortest form that reads back as the same double, as Python's repr does ("0.01").
@@ -100,7 +105,7 @@ std::string kind_note(const ckpt::tensor_kind& k) {
 }
 
 row tensor_row(const ckpt::checkpoint& c, const ckpt::tensor_record& t, const std::string& key, bool with_notes) {
-  if (!with_notes) return {display_name(key), ckpt::name(t.type), ckpt::text::shape(t.shape), human_bytes(t.nbytes()), {}};
+  if (!with_notes) return {display_name(key), ckpt::name(t.type), shape_text(t.shape), human_bytes(t.nbytes()), {}};
   std::vector<std::string> notes;
   if (t.parameter) notes.push_back("param");
   if (t.kind) notes.push_back(kind_note(*t.kind));
@@ -121,7 +126,7 @@ row tensor_row(const ckpt::checkpoint& c, const ckpt::tensor_record& t, const st
   if (!t.location.empty() && t.location != "cpu" && t.location != "meta") notes.push_back("saved on " + display_name(t.location));
   std::string joined;
   for (const auto& n : notes) joined += (joined.empty() ? "" : ", ") + n;
-  return {display_name(key), ckpt::name(t.type), ckpt::text::shape(t.shape), human_bytes(t.nbytes()), joined};
+  return {display_name(key), ckpt::name(t.type), shape_text(t.shape), human_bytes(t.nbytes()), joined};
 }
 
 const char* wrapper_origin(const std::string& segment) {

@@ -124,6 +124,10 @@ class dim_list {
     return a.size_ == b.size_ && std::equal(a.begin(), a.end(), b.begin());
   }
   friend bool operator!=(const dim_list& a, const dim_list& b) { return !(a == b); }
+  // Lexicographic, as std::vector orders (sorting boxes by their coordinates).
+  friend bool operator<(const dim_list& a, const dim_list& b) {
+    return std::lexicographical_compare(a.begin(), a.end(), b.begin(), b.end());
+  }
   friend bool operator==(const dim_list& a, const std::vector<int64_t>& b) {
     return a.size_ == b.size() && std::equal(a.begin(), a.end(), b.begin());
   }

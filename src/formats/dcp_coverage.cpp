@@ -34,7 +34,7 @@ std::string source_of(const chunk* c, const std::vector<std::string>& sources) {
   throw e;
 }
 
-u128 volume(const std::vector<int64_t>& sizes) {
+u128 volume(const dim_list& sizes) {
   u128 v = 1;
   for (int64_t s : sizes) {
     if (s == 0) return 0;
@@ -43,6 +43,19 @@ u128 volume(const std::vector<int64_t>& sizes) {
     if (v > u128(UINT64_MAX)) return u128(UINT64_MAX) + 1;
   }
   return v;
+}
+
+// std::stable_sort's order without its temporary buffer (a heap block per call) for the
+// few boxes a tensor usually has: insertion sort is stable.
+template <class Less>
+void stable_sort_small(std::vector<const chunk*>& v, Less less) {
+  if (v.size() > 32) return std::stable_sort(v.begin(), v.end(), less);
+  for (size_t i = 1; i < v.size(); ++i) {
+    const chunk* x = v[i];
+    size_t j = i;
+    for (; j > 0 && less(x, v[j - 1]); --j) v[j] = v[j - 1];
+    v[j] = x;
+  }
 }
 
 bool empty_box(const chunk& c) {
@@ -88,19 +101,25 @@ std::optional<chunk> find_gap(const tensor_meta& t, const std::vector<const chun
 
 }  // namespace
 
-std::string format_shape(const std::vector<int64_t>& v) {
+namespace {
+
+std::string format_ints(const int64_t* v, size_t n) {
   // Once per chunk in every storage key ("w@(0, 0)"): one string, no temporaries.
   std::string s;
-  s.reserve(2 + 8 * v.size());
+  s.reserve(2 + 8 * n);
   s += '(';
   char digits[24];
-  for (size_t i = 0; i < v.size(); ++i) {
+  for (size_t i = 0; i < n; ++i) {
     if (i) s += ", ";
     s.append(digits, std::to_chars(digits, digits + sizeof digits, v[i]).ptr);
   }
-  s += v.size() == 1 ? ",)" : ")";
+  s += n == 1 ? ",)" : ")";
   return s;
 }
+
+}  // namespace
+
+std::string format_shape(const dim_list& v) { return format_ints(v.data(), v.size()); }
 
 void check_coverage(const std::string& fqn, const tensor_meta& t, const std::vector<std::string>& sources) {
   const size_t rank = t.size.size();
@@ -121,28 +140,30 @@ void check_coverage(const std::string& fqn, const tensor_meta& t, const std::vec
   // A replicated tensor listed once per replica is one box; distinct non-empty boxes must
   // be disjoint. Sweep along the dimension with the most distinct starts, so row- and
   // column-sharded tensors alike compare each box with its neighbours only.
-  std::vector<const chunk*> boxes;
+  // Per-thread scratch: 20,000 sharded keys made 140,000 small vectors and sort buffers.
+  thread_local std::vector<const chunk*> boxes, by_start;
+  thread_local std::vector<int64_t> starts;
+  boxes.clear();
   for (const chunk& c : t.chunks)
     if (!empty_box(c)) boxes.push_back(&c);
   auto same = [](const chunk* a, const chunk* b) { return a->offsets == b->offsets && a->sizes == b->sizes; };
   auto order = [](const chunk* a, const chunk* b) {
     return std::tie(a->offsets, a->sizes) < std::tie(b->offsets, b->sizes);
   };
-  std::stable_sort(boxes.begin(), boxes.end(), order);
+  stable_sort_small(boxes, order);
   boxes.erase(std::unique(boxes.begin(), boxes.end(), same), boxes.end());
 
   size_t sweep = 0, best = 0;
   for (size_t d = 0; d < rank; ++d) {
-    std::vector<int64_t> starts;
+    starts.clear();
     for (const chunk* c : boxes) starts.push_back(c->offsets[d]);
     std::sort(starts.begin(), starts.end());
     size_t distinct = size_t(std::unique(starts.begin(), starts.end()) - starts.begin());
     if (distinct > best) best = distinct, sweep = d;
   }
-  std::vector<const chunk*> by_start = boxes;
+  by_start.assign(boxes.begin(), boxes.end());
   if (rank > 0)
-    std::stable_sort(by_start.begin(), by_start.end(),
-                     [&](const chunk* a, const chunk* b) { return a->offsets[sweep] < b->offsets[sweep]; });
+    stable_sort_small(by_start, [&](const chunk* a, const chunk* b) { return a->offsets[sweep] < b->offsets[sweep]; });
   for (size_t i = 0; i < by_start.size(); ++i) {
     const chunk& a = *by_start[i];
     for (size_t j = i + 1; j < by_start.size(); ++j) {

@@ -388,14 +388,14 @@ class stream_decoder {
     if (tag_of(o.state) != t_absent) no();
     return tuple(o.args, n);
   }
-  std::vector<int64_t> size_of(slot s, bool allow_negative) const {
+  dim_list size_of(slot s, bool allow_negative) const {
     size_t n = 0;
     const slot* a = call_args(s, cls::size, &n);
     if (n != 1) no();
     size_t d = 0;
     const slot* dims = tuple(a[0], &d);
     if (d > 64) no();
-    std::vector<int64_t> out(d);
+    dim_list out(d);
     for (size_t i = 0; i < d; ++i) {
       out[i] = integer(dims[i]);
       if (!allow_negative && out[i] < 0) no();

@@ -11,9 +11,9 @@
 namespace ckpt::dcp {
 namespace {
 
-const std::vector<int64_t>* offsets_of(const storage_item& s) { return s.offsets ? &*s.offsets : nullptr; }
+const dim_list* offsets_of(const storage_item& s) { return s.offsets ? &*s.offsets : nullptr; }
 
-uint64_t hash_of(std::string_view fqn, const std::vector<int64_t>* offsets) {
+uint64_t hash_of(std::string_view fqn, const dim_list* offsets) {
   uint64_t h = std::hash<std::string_view>{}(fqn);
   if (offsets) {
     for (int64_t x : *offsets) h = (h ^ uint64_t(x)) * 0x9E3779B97F4A7C15ull;
@@ -31,8 +31,8 @@ uint64_t slot_of(uint64_t hash, size_t entry) { return (hash & 0xFFFFFFFF0000000
 size_t entry_of(uint64_t slot) { return size_t(uint32_t(slot)) - 1; }
 bool tag_matches(uint64_t slot, uint64_t hash) { return (slot ^ hash) >> 32 == 0; }
 
-bool same(const storage_item& s, std::string_view fqn, const std::vector<int64_t>* offsets) {
-  const std::vector<int64_t>* mine = offsets_of(s);
+bool same(const storage_item& s, std::string_view fqn, const dim_list* offsets) {
+  const dim_list* mine = offsets_of(s);
   return s.fqn == fqn && (mine && offsets ? *mine == *offsets : mine == offsets);
 }
 
@@ -62,7 +62,7 @@ storage_index::storage_index(const std::vector<storage_item>& entries, const std
   }
 }
 
-const storage_item* storage_index::find(std::string_view fqn, const std::vector<int64_t>* offsets) const {
+const storage_item* storage_index::find(std::string_view fqn, const dim_list* offsets) const {
   if (slots_.empty()) return nullptr;
   const size_t mask = slots_.size() - 1;
   const uint64_t h = hash_of(fqn, offsets);

@@ -8,6 +8,7 @@
 #include "model/open_dcp.h"
 
 #include <algorithm>
+#include <charconv>
 #include <map>
 #include <memory>
 #include <set>
@@ -25,17 +26,31 @@ namespace {
 
 std::string join(const std::string& dir, const std::string& name) { return dir.empty() ? name : dir + "/" + name; }
 
-int64_t volume(const std::vector<int64_t>& sizes) {
+int64_t volume(const dim_list& sizes) {
   int64_t n = 1;
   for (int64_t s : sizes) n *= s;  // bounded: check_coverage refused shapes past INT64_MAX
   return n;
 }
 
-dim_list contiguous_stride(const std::vector<int64_t>& shape) {
+dim_list contiguous_stride(const dim_list& shape) {
   dim_list stride;
   stride.assign(shape.size(), 1);
   for (size_t i = shape.size(); i-- > 1;) stride[i - 1] = stride[i] * std::max<int64_t>(shape[i], 1);
   return stride;
+}
+
+// "fqn@(0, 64)": a chunk's storage key, built in one string (once per chunk).
+std::string storage_key(const std::string& fqn, const dim_list& offsets) {
+  std::string key;
+  key.reserve(fqn.size() + 4 + 8 * offsets.size());
+  key.append(fqn).append(1, '@').append(1, '(');
+  char digits[24];
+  for (size_t i = 0; i < offsets.size(); ++i) {
+    if (i) key.append(", ", 2);
+    key.append(digits, std::to_chars(digits, digits + sizeof digits, offsets[i]).ptr);
+  }
+  key.append(offsets.size() == 1 ? ",)" : ")");
+  return key;
 }
 
 // planner_data's path for a key when the writer flattened a nested state dict; the key
@@ -200,7 +215,7 @@ class dcp_reader {
                                                                  s.transform_descriptors.front() + ")");
   }
 
-  const dcp::storage_item& storage_of(const std::string& fqn, const std::vector<int64_t>* offsets) {
+  const dcp::storage_item& storage_of(const std::string& fqn, const dim_list* offsets) {
     return *where_.find(fqn, offsets);  // check_metadata found every chunk's and item's entry
   }
 
@@ -250,7 +265,7 @@ class dcp_reader {
     const data_file& d = files_.at(s.relative_path);
     tensor_record t;
     storage_record st;
-    st.key = it.fqn + "@" + dcp::format_shape(ch.offsets);
+    st.key = storage_key(it.fqn, ch.offsets);
     st.type = it.tensor.type;
     st.location = "cpu";
     st.tensor_count = 1;
@@ -276,7 +291,7 @@ class dcp_reader {
       if (r.kind || r.quant || !r.storage)
         mismatch(s, in + "holds a " + std::string(r.kind ? r.kind->layout : r.quant ? "quantized" : "meta") +
                         " tensor, not a plain one");
-      if (r.type != it.tensor.type || std::vector<int64_t>(r.shape.begin(), r.shape.end()) != ch.sizes)
+      if (r.type != it.tensor.type || r.shape != ch.sizes)
         mismatch(s, in + "holds " + std::string(name(r.type)) + " " + text::shape(r.shape) + ", the metadata says " +
                         name(it.tensor.type) + " " + dcp::format_shape(ch.sizes));
       if (a.storages.size() != 1 || a.storages[0].nbytes < r.nbytes())

@@ -11,23 +11,17 @@ namespace {
 
 constexpr size_t kBufferSize = 1 << 16;
 
-// A newline and the deepest indentation the inspect document needs; deeper levels are
-// written in pieces.
-constexpr char kIndent[] =
-    "\n                                                                ";
-constexpr size_t kMaxIndent = sizeof kIndent - 2;
-
 // Printable ASCII other than '"' and '\\' is written as is by every JSON serializer; any
 // other byte (escapes, UTF-8, invalid UTF-8, WTF-8 surrogates) is left to json_text, so
 // those strings come out exactly as the nlohmann serializer writes them.
-bool plain_byte(unsigned char b) { return b >= 0x20 && b < 0x7f && b != '"' && b != '\\'; }
+inline __attribute__((always_inline)) bool plain_byte(unsigned char b) { return b >= 0x20 && b < 0x7f && b != '"' && b != '\\'; }
 
 // The same test on eight bytes at once (the bit tricks of Anderson's "Bit Twiddling Hacks":
 // haszero, hasless, hasmore), exact as a yes/no for the word: a report is mostly keys and
 // names, tens of millions of bytes for a large set.
 constexpr uint64_t kOnes = 0x0101010101010101ull, kHighs = 0x8080808080808080ull;
-bool has_zero_byte(uint64_t w) { return ((w - kOnes) & ~w & kHighs) != 0; }
-bool plain_word(uint64_t w) {
+inline __attribute__((always_inline)) bool has_zero_byte(uint64_t w) { return ((w - kOnes) & ~w & kHighs) != 0; }
+inline __attribute__((always_inline)) bool plain_word(uint64_t w) {
   const bool below_space = ((w - kOnes * 0x20) & ~w & kHighs) != 0;
   const bool above_tilde = (((w + kOnes * (0x7f - 0x7e)) | w) & kHighs) != 0;
   return !below_space && !above_tilde && !has_zero_byte(w ^ (kOnes * '"')) && !has_zero_byte(w ^ (kOnes * '\\'));
@@ -90,31 +84,74 @@ void json_writer::close(char bracket) {
 
 void json_writer::quoted(std::string_view s) {
   // The common string is plain: checked and copied in the same pass over its words, into
-  // the buffer directly (committed only if it was plain).
-  if (cap_ - len_ < s.size() + 2) make_room(s.size() + 2);
+  // the buffer directly (committed only if it was plain). A tail shorter than a word is
+  // checked as the string's last eight bytes, overlapping what was checked already.
+  const size_t n = s.size();
+  if (cap_ - len_ < n + 2) make_room(n + 2);
   char* out = buf_.get() + len_ + 1;
-  size_t i = 0;
   bool is_plain = true;
-  for (uint64_t w; i + 8 <= s.size(); i += 8) {
-    std::memcpy(&w, s.data() + i, 8);
-    if (!plain_word(w)) {
-      is_plain = false;
-      break;
+  if (n >= 8) {
+    size_t i = 0;
+    for (uint64_t w; i + 8 <= n; i += 8) {
+      std::memcpy(&w, s.data() + i, 8);
+      if (!plain_word(w)) {
+        is_plain = false;
+        break;
+      }
+      std::memcpy(out + i, &w, 8);
     }
-    std::memcpy(out + i, &w, 8);
-  }
-  for (; is_plain && i < s.size(); ++i) {
-    if (!plain_byte(static_cast<unsigned char>(s[i]))) is_plain = false;
-    out[i] = s[i];
+    if (is_plain && i < n) {
+      uint64_t w;
+      std::memcpy(&w, s.data() + n - 8, 8);
+      if (plain_word(w))
+        std::memcpy(out + n - 8, &w, 8);
+      else
+        is_plain = false;
+    }
+  } else {
+    for (size_t i = 0; is_plain && i < n; ++i) {
+      if (!plain_byte(static_cast<unsigned char>(s[i]))) is_plain = false;
+      out[i] = s[i];
+    }
   }
   if (is_plain) {
     out[-1] = '"';
-    out[s.size()] = '"';
-    len_ += s.size() + 2;
+    out[n] = '"';
+    len_ += n + 2;
   } else {
     const std::string text = json_text(nlohmann::json(std::string(s)), 0);
     put(text.data(), text.size());
   }
+}
+
+void json_writer::ints(const int64_t* v, size_t n, size_t pad_to) {
+  const size_t total = std::max(n, pad_to);
+  const size_t depth = counts_.size() + 1;
+  if (2 * depth > kMaxIndent || total == 0) {
+    begin_array();
+    for (size_t i = 0; i < total; ++i) number(i < n ? v[i] : int64_t(0));
+    end_array();
+    return;
+  }
+  before_value();
+  // Each element: a comma, the newline and indentation, at most 20 digits and a sign.
+  const size_t indent = compact_ ? 0 : 1 + 2 * depth;
+  const size_t need = 1 + total * (1 + indent + 21) + indent;
+  if (cap_ - len_ < need) make_room(need);
+  char* p = buf_.get() + len_;
+  *p++ = '[';
+  for (size_t i = 0; i < total; ++i) {
+    if (i) *p++ = ',';
+    std::memcpy(p, kIndent, indent);
+    p += indent;
+    p = std::to_chars(p, p + 21, i < n ? v[i] : int64_t(0)).ptr;
+  }
+  if (!compact_) {
+    std::memcpy(p, kIndent, indent - 2);
+    p += indent - 2;
+  }
+  *p++ = ']';
+  len_ = size_t(p - buf_.get());
 }
 
 void json_writer::string(std::string_view s) {
@@ -124,16 +161,14 @@ void json_writer::string(std::string_view s) {
 
 void json_writer::number(int64_t v) {
   before_value();
-  char tmp[24];
-  auto r = std::to_chars(tmp, tmp + sizeof tmp, v);
-  put(tmp, size_t(r.ptr - tmp));
+  if (cap_ - len_ < 24) make_room(24);
+  len_ = size_t(std::to_chars(buf_.get() + len_, buf_.get() + len_ + 24, v).ptr - buf_.get());
 }
 
 void json_writer::number(uint64_t v) {
   before_value();
-  char tmp[24];
-  auto r = std::to_chars(tmp, tmp + sizeof tmp, v);
-  put(tmp, size_t(r.ptr - tmp));
+  if (cap_ - len_ < 24) make_room(24);
+  len_ = size_t(std::to_chars(buf_.get() + len_, buf_.get() + len_ + 24, v).ptr - buf_.get());
 }
 
 void json_writer::boolean(bool v) {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <algorithm>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -28,10 +29,41 @@ class json_writer {
   void end_array() { close(']'); }
   /// The next member's key, inside an object.
   void key(std::string_view k);
+  /// The same, for a key spelled in the source: printable ASCII without '"' or '\\' (every
+  /// member name of the inspect document), so nothing is checked and the comma, newline,
+  /// indentation, quoted name and ": " go to the buffer in one reservation. A report writes
+  /// two million of them for a DCP directory of 80,000 chunks.
+  template <size_t N>
+  void key(const char (&k)[N]) {
+    constexpr size_t n = N - 1;
+    const size_t depth = counts_.size();
+    if (2 * depth > kMaxIndent) return key(std::string_view(k, n));
+    const size_t indent = compact_ ? 0 : 1 + 2 * depth;
+    if (cap_ - len_ < n + indent + 5) make_room(n + indent + 5);
+    char* p = buf_.get() + len_;
+    if (counts_.back()++ > 0) *p++ = ',';
+    std::memcpy(p, kIndent, indent);
+    p += indent;
+    *p++ = '"';
+    std::memcpy(p, k, n);
+    p += n;
+    if (compact_) {
+      std::memcpy(p, "\":", 2);
+      p += 2;
+    } else {
+      std::memcpy(p, "\": ", 3);
+      p += 3;
+    }
+    len_ = size_t(p - buf_.get());
+    after_key_ = true;
+  }
   void string(std::string_view s);
   void number(int64_t v);
   void number(uint64_t v);
   void boolean(bool v);
+  /// An array of integers, as begin_array, number for each, end_array would write it; with
+  /// pad_to, zeros follow up to that many elements.
+  void ints(const int64_t* v, size_t n, size_t pad_to = 0);
   void null();
   /// A value built as a tree (small, irregular parts of a document), indented to fit here.
   void value(const nlohmann::json& v);
@@ -56,6 +88,12 @@ class json_writer {
     buf_[len_++] = c;
   }
   void make_room(size_t n);
+
+  // A newline and the deepest indentation written in one piece; deeper levels are written
+  // in pieces.
+  static constexpr char kIndent[] =
+      "\n                                                                ";
+  static constexpr size_t kMaxIndent = sizeof kIndent - 2;
 
   sink out_;
   std::unique_ptr<char[]> buf_;

@@ -37,14 +37,7 @@ void write_path(detail::json_writer& w, const value_path& path) {
 // Any range of integers (a vector, a dim_list), written where it lies: no copy per row.
 template <typename Ints>
 void write_ints(detail::json_writer& w, const Ints& v, size_t pad_to = 0) {
-  w.begin_array();
-  size_t n = 0;
-  for (int64_t x : v) {
-    w.number(x);
-    ++n;
-  }
-  for (; n < pad_to; ++n) w.number(int64_t(0));
-  w.end_array();
+  w.ints(v.data(), v.size(), pad_to);
 }
 
 void write_strings(detail::json_writer& w, const std::vector<std::string>& v) {

@@ -108,7 +108,7 @@ TEST_CASE("storage_index finds each entry by fqn and offsets, and nothing else")
 
   const dcp::storage_index index(entries);
   for (const auto& s : entries) CHECK(index.find(s.fqn, s.offsets ? &*s.offsets : nullptr) == &s);
-  const std::vector<int64_t> elsewhere{2, 0}, wrong_rank{0};
+  const ckpt::dim_list elsewhere{2, 0}, wrong_rank{0};
   CHECK(index.find("layers.7.w", &elsewhere) == nullptr);
   CHECK(index.find("layers.7.w", &wrong_rank) == nullptr);
   CHECK(index.find("layers.7.w", nullptr) == nullptr);

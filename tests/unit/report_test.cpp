@@ -112,6 +112,62 @@ TEST_CASE("json_writer escapes every byte that needs it, wherever it sits in a s
   }
 }
 
+TEST_CASE("json_writer checks strings of every length, the short ones and the overlapping tail") {
+  // Under eight bytes a string is checked byte by byte; from eight on, its last word
+  // overlaps what the word loop already checked.
+  for (size_t len = 1; len <= 25; ++len)
+    for (int byte : {0x00, 0x1f, 0x22, 0x5c, 0x7f, 0x80, 0xc3, 0xff}) {
+      for (size_t at = 0; at < len; ++at) {
+        std::string s(len, 'a');
+        s[at] = char(byte);
+        CAPTURE(len);
+        CAPTURE(byte);
+        CAPTURE(at);
+        REQUIRE(written(json(s), -1) == ckpt::json_text(json(s), -1));
+        REQUIRE(written(json(s)) == ckpt::json_text(json(s)));
+      }
+    }
+}
+
+TEST_CASE("json_writer's literal keys and integer arrays lay out as nlohmann's dump does") {
+  // The inspect document's own member names take the literal-key path, its shapes and
+  // offsets the integer-array path: both at every depth up to past the one-piece
+  // indentation, indented and compact, with padding and empty arrays.
+  for (int indent : {2, -1}) {
+    for (int depth = 0; depth < 36; ++depth) {
+      std::string out;
+      json_writer w([&](std::string_view piece) { out += piece; }, indent);
+      json expect = json::object();
+      json* at = &expect;
+      for (int d = 0; d < depth; ++d) {
+        w.begin_object();
+        w.key("down");
+        at = &((*at)["down"] = json::object());
+      }
+      w.begin_object();
+      const int64_t dims[] = {419, -64, INT64_MIN, INT64_MAX, 0};
+      w.key("empty");
+      w.ints(dims, 0);
+      w.key("padded");
+      w.ints(dims, 2, 4);
+      w.key("shape");
+      w.ints(dims, 5);
+      w.key("zeros");
+      w.ints(dims, 0, 2);
+      w.end_object();
+      (*at)["empty"] = json::array();
+      (*at)["padded"] = {419, -64, 0, 0};
+      (*at)["shape"] = {419, -64, INT64_MIN, INT64_MAX, 0};
+      (*at)["zeros"] = {0, 0};
+      for (int d = 0; d < depth; ++d) w.end_object();
+      w.flush();
+      CAPTURE(indent);
+      CAPTURE(depth);
+      REQUIRE(out == ckpt::json_text(expect, indent));
+    }
+  }
+}
+
 TEST_CASE("json_writer embeds prebuilt values at the current indentation") {
   json inner = {{"a", {1, 2}}, {"b", {{"c", "\xed\xb2\x80"}}}};
   std::string out;
