@@ -4,9 +4,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
+#include <functional>
 #include <iostream>
 #include <memory>
+#include <thread>
 
 #include <spdlog/spdlog.h>
 
@@ -145,6 +148,12 @@ void report(const convert_options& o, const ckpt::convert_request& req, const ck
   out << " (" << human_bytes(r.bytes_written) << ")\n";
 }
 
+void warn_abandoned(const ckpt::output_dir& dir) {
+  for (const auto& d : dir.abandoned_removed())
+    spdlog::warn("removed {}: the staging directory of an earlier run that ended before its commit (killed)",
+                 ckpt::display_name(d));
+}
+
 // Test hook for the parallel failure tests (tests/py/test_distributed.py): the rank this
 // names kills itself (SIGKILL: no handler, no cleanup) once it has written part of a file.
 void install_test_kill(ckpt::convert_request& req, int rank) {
@@ -152,6 +161,22 @@ void install_test_kill(ckpt::convert_request& req, int rank) {
   if (!named || std::to_string(rank) != named) return;
   req.progress = [](uint64_t done, uint64_t) {
     if (done > 0) ::kill(::getpid(), SIGKILL);
+  };
+}
+
+// Test hook for the commit tests (tests/py/test_distributed_commit.py):
+// CKPTOOL_TEST_DELAY_RANK=R:SECONDS makes rank R sleep after its last check, just before
+// it reports ready to commit (on rank 0, after `.metadata` is written).
+std::function<void()> with_test_delay(std::function<void()> check, int rank) {
+  const char* spec = std::getenv("CKPTOOL_TEST_DELAY_RANK");
+  if (!spec) return check;
+  const std::string s = spec;
+  const size_t colon = s.find(':');
+  if (colon == std::string::npos || s.substr(0, colon) != std::to_string(rank)) return check;
+  const double seconds = std::atof(s.c_str() + colon + 1);
+  return [check = std::move(check), seconds] {
+    check();
+    std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
   };
 }
 
@@ -222,10 +247,11 @@ int run_convert(const convert_options& o) {
   ckpt::convert_result r;
   if (parallel) {
     install_test_kill(req, group->rank());
-    const auto check = [&set] { set.check_inputs_unchanged(); };
+    const auto check = with_test_delay([&set] { set.check_inputs_unchanged(); }, group->rank());
     r = to_dcp ? ckpt::write_converted_dcp(*group, c, plan, dir.get(), files, req, check)
                : ckpt::write_converted_hf_set(*group, c, plan, dir.get(), files, req, check);
     if (!rank0) return 0;
+    warn_abandoned(*dir);
     report(o, req, plan, r, *text);
     return 0;
   }
@@ -251,6 +277,7 @@ int run_convert(const convert_options& o) {
   if (dir) {
     set.check_inputs_unchanged();
     dir->commit();
+    warn_abandoned(*dir);
   } else {
     set.commit();
   }

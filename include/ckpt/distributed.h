@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -53,6 +54,15 @@ class process_group {
   virtual std::string broadcast(const std::string& step, const std::string& bytes) = 0;
   /// Returns once every rank has called it.
   virtual void barrier(const std::string& step) = 0;
+  /// Sets `key` to `proposal` unless some rank set it first, atomically (a compare-and-set
+  /// in the rendezvous store); returns its value either way. Does not wait for other ranks:
+  /// ranks that no longer hear from each other in time still agree on one value.
+  virtual std::string decide(const std::string& key, const std::string& proposal) = 0;
+  /// Sets `key` (for wait_for), whatever it held.
+  virtual void post(const std::string& key, const std::string& value) = 0;
+  /// `key`'s value once some rank set it (decide or post); nullopt when none did within
+  /// the group's timeout.
+  virtual std::optional<std::string> wait_for(const std::string& key) = 0;
 };
 
 /// One process alone.
@@ -63,6 +73,18 @@ class single_process final : public process_group {
   std::vector<std::string> all_gather(const std::string&, const std::string& bytes) override { return {bytes}; }
   std::string broadcast(const std::string&, const std::string& bytes) override { return bytes; }
   void barrier(const std::string&) override {}
+  std::string decide(const std::string& key, const std::string& proposal) override {
+    return values_.emplace(key, proposal).first->second;
+  }
+  void post(const std::string& key, const std::string& value) override { values_[key] = value; }
+  std::optional<std::string> wait_for(const std::string& key) override {
+    const auto it = values_.find(key);
+    if (it == values_.end()) return std::nullopt;
+    return it->second;
+  }
+
+ private:
+  std::map<std::string, std::string> values_;
 };
 
 /// Runs `work` on this rank, then tells every rank how every rank did. Returns on every
@@ -72,5 +94,20 @@ class single_process final : public process_group {
 /// `work` may throw anything; what is not a ckpt::error counts as errc::io (out of memory)
 /// or an internal error (errc::corrupt, as cli/main.cpp reports one).
 void run_collectively(process_group& group, const std::string& step, const std::function<void()>& work);
+
+/// The last step of a command whose output rank 0 alone commits (docs/distributed.md,
+/// "Steps and failure semantics"): `ready` on every rank (its files written and synced), as
+/// run_collectively; then, only if every rank reported success, `commit` on rank 0. Every
+/// rank returns, or every rank throws, even when a rank's wait ends by timeout just as the
+/// others finish: a rank that gives up (a timeout, a failed `ready`) first vetoes the commit
+/// with decide(), and rank 0 commits only if its own decide() came first; a rank whose veto
+/// came too late waits for rank 0's outcome and takes it as its own. So a rank never exits
+/// non-zero while rank 0 commits, and never 0 while it does not. A rank that gave up
+/// throws errc::io naming itself; rank 0, vetoed, throws errc::io naming the rank that gave
+/// up; a failed `ready` or `commit` is thrown on every rank as run_collectively throws it.
+/// One exception: rank 0 lost between its decision and its report (a SIGKILL in the
+/// rename) leaves the others errc::io saying that OUTDIR may or may not be committed.
+void commit_collectively(process_group& group, const std::string& step, const std::function<void()>& ready,
+                         const std::function<void()>& commit);
 
 }  // namespace ckpt

@@ -18,6 +18,10 @@
 //     puts everything back. No reader ever sees old and new files under one index.
 //   - The staging directory is held in the signal registry: a signal before the commit
 //     removes it and what it holds (remove_temporaries_in_progress()).
+//   - A SIGKILL leaves no handler to run: the staging directory holds an owner file that
+//     its process keeps flock()ed until the commit begins, and open() removes the staging
+//     directories of this OUTDIR whose owner file nobody holds (formats.md §11.1,
+//     "Abandoned staging directories").
 #pragma once
 
 #include <sys/types.h>
@@ -66,6 +70,17 @@ class output_dir {
   const std::vector<std::string>& previous_set() const { return previous_; }
   /// Files in OUTDIR that are not of the previous set (left alone; non-empty only with force).
   const std::vector<std::string>& other_files() const { return others_; }
+  /// Staging directories of this OUTDIR that open() found abandoned (their process gone
+  /// before its commit) and removed.
+  const std::vector<std::string>& abandoned_removed() const { return abandoned_; }
+
+  /// The file in a staging directory that its process holds locked while the directory is
+  /// in use (the name is never one of a set's files).
+  static constexpr const char* owner_file = ".ckptool-owner";
+  /// Removes `staging` (a staging directory of some output_dir, another process's) if it
+  /// is abandoned: it holds an owner file that nobody has locked, and nothing but plain
+  /// files. True when it was removed. Never throws.
+  static bool remove_if_abandoned(const std::string& staging) noexcept;
 
   /// Checks that no input changed, then moves the new set into place (see above). Throws
   /// errc::io; before the last rename every file is as it was.
@@ -77,6 +92,8 @@ class output_dir {
   void commit_new_directory();
   void commit_into_existing();
   void discard() noexcept;
+  void remove_abandoned(const std::string& home);
+  void take_ownership();
 
   std::string path_;      // as given
   std::string target_;    // the real directory (or, absent, its real parent + "/" + name)
@@ -99,6 +116,8 @@ class output_dir {
   std::vector<std::string> others_;
   std::string staging_;
   int registry_slot_ = -1;
+  int owner_fd_ = -1;  // the owner file, flock()ed, while the staging directory is ours
+  std::vector<std::string> abandoned_;
   bool committed_ = false;
 };
 

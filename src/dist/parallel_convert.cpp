@@ -4,6 +4,7 @@
 #include "ckpt/parallel_convert.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -47,6 +48,31 @@ std::string open_staging(process_group& group, output_dir* out, const std::vecto
   return group.broadcast("convert/staging", rank == 0 ? out->staging_directory() : std::string());
 }
 
+// A rank other than 0 whose command failed after the staging directory was made: if rank 0
+// is gone (a SIGKILL: no handler ran), its staging directory is abandoned, and this rank
+// removes it. Rank 0 alive still holds its owner file locked: then nothing happens here.
+// The kernel drops rank 0's lock as its process ends, which its lost connection may
+// precede by a while (a large process's memory is torn down first): tries for up to 2 s.
+void remove_if_abandoned(const std::string& staging) noexcept {
+  for (int attempt = 0; attempt < 40 && !staging.empty(); ++attempt) {
+    struct stat st;
+    if (::lstat(staging.c_str(), &st) != 0 || output_dir::remove_if_abandoned(staging)) return;
+    ::usleep(50000);
+  }
+}
+
+// Only a lost rank is an I/O error among those every rank shares (a refusal, a corrupt
+// input: rank 0 is alive and removes its staging directory itself).
+template <typename F>
+auto cleaning_up(process_group& group, const std::string& staging, F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const error& e) {
+    if (group.rank() != 0 && e.kind() == errc::io) remove_if_abandoned(staging);
+    throw;
+  }
+}
+
 void check_visible(const std::string& staging) {
   struct stat st;
   if (::stat(staging.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
@@ -66,41 +92,40 @@ convert_result write_converted_hf_set(process_group& group, const checkpoint& c,
   const std::vector<int> owner = assign_files(detail::hf_set_file_bytes(plan, request.max_shard_size), group.world());
   std::vector<bool> mine(owner.size());
   for (size_t f = 0; f < owner.size(); ++f) mine[f] = owner[f] == rank;
-  convert_result written;
-  run_collectively(group, "convert/write", [&] {
-    check_visible(staging);
-    written = detail::write_hf_set_files(c, plan, staging, mine, request);
-    if (before_commit) before_commit();
+  return cleaning_up(group, staging, [&] {
+    convert_result written;
+    run_collectively(group, "convert/write", [&] {
+      check_visible(staging);
+      written = detail::write_hf_set_files(c, plan, staging, mine, request);
+    });
+    const std::vector<std::string> bytes = group.all_gather("convert/bytes", std::to_string(written.bytes_written));
+    // Every file (the index too, rank 0's) is written and synced: the last checks, then the
+    // commit only if every rank is still there to say they passed.
+    commit_collectively(
+        group, "convert/commit",
+        [&] {
+          if (before_commit) before_commit();
+        },
+        [&] { out->commit(); });
+    convert_result result;
+    result.files = files;
+    for (const auto& b : bytes) result.bytes_written += std::strtoull(b.c_str(), nullptr, 10);
+    return result;
   });
-  const std::vector<std::string> bytes = group.all_gather("convert/bytes", std::to_string(written.bytes_written));
-
-  run_collectively(group, "convert/commit", [&] {
-    if (rank == 0) out->commit();
-  });
-  convert_result result;
-  result.files = files;
-  for (const auto& b : bytes) result.bytes_written += std::strtoull(b.c_str(), nullptr, 10);
-  return result;
 }
 
-convert_result write_converted_dcp(process_group& group, const checkpoint& c, const convert_plan& plan, output_dir* out,
-                                   const std::vector<std::string>& files, const convert_request& request,
-                                   const std::function<void()>& before_commit) {
+namespace {
+
+// write_converted_dcp once the staging directory is open.
+convert_result write_dcp_share(process_group& group, const checkpoint& c, const convert_plan& plan,
+                               const detail::dcp_layout& layout, output_dir* out, const std::vector<std::string>& files,
+                               const convert_request& request, const std::function<void()>& before_commit,
+                               const std::string& staging, const std::vector<bool>& mine) {
   const int rank = group.rank();
-  // Every rank lays the same plan out the same way; a refusal (a Range, a dimension the
-  // tensor lacks) is every rank's at once.
-  detail::dcp_layout layout;
-  run_collectively(group, "convert/layout", [&] { layout = detail::lay_out(plan, request); });
-  const std::string staging = open_staging(group, out, files);
-  // The rank files are divided; `.metadata`, last, is rank 0's.
-  const std::vector<int> owner = assign_files(detail::dcp_file_bytes(layout, request.ranks), group.world());
-  std::vector<bool> mine(request.ranks);
-  for (size_t f = 0; f < mine.size(); ++f) mine[f] = owner[f] == rank;
   detail::dcp_written written;
   run_collectively(group, "convert/write", [&] {
     check_visible(staging);
     written = detail::write_dcp_files(c, plan, layout, staging, mine, request);
-    if (before_commit) before_commit();
   });
   // Where each rank put its items, for rank 0's `.metadata`: "b K OFFSET LENGTH" per band
   // (the rank is the band's), "i K OFFSET LENGTH" per BYTE_IO item (rank 0's file).
@@ -116,7 +141,9 @@ convert_result write_converted_dcp(process_group& group, const checkpoint& c, co
 
   convert_result result;
   result.files = files;
-  run_collectively(group, "convert/commit", [&] {
+  // Rank 0 writes `.metadata` (synced) into the staging directory as its part of the ready
+  // step; the rename alone is left for the commit.
+  auto ready = [&] {
     detail::dcp_written all;
     all.places.resize(layout.bands.size());
     all.byte_places.resize(plan.byte_items.size());
@@ -137,11 +164,32 @@ convert_result write_converted_dcp(process_group& group, const checkpoint& c, co
           all.byte_places[k] = {0, offset, length};
       }
     }
-    if (rank != 0) return;
-    result.bytes_written += detail::write_dcp_metadata(c, plan, layout, all, staging, out->path());
-    out->commit();
-  });
+    if (rank == 0) result.bytes_written += detail::write_dcp_metadata(c, plan, layout, all, staging, out->path());
+    if (before_commit) before_commit();
+  };
+  commit_collectively(group, "convert/commit", ready, [&] { out->commit(); });
   return result;
 }
+
+}  // namespace
+
+convert_result write_converted_dcp(process_group& group, const checkpoint& c, const convert_plan& plan, output_dir* out,
+                                   const std::vector<std::string>& files, const convert_request& request,
+                                   const std::function<void()>& before_commit) {
+  const int rank = group.rank();
+  // Every rank lays the same plan out the same way; a refusal (a Range, a dimension the
+  // tensor lacks) is every rank's at once.
+  detail::dcp_layout layout;
+  run_collectively(group, "convert/layout", [&] { layout = detail::lay_out(plan, request); });
+  const std::string staging = open_staging(group, out, files);
+  // The rank files are divided; `.metadata`, last, is rank 0's.
+  const std::vector<int> owner = assign_files(detail::dcp_file_bytes(layout, request.ranks), group.world());
+  std::vector<bool> mine(request.ranks);
+  for (size_t f = 0; f < mine.size(); ++f) mine[f] = owner[f] == rank;
+  return cleaning_up(group, staging, [&] {
+    return write_dcp_share(group, c, plan, layout, out, files, request, before_commit, staging, mine);
+  });
+}
+
 
 }  // namespace ckpt

@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <new>
+#include <optional>
 
 #include <nlohmann/json.hpp>
 
@@ -57,6 +58,21 @@ status decode(const std::string& bytes) {
   return s;
 }
 
+// Runs `work`; what it threw, as a status.
+status attempt(const std::function<void()>& work) {
+  status mine;
+  try {
+    work();
+  } catch (const error& e) {
+    mine = {false, e.kind(), e.one_line()};
+  } catch (const std::bad_alloc&) {
+    mine = {false, errc::io, "out of memory"};
+  } catch (const std::exception& e) {
+    mine = {false, errc::corrupt, std::string("internal error: ") + e.what()};
+  }
+  return mine;
+}
+
 }  // namespace
 
 std::optional<launch_info> launch_from(const std::function<const char*(const char*)>& getenv_fn) {
@@ -99,21 +115,89 @@ void run_collectively(process_group& group, const std::string& step, const std::
     work();
     return;
   }
-  status mine;
-  try {
-    work();
-  } catch (const error& e) {
-    mine = {false, e.kind(), e.one_line()};
-  } catch (const std::bad_alloc&) {
-    mine = {false, errc::io, "out of memory"};
-  } catch (const std::exception& e) {
-    mine = {false, errc::corrupt, std::string("internal error: ") + e.what()};
-  }
+  const status mine = attempt(work);
   const std::vector<std::string> all = group.all_gather(step, encode(mine));
   for (size_t r = 0; r < all.size(); ++r) {
     const status s = int(r) == group.rank() ? mine : decode(all[r]);
     if (!s.ok) throw error(s.kind, "rank " + std::to_string(r) + ": " + s.message);
   }
+}
+
+// The decision key holds "commit" (rank 0's) or "veto R" (rank R gave up), whichever came
+// first; the outcome key, rank 0's status once it committed or failed.
+void commit_collectively(process_group& group, const std::string& step, const std::function<void()>& ready,
+                         const std::function<void()>& commit) {
+  if (group.world() == 1) {
+    ready();
+    commit();
+    return;
+  }
+  const int rank = group.rank();
+  const std::string decision = step + "/decision";
+  const std::string outcome = step + "/outcome";
+  const std::string veto = "veto " + std::to_string(rank);
+  std::optional<error> failed;
+  try {
+    run_collectively(group, step + "/ready", ready);
+  } catch (const error& e) {
+    failed = e;
+  }
+
+  if (rank == 0) {
+    status result;
+    if (failed) {
+      result = {false, failed->kind(), failed->message()};
+    } else {
+      const std::string d = group.decide(decision, "commit");
+      if (d == "commit") {
+        result = attempt(commit);
+        if (!result.ok) result.message = "rank 0: " + result.message;
+      } else
+        result = {false, errc::io,
+                  "rank " + d.substr(d.find(' ') + 1) + " gave up waiting for rank 0 to commit (rank 0 slower than "
+                  "--dist-timeout, or a lost connection); nothing committed"};
+    }
+    // For a rank still waiting; one that left already learns nothing new from it.
+    try {
+      group.post(outcome, encode(result));
+    } catch (const error&) {
+    }
+    if (failed) throw *failed;
+    if (!result.ok) throw error(result.kind, result.message);
+    return;
+  }
+
+  // A veto that came first: rank 0 will not commit, and this rank's error stands.
+  auto vetoed = [&] {
+    try {
+      return group.decide(decision, veto) != "commit";
+    } catch (const error&) {
+      return true;  // the store is gone with rank 0, which therefore never commits now
+    }
+  };
+  const std::string waited = "rank " + std::to_string(rank) + " gave up on '" + step +
+                             "' waiting for rank 0 to commit (lost, or slower than --dist-timeout)";
+  if (failed && vetoed()) throw *failed;
+  std::optional<std::string> said;
+  try {
+    said = group.wait_for(outcome);
+  } catch (const error& e) {
+    if (vetoed()) throw error(errc::io, waited + "; nothing committed: " + e.message());
+    throw error(errc::io, waited + " after it had decided to commit: " + e.message() +
+                              "; the output may or may not be complete, check it");
+  }
+  if (!said) {
+    if (vetoed()) throw error(errc::io, waited + "; nothing committed");
+    // Rank 0 decided to commit before this rank gave up: its outcome is this rank's.
+    try {
+      said = group.wait_for(outcome);
+    } catch (const error&) {
+    }
+    if (!said)
+      throw error(errc::io, waited + " after it had decided to commit; the output may or may not be complete, check it");
+  }
+  const status s = decode(*said);
+  if (!s.ok) throw error(s.kind, s.message);
 }
 
 }  // namespace ckpt

@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <stdio.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -120,6 +121,34 @@ void fsync_directory(const std::string& dir, const std::string& named) {
   if (rc != 0) io_fail("fsync of the output directory failed", named, err);
 }
 
+// A staging directory's name for OUTDIR `base`: "." + base + ".ckptool-" + 16 hex digits.
+bool is_staging_name(const std::string& name, const std::string& base) {
+  const std::string prefix = "." + base + ".ckptool-";
+  if (name.size() != prefix.size() + 16 || name.compare(0, prefix.size(), prefix) != 0) return false;
+  return std::all_of(name.begin() + std::ptrdiff_t(prefix.size()), name.end(),
+                     [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
+}
+
+// True when directory `dfd` holds plain files only (what a staging directory holds).
+bool only_plain_files(int dfd) {
+  const int copy = ::dup(dfd);
+  if (copy < 0) return false;
+  DIR* d = ::fdopendir(copy);
+  if (!d) {
+    ::close(copy);
+    return false;
+  }
+  bool plain = true;
+  while (dirent* e = ::readdir(d)) {
+    const std::string n = e->d_name;
+    if (n == "." || n == "..") continue;
+    struct stat st;
+    if (::fstatat(dfd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode)) plain = false;
+  }
+  ::closedir(d);
+  return plain;
+}
+
 bool is_regular_or_link(const std::string& path, identity* id = nullptr) {
   struct stat st;
   if (::lstat(path.c_str(), &st) != 0) return false;
@@ -132,7 +161,72 @@ bool is_regular_or_link(const std::string& path, identity* id = nullptr) {
 output_dir::output_dir(std::string path, set_layout layout, bool force)
     : path_(std::move(path)), layout_(layout), force_(force) {}
 
-output_dir::~output_dir() { discard(); }
+output_dir::~output_dir() {
+  discard();
+  if (owner_fd_ >= 0) ::close(owner_fd_);
+}
+
+// Abandoned: the process that made it is gone, since the kernel drops a flock() with the
+// process's last descriptor of the file, on any death. Its owner file appears only already
+// locked (take_ownership), so a directory being set up is never taken for one.
+bool output_dir::remove_if_abandoned(const std::string& staging) noexcept {
+  struct stat st;
+  if (::lstat(staging.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::geteuid()) return false;
+  const int dfd = ::open(staging.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (dfd < 0) return false;
+  bool removed = false;
+  const int fd = ::openat(dfd, owner_file, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+  struct stat fst;
+  if (fd >= 0 && ::fstat(fd, &fst) == 0 && S_ISREG(fst.st_mode) && ::flock(fd, LOCK_EX | LOCK_NB) == 0 &&
+      only_plain_files(dfd)) {
+    temp_registry::remove_directory(staging.c_str());
+    removed = ::lstat(staging.c_str(), &st) != 0 && errno == ENOENT;
+  }
+  if (fd >= 0) ::close(fd);
+  ::close(dfd);
+  return removed;
+}
+
+// The staging directories of this OUTDIR that a killed run left: beside it (made while
+// OUTDIR was absent) and inside it (made while it existed). Only names this class makes,
+// for this OUTDIR's name, and only abandoned ones: another run's live directory is locked.
+void output_dir::remove_abandoned(const std::string& home) {
+  DIR* d = ::opendir(home.c_str());
+  if (!d) return;  // nothing we could remove; the checks below report what matters
+  std::vector<std::string> found;
+  const std::string base = base_of(target_).substr(0, 200);
+  while (dirent* e = ::readdir(d))
+    if (is_staging_name(e->d_name, base)) found.push_back(join(home, e->d_name));
+  ::closedir(d);
+  std::sort(found.begin(), found.end());
+  for (const std::string& f : found)
+    if (remove_if_abandoned(f)) abandoned_.push_back(f);
+}
+
+// The owner file is locked before it gets its name, so it is never seen unlocked while
+// this process lives. A file system without flock() leaves the directory unowned: then
+// only this process's own cleanup (or a person) removes it, as before owner files.
+void output_dir::take_ownership() {
+  const std::string named = staging_ + "/" + owner_file;
+  const std::string fresh = named + ".new";
+  const int fd = ::open(fresh.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0) io_fail("cannot create the staging directory's owner file", fresh, errno);
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    ::close(fd);
+    ::unlink(fresh.c_str());
+    return;
+  }
+  // For a person who finds the directory: whose it was.
+  char host[256] = "?";
+  ::gethostname(host, sizeof host - 1);
+  const std::string who = "ckptool pid " + std::to_string(::getpid()) + " on " + host + "\n";
+  if (::write(fd, who.data(), who.size()) < 0 || ::rename(fresh.c_str(), named.c_str()) != 0) {
+    const int e = errno;
+    ::close(fd);
+    io_fail("cannot create the staging directory's owner file", fresh, e);
+  }
+  owner_fd_ = fd;
+}
 
 void output_dir::add_input(const std::string& path) {
   file_fingerprint fp;
@@ -264,6 +358,8 @@ void output_dir::open(const std::vector<std::string>& names, const std::string& 
   if (std::find(names_.begin(), names_.end(), last_) == names_.end())
     throw error(errc::usage, "internal error: the set's index is not among its files").with_file(path_);
   check_identity();
+  remove_abandoned(parent_);
+  if (exists_) remove_abandoned(target_);
 
   if (exists_) {
     const std::vector<std::string> listing = list_directory(target_);
@@ -315,6 +411,7 @@ void output_dir::open(const std::vector<std::string>& names, const std::string& 
     if (e != EEXIST) io_fail("cannot create a staging directory", home, e);
   }
   if (staging_.empty()) io_fail("cannot create a staging directory", home, EEXIST);
+  take_ownership();
   // mkdir applied the umask; a new OUTDIR gets the input directory's bits as files get
   // their input's, less the umask.
 }
@@ -334,8 +431,11 @@ void output_dir::commit() {
       throw error(errc::io, "internal error: the set's file " + quoted(n) + " was not written; nothing replaced")
           .with_file(path_);
   }
+  // From here the staging directory may hold files the rollback needs: once its owner
+  // file is gone, no later run takes it for abandoned, whatever happens to this process.
+  if (owner_fd_ >= 0 && ::unlink((staging_ + "/" + owner_file).c_str()) != 0)
+    io_fail("cannot remove the staging directory's owner file", staging_, errno);
   fsync_directory(staging_, path_);
-  // From here the staging directory may hold files the rollback needs.
   temp_registry::release(registry_slot_);
   registry_slot_ = -1;
   temp_registry::mark_commit_started();

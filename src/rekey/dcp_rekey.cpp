@@ -16,6 +16,7 @@
 
 #include "ckpt/dcp.h"
 #include "ckpt/error.h"
+#include "ckpt/output_dir.h"
 #include "ckpt/sys_io.h"
 #include "rekey/dcp_byte_items.h"
 #include "rekey/dcp_metadata_rewrite.h"
@@ -35,8 +36,11 @@ void require_empty_directory(const std::string& dir) {
     throw error(errc::usage, std::string("the staging directory cannot be opened: ") + std::strerror(errno))
         .with_file(dir);
   bool empty = true;
+  // The owner file (ckpt/output_dir.h) is the staging directory's own, not a set's file.
   while (const dirent* e = ::readdir(d))
-    if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) empty = false;
+    if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0 &&
+        std::strcmp(e->d_name, output_dir::owner_file) != 0)
+      empty = false;
   ::closedir(d);
   if (!empty) throw error(errc::usage, "the staging directory is not empty").with_file(dir);
 }

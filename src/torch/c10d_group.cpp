@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <optional>
 #include <cstdlib>
 #include <thread>
 
@@ -135,6 +136,31 @@ class c10d_group final : public process_group {
     guarded(step, [&] {
       collectives_->barrier(step, timeout_);
       return 0;
+    });
+  }
+
+  // Plain keys of their own, apart from StoreCollectives' (which each take a key once).
+  std::string decide(const std::string& key, const std::string& proposal) override {
+    return guarded(key, [&] { return to_string(prefixed_->compareSet("decide/" + key, {}, to_bytes(proposal))); });
+  }
+
+  void post(const std::string& key, const std::string& value) override {
+    guarded(key, [&] {
+      prefixed_->set("decide/" + key, to_bytes(value));
+      return 0;
+    });
+  }
+
+  std::optional<std::string> wait_for(const std::string& key) override {
+    const std::string k = "decide/" + key;
+    try {
+      prefixed_->wait({k}, timeout_);
+    } catch (const std::exception&) {
+      // A timeout, or a lost store: check() tells them apart (it throws on the latter).
+    }
+    return guarded(key, [&]() -> std::optional<std::string> {
+      if (!prefixed_->check({k})) return std::nullopt;
+      return to_string(prefixed_->get(k));
     });
   }
 

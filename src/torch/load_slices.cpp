@@ -3,6 +3,16 @@
 // slice (model/slice_plan.h), read by a few threads; nothing outside the slice is read
 // but the few bytes between close rows. Tensors that are not plain row-major bytes load
 // whole through the ordinary loader when replicated, and are refused when sliced.
+//
+// The slice's memory is got as the whole loader gets it (cpu_loader.cpp), for the reasons
+// measured there: a slice of a megabyte and more gets an anonymous mapping whose first byte
+// is congruent with its first file byte modulo a page; a slice that is one run of the file
+// (a Shard(0) slice, a replicated tensor) is then filled page by page from a mapping of
+// the file (page_filler: no zeroing, no fault), and any other slice of a mapping is
+// faulted in by one call per read before its rows are read (a Shard(1) slice: a pread per
+// row, which the slice's bytes alone, 1/W of the rows, would otherwise fault page by page).
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstring>
@@ -17,6 +27,8 @@
 #include "model/row_major.h"
 #include "model/slice_plan.h"
 #include "torch/aten_types.h"
+#include "torch/loader/host_buffer.h"
+#include "torch/loader/page_filler.h"
 #include "torch/loader/storage_loader.h"
 #include "torch/named_tensors.h"
 
@@ -129,11 +141,120 @@ struct slice_job {
   uint8_t* base = nullptr;  // the slice tensor's first byte
   uint32_t file = 0;
   std::vector<slice_span> spans;
+  bool mapped = false;  // base lies in a mapping of its own (allocate_host_tensor)
+  bool whole = false;   // the slice's only job: no other writes into its pages
 };
 
 struct read_item {
   size_t job = 0;
   slice_read read;
+  bool fill = false;  // read.offset .. + nbytes by whole pages from the file's mapping
+};
+
+using detail::kPageBytes;
+constexpr uint64_t kFillBytes = 16ull << 20;  // a fill item: large enough to amortize, small enough to share out
+
+uint64_t page_floor(uint64_t n) { return n & ~(kPageBytes - 1); }
+uint64_t page_ceil(uint64_t n) { return page_floor(n + kPageBytes - 1); }
+
+// The slice of `t` (shape, dtype): a mapping of its own, its first byte at `phase` in its
+// page, when large; LibTorch's allocator otherwise.
+at::Tensor allocate_slice(const std::vector<int64_t>& shape, c10::ScalarType type, uint64_t nbytes, uint64_t phase,
+                          bool* mapped) {
+  *mapped = nbytes >= detail::kOwnMappingBytes;
+  if (*mapped) return detail::allocate_host_tensor(shape, type, phase);
+  return at::empty(shape, at::TensorOptions().dtype(type));
+}
+
+// Fills jobs that are one run of their file, whole pages at a time, from read-only
+// mappings of the files (cpu_loader.cpp's claim_pages, for slices).
+class slice_filler {
+ public:
+  explicit slice_filler(const checkpoint& c) : c_(c), maps_(c.files.size()), tried_(c.files.size(), false) {}
+
+  // Claims `job` (one span, contiguous, covering its whole slice of `nbytes`); false: it
+  // is read with pread instead.
+  bool claim(const slice_job& job, uint64_t nbytes) {
+    if (!job.mapped || !job.whole || job.spans.size() != 1) return false;
+    const slice_span& s = job.spans[0];
+    if (s.dst != 0 || s.width * s.rows != nbytes || (s.rows > 1 && (s.src_pitch != s.width || s.dst_pitch != s.width)))
+      return false;
+    const byte_source& src = *c_.files[job.file].source;
+    const file_extent where = src.in_file();
+    if (!where.file || where.offset % kPageBytes != 0 || s.src + nbytes > src.size() ||
+        where.offset + s.src + nbytes > where.file->size())
+      return false;
+    if ((reinterpret_cast<uintptr_t>(job.base) - s.src) % kPageBytes != 0) return false;  // not congruent
+    if (!filler_ && !opened_) {
+      opened_ = true;
+      filler_ = detail::page_filler::open();
+    }
+    if (!filler_ || !map(job.file)) return false;
+    const uintptr_t first = page_floor(reinterpret_cast<uintptr_t>(job.base));
+    return filler_->add(reinterpret_cast<void*>(first), size_t(page_ceil(reinterpret_cast<uintptr_t>(job.base) + nbytes) - first));
+  }
+
+  // Bytes [offset, offset + n) of the job's file (its one span) into their place, with the
+  // rest of their first and last pages (the mapping's own bytes, outside the slice).
+  void fill(const slice_job& job, uint64_t offset, uint64_t n) {
+    const slice_span& s = job.spans[0];
+    const uintptr_t dst = reinterpret_cast<uintptr_t>(job.base) + (offset - s.src);
+    const uint64_t lead = dst % kPageBytes;
+    const uint64_t length = page_ceil(lead + n);
+    const byte_source& src = *c_.files[job.file].source;
+    const uint8_t* from = maps_[job.file].get() + src.in_file().offset + offset - lead;
+    filler_->fill(reinterpret_cast<void*>(dst - lead), from, size_t(length));
+    // The file's pages were mapped into this process on the way: unmapped, or they would
+    // count in its resident memory on top of the copy.
+    ::madvise(const_cast<uint8_t*>(from), size_t(length), MADV_DONTNEED);
+    src.count_read(n);
+  }
+
+  // The rows of a `rows` read (far apart in the file: a Shard(1) slice) copied from the
+  // file's mapping: a pread per row costs more than its copy for rows of a few KB, and
+  // the mapping faults in 16 pages at a time (fault-around). False: read them with pread.
+  // Only the rows' bytes are copied (and counted); the pages are unmapped afterwards, as
+  // in fill(). A file truncated meanwhile raises SIGBUS, as under --mmap (cli/sigbus.cpp).
+  bool copy_rows(const slice_job& job, const slice_span& s, uint64_t first_row, uint64_t row_count) {
+    const byte_source& src = *c_.files[job.file].source;
+    const file_extent where = src.in_file();
+    const uint64_t begin = s.src + first_row * s.src_pitch;
+    const uint64_t end = s.src + (first_row + row_count - 1) * s.src_pitch + s.width;
+    if (!where.file || end > src.size() || where.offset + end > where.file->size()) return false;
+    if (!mapped(job.file)) return false;
+    const uint8_t* from = maps_[job.file].get() + where.offset;
+    for (uint64_t r = first_row; r < first_row + row_count; ++r)
+      std::memcpy(job.base + s.dst + r * s.dst_pitch, from + s.src + r * s.src_pitch, size_t(s.width));
+    const uint64_t lo = page_floor(where.offset + begin), hi = page_ceil(where.offset + end);
+    ::madvise(const_cast<uint8_t*>(maps_[job.file].get()) + lo, size_t(hi - lo), MADV_DONTNEED);
+    src.count_read(row_count * s.width);
+    return true;
+  }
+
+ private:
+  bool mapped(uint32_t file) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return map(file);
+  }
+
+  bool map(uint32_t file) {
+    if (tried_[file]) return bool(maps_[file]);
+    tried_[file] = true;
+    const file_source* fs = c_.files[file].source->in_file().file;
+    const size_t length = size_t(page_ceil(fs->size()));
+    void* m = ::mmap(nullptr, length, PROT_READ, MAP_SHARED, fs->fd(), 0);
+    if (m == MAP_FAILED) return false;
+    maps_[file] = std::shared_ptr<uint8_t>(static_cast<uint8_t*>(m), [length](uint8_t* p) { ::munmap(p, length); });
+    return true;
+  }
+
+  const checkpoint& c_;
+  std::vector<std::shared_ptr<uint8_t>> maps_;
+  std::vector<bool> tried_;
+  std::mutex mutex_;  // map() from the reading threads
+  bool opened_ = false;
+  // Last: destroyed first, so that no claimed page outlives its registration unfilled.
+  std::unique_ptr<detail::page_filler> filler_;
 };
 
 // Runs every read of every job; returns the bytes read.
@@ -141,11 +262,31 @@ uint64_t execute(const checkpoint& c, const std::vector<slice_job>& jobs, const 
   const detail::slice_read_options ro;
   std::vector<read_item> items;
   uint64_t total = 0;
-  for (size_t j = 0; j < jobs.size(); ++j)
-    for (const slice_read& r : detail::plan_slice_reads(jobs[j].spans, ro)) {
-      items.push_back({j, r});
+  slice_filler filler(c);
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    const slice_job& job = jobs[j];
+    const uint64_t nbytes = detail::span_bytes(job.spans);
+    if (filler.claim(job, nbytes)) {
+      // Cut where the file's offsets are multiples of kFillBytes: page boundaries of the
+      // congruent slice, so no two items share a page.
+      const uint64_t origin = c.files[job.file].source->in_file().offset;
+      const uint64_t begin = job.spans[0].src, end = begin + nbytes;
+      for (uint64_t at = begin; at < end;) {
+        const uint64_t next = std::min(end, (origin + at) / kFillBytes * kFillBytes + kFillBytes - origin);
+        slice_read r;
+        r.offset = at;
+        r.nbytes = next - at;
+        items.push_back({j, r, true});
+        at = next;
+      }
+      total += nbytes;
+      continue;
+    }
+    for (const slice_read& r : detail::plan_slice_reads(job.spans, ro)) {
+      items.push_back({j, r, false});
       total += r.nbytes;
     }
+  }
   bounce_pool pool(ro.max_read);
   std::atomic<uint64_t> done{0};
   detail::for_each_piece(items.size(), detail::loader_threads(o), [&](size_t i) {
@@ -153,11 +294,27 @@ uint64_t execute(const checkpoint& c, const std::vector<slice_job>& jobs, const 
     const slice_job& job = jobs[it.job];
     const slice_span& s = job.spans[it.read.span];
     const byte_source& file = *c.files[job.file].source;
+    if (it.fill) {
+      filler.fill(job, it.read.offset, it.read.nbytes);
+      const uint64_t now = done += it.read.nbytes;
+      if (o.progress) o.progress(now, total);
+      return;
+    }
+    // The slice's rows of this read, contiguous in the slice: faulted in at once.
+    if (job.mapped) {
+      const uint64_t first = s.dst + it.read.first_row * s.dst_pitch;
+      const uint64_t last = s.dst + (it.read.first_row + it.read.row_count - 1) * s.dst_pitch + s.width;
+      if (it.read.how == slice_read::mode::direct)
+        detail::prefault_for_write(job.base + s.dst + (it.read.offset - s.src), size_t(it.read.nbytes));
+      else
+        detail::prefault_for_write(job.base + first, size_t(last - first));
+    }
     switch (it.read.how) {
       case slice_read::mode::direct:
         file.read_exact(it.read.offset, job.base + s.dst + (it.read.offset - s.src), size_t(it.read.nbytes));
         break;
       case slice_read::mode::rows:
+        if (filler.copy_rows(job, s, it.read.first_row, it.read.row_count)) break;
         for (uint64_t r = it.read.first_row; r < it.read.first_row + it.read.row_count; ++r)
           file.read_exact(s.src + r * s.src_pitch, job.base + s.dst + r * s.dst_pitch, size_t(s.width));
         break;
@@ -239,7 +396,7 @@ std::vector<std::pair<std::string, at::Tensor>> load_tensors(const checkpoint& c
     std::vector<int64_t> shape;
     for (const dim_range& d : box) shape.push_back(d.length);
     const c10::ScalarType st = detail::scalar_type(src.type);
-    at::Tensor t = at::empty(shape, at::TensorOptions().dtype(st).device(meta ? c10::kMeta : c10::kCPU));
+    std::vector<slice_job> mine;
     std::vector<slice_span> all;
     for (const stored_piece& piece : src.pieces) {
       slice_job job;
@@ -247,11 +404,27 @@ std::vector<std::pair<std::string, at::Tensor>> load_tensors(const checkpoint& c
       detail::intersect_piece(box, piece.box, e, piece.offset, job.spans);
       if (job.spans.empty()) continue;
       all.insert(all.end(), job.spans.begin(), job.spans.end());
-      if (!meta && t.numel()) {
+      mine.push_back(std::move(job));
+    }
+    at::Tensor t;
+    bool mapped = false;
+    if (meta) {
+      t = at::empty(shape, at::TensorOptions().dtype(st).device(c10::kMeta));
+    } else {
+      // Congruent with the file where the slice's first byte lies (a page-aligned source
+      // keeps the offsets' phase: in_file().offset is checked where it matters).
+      uint64_t phase = 0;
+      if (!mine.empty() && !mine[0].spans.empty())
+        phase = (c.files[mine[0].file].source->in_file().offset + mine[0].spans[0].src) % detail::kPageBytes;
+      t = allocate_slice(shape, st, box_numel(box) * e, phase, &mapped);
+    }
+    if (!meta && t.numel())
+      for (slice_job& job : mine) {
         job.base = static_cast<uint8_t*>(t.data_ptr());
+        job.mapped = mapped;
+        job.whole = mine.size() == 1;
         jobs.push_back(std::move(job));
       }
-    }
     // Pieces cover their tensor exactly (plan_assembly), so they cover every slice of it.
     if (detail::span_bytes(all) != box_numel(box) * e)
       throw_corrupt(what + ": its pieces hold " + std::to_string(detail::span_bytes(all)) + " of the " +

@@ -3,6 +3,8 @@
 // reaches every rank (ranks as threads over an in-memory group), and who writes which file.
 #include <doctest/doctest.h>
 
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <map>
 #include <mutex>
@@ -35,6 +37,25 @@ struct exchange {
     });
     return slots;
   }
+
+  // The store's plain keys (decide, post, wait_for).
+  std::map<std::string, std::string> keys;
+  std::string decide(const std::string& key, const std::string& proposal) {
+    std::lock_guard<std::mutex> lock(m);
+    const std::string v = keys.emplace(key, proposal).first->second;
+    cv.notify_all();
+    return v;
+  }
+  void post(const std::string& key, const std::string& value) {
+    std::lock_guard<std::mutex> lock(m);
+    keys[key] = value;
+    cv.notify_all();
+  }
+  std::optional<std::string> wait_for(const std::string& key, std::chrono::milliseconds timeout) {
+    std::unique_lock<std::mutex> lock(m);
+    if (!cv.wait_for(lock, timeout, [&] { return keys.count(key) > 0; })) return std::nullopt;
+    return keys[key];
+  }
 };
 
 class thread_group final : public ckpt::process_group {
@@ -49,6 +70,16 @@ class thread_group final : public ckpt::process_group {
     return x_.put(step, rank_, bytes)[0];
   }
   void barrier(const std::string& step) override { x_.put(step, rank_, ""); }
+  std::string decide(const std::string& key, const std::string& proposal) override {
+    // A rank 0 slower than the others' timeout, between its `ready` and its decision.
+    if (rank_ == 0) std::this_thread::sleep_for(decide_delay);
+    return x_.decide(key, proposal);
+  }
+  void post(const std::string& key, const std::string& value) override { x_.post(key, value); }
+  std::optional<std::string> wait_for(const std::string& key) override { return x_.wait_for(key, timeout); }
+
+  std::chrono::milliseconds timeout{5000};
+  std::chrono::milliseconds decide_delay{0};
 
  private:
   exchange& x_;
@@ -178,4 +209,91 @@ TEST_CASE("assign_files: largest first to the least loaded rank, the index to ra
   CHECK(ckpt::assign_files({7}, 4) == std::vector<int>{0});
   // More ranks than shards: some ranks write nothing.
   CHECK(ckpt::assign_files({2, 1, 0}, 4) == std::vector<int>{0, 1, 0});
+}
+
+namespace {
+
+// commit_collectively on `world` thread ranks; what each saw, and how many commits ran.
+std::vector<outcome> run_commit(int world, const std::function<void(int)>& ready, int* commits,
+                                std::chrono::milliseconds timeout, std::chrono::milliseconds decide_delay) {
+  exchange x(world);
+  std::vector<outcome> out(static_cast<size_t>(world));
+  std::atomic<int> committed{0};
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r)
+    threads.emplace_back([&, r] {
+      thread_group g(x, r);
+      g.timeout = timeout;
+      g.decide_delay = decide_delay;
+      try {
+        ckpt::commit_collectively(g, "c", [&] { ready(r); }, [&] { ++committed; });
+      } catch (const ckpt::error& e) {
+        out[size_t(r)] = {true, e.kind(), e.one_line()};
+      }
+    });
+  for (auto& t : threads) t.join();
+  *commits = committed;
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("commit_collectively: every rank ready, rank 0 commits once, every rank returns") {
+  int commits = 0;
+  for (const auto& o : run_commit(3, [](int) {}, &commits, std::chrono::milliseconds(5000), {})) CHECK_FALSE(o.threw);
+  CHECK(commits == 1);
+}
+
+TEST_CASE("commit_collectively: a rank that fails its ready step: no commit, every rank throws its error") {
+  int commits = 0;
+  const auto seen = run_commit(
+      3, [](int r) { if (r == 2) throw ckpt::error(ckpt::errc::io, "disk full"); }, &commits,
+      std::chrono::milliseconds(5000), {});
+  CHECK(commits == 0);
+  for (const auto& o : seen) {
+    CHECK(o.threw);
+    CHECK(o.kind == ckpt::errc::io);
+    CHECK(o.message == "rank 2: disk full");
+  }
+}
+
+TEST_CASE("commit_collectively: a rank that gives up waiting vetoes a commit that had not begun") {
+  // Rank 0 decides 300 ms after the ready step; the others wait 50 ms for its outcome.
+  int commits = 0;
+  const auto seen =
+      run_commit(3, [](int) {}, &commits, std::chrono::milliseconds(50), std::chrono::milliseconds(300));
+  CHECK(commits == 0);
+  for (size_t r = 0; r < seen.size(); ++r) {
+    CHECK(seen[r].threw);
+    CHECK(seen[r].kind == ckpt::errc::io);
+  }
+  CHECK(seen[0].message.find("gave up waiting for rank 0 to commit") != std::string::npos);
+  CHECK(seen[0].message.find("nothing committed") != std::string::npos);
+  CHECK(seen[1].message.find("rank 1 gave up on 'c' waiting for rank 0 to commit") == 0);
+}
+
+TEST_CASE("commit_collectively: a veto that comes after rank 0's decision waits for its outcome") {
+  // Rank 0 decides at once and its commit takes 300 ms; the others' first wait (50 ms)
+  // ends first, their veto loses, and they take rank 0's outcome (success) as theirs.
+  int commits = 0;
+  exchange x(2);
+  std::vector<outcome> seen(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r)
+    threads.emplace_back([&, r] {
+      thread_group g(x, r);
+      g.timeout = std::chrono::milliseconds(r == 0 ? 5000 : 200);
+      try {
+        ckpt::commit_collectively(g, "c", [] {}, [&] {
+          std::this_thread::sleep_for(std::chrono::milliseconds(300));
+          ++commits;
+        });
+      } catch (const ckpt::error& e) {
+        seen[size_t(r)] = {true, e.kind(), e.one_line()};
+      }
+    });
+  for (auto& t : threads) t.join();
+  CHECK(commits == 1);
+  CHECK_FALSE(seen[0].threw);
+  CHECK_FALSE(seen[1].threw);
 }
