@@ -44,6 +44,7 @@ struct materialize_options {
   ckpt::open_options reader;
   code_options code;
   std::string plan;                  // --plan: a JSON file or a preset name
+  std::vector<std::string> programs;  // --program: of a torch.export --model
   std::optional<int64_t> rank, world;
   int64_t rank_flag = 0, world_flag = 1;
   CLI::Option* rank_opt = nullptr;
@@ -126,10 +127,13 @@ int run_materialize(materialize_options& o) {
       a.out = o.req.output;
       a.strict = o.req.strict;
       a.json = o.json;
+      a.programs = o.programs;
       a.run = o.req;
       a.run.output = nullptr;
       return materialize_exported_program(set, c, *ep, a, report);
     }
+  if (!o.programs.empty())
+    throw ckpt::error(ckpt::errc::usage, "--program selects programs of a torch.export --model archive");
   if (aoti) {
     package.emplace(open_aoti_package(o.req.model));
     const ckpt::aoti::model& m = ckpt::aoti::pick_model(package->package, "");
@@ -296,6 +300,9 @@ verb setup_materialize(CLI::App& app) {
   cmd->add_option("--model", o->req.model, "TorchScript model to fill (built on meta; its weights are not read), AOTInductor package, "
                   "or torch.export archive (.pt2; -o writes it filled)")
       ->check(non_empty_path());
+  cmd->add_option("--program", o->programs,
+                  "With a torch.export --model holding several programs: fill this one (repeatable; default: every "
+                  "program, each aligned to CKPT on its own); the others are copied as they are");
   cmd->add_option("--dtype", o->req.dtype, "Cast floating tensors to this type on the device (e.g. bfloat16)")
       ->check(floating_dtype());
   auto strict = cmd->add_flag("--strict", "A model tensor missing from CKPT is an error (the default)");

@@ -87,10 +87,15 @@ std::optional<ckpt::checkpoint> open_exported_program(const std::string& path, c
 int materialize_exported_program(ckpt::output_set& set, const ckpt::checkpoint& c, const ckpt::checkpoint& ep,
                                  const pt2_fill_args& a, std::ostream& report) {
   check_flags(a.run);
+  // nativert's runner is given one program name; this build passes torch.export.save's.
+  if (!a.run.run_method.empty() && ep.pt2 && ep.pt2->models.size() != 1)
+    throw ckpt::error(ckpt::errc::unsupported, "--run with an archive of " + std::to_string(ep.pt2->models.size()) +
+                                                   " programs (runs an archive of one program)")
+        .with_file(a.model);
   const auto start = std::chrono::steady_clock::now();
   ckpt::pt2::fill_plan plan;
   try {
-    plan = ckpt::pt2::plan_fill(c, ep, a.strict);
+    plan = ckpt::pt2::plan_fill(c, ep, a.strict, a.programs);
   } catch (ckpt::error& e) {
     e.with_file(a.checkpoint);
     throw;
@@ -129,6 +134,7 @@ int materialize_exported_program(ckpt::output_set& set, const ckpt::checkpoint& 
     doc["checkpoint"] = a.checkpoint;
     doc["model"] = a.model;
     doc["device"] = "cpu";
+    doc["programs"] = plan.programs;
     doc["tensors"] = plan.filled.size();
     doc["bytes"] = plan.bytes;
     doc["seconds"] = seconds;
@@ -150,6 +156,11 @@ int materialize_exported_program(ckpt::output_set& set, const ckpt::checkpoint& 
     report << "filled " << plan.filled.size() << " tensors of " << ckpt::display_name(a.model) << " ("
            << human_bytes(plan.bytes) << ") in " << std::fixed << std::setprecision(3) << seconds << " s"
            << (plan.meta_export ? " (an archive exported on the meta device: new weight files)" : "") << "\n";
+    if (ep.pt2 && ep.pt2->models.size() > 1) {
+      report << "programs filled:";
+      for (const std::string& p : plan.programs) report << " " << ckpt::escape_controls(p);
+      report << " (of " << ep.pt2->models.size() << ")\n";
+    }
     report << "key edit: " << ckpt::escape_controls(plan.key_edit) << "\n";
     print_list(report, "kept from the archive (not in the checkpoint, --no-strict)", plan.kept);
     print_list(report, "from the archive (constants and entries no state dict holds)", plan.from_archive);

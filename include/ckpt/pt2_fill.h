@@ -37,13 +37,14 @@ struct fill_file {
 };
 
 struct fill_plan {
-  std::string model;                // the archive's model ("model")
-  std::string key_edit;             // the solver's edit, for the report
+  std::vector<std::string> programs;  // the programs filled, in the archive's order ("model")
+  std::string key_edit;             // the solver's edit, for the report ("a: edit; b: edit" for several)
+  // FQNs below are "<program>/FQN" when the archive holds several programs.
   std::vector<std::pair<std::string, std::string>> filled;  // archive FQN <- checkpoint key
   std::vector<std::string> kept;          // --no-strict: weights the checkpoint lacks, the archive's values kept
   std::vector<std::string> from_archive;  // constants (non-persistent buffers, lifted tensors, script
                                           // objects) and pickled entries the checkpoint does not hold
-  std::vector<std::string> unexpected;    // checkpoint keys no archive tensor takes
+  std::vector<std::string> unexpected;    // checkpoint keys no filled program's tensor takes
   bool meta_export = false;         // some filled tensor had no data in the archive
   uint64_t bytes = 0;               // checkpoint bytes written
 
@@ -59,13 +60,16 @@ struct fill_plan {
   std::vector<std::string> dropped;
 };
 
-/// Aligns `ckpt`'s state dict to `archive`'s tensors (an ExportedProgram archive of one
-/// model, opened with open_checkpoint) and checks everything the write needs. Throws
-/// ckpt::error: check_failed when keys are ambiguous or (strict) archive weights are missing
-/// from the checkpoint; unsupported (naming the key) for a dtype or shape that differs, a
-/// tensor with no data on either side, tied entries a checkpoint cannot fill as one, an
-/// archive of several models.
-fill_plan plan_fill(const checkpoint& ckpt, const checkpoint& archive, bool strict);
+/// Aligns `ckpt`'s state dict to the tensors of each program of `archive` (an
+/// ExportedProgram archive, opened with open_checkpoint) named in `programs` (empty: every
+/// program), each program on its own, and checks everything the write needs; the other
+/// programs' records are copied as they are. Throws ckpt::error: usage for a name the
+/// archive does not hold; check_failed when keys are ambiguous or (strict) a program's
+/// weights are missing from the checkpoint; unsupported (naming the key) for a dtype or
+/// shape that differs, a tensor with no data on either side, tied entries a checkpoint
+/// cannot fill as one, a file a filled program shares with one left as it is.
+fill_plan plan_fill(const checkpoint& ckpt, const checkpoint& archive, bool strict,
+                    const std::vector<std::string>& programs = {});
 
 /// Writes the filled archive to `fd` (an empty file the caller commits): every record of
 /// the archive in its order, under its root folder, 64-byte aligned, each copied byte for

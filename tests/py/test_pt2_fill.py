@@ -11,6 +11,7 @@ checkpoint's weights.
     archive's, every record 64-byte aligned;
   * an archive exported on the meta device (empty weight files, all in one bogus group)
     filled: one file per tensor, a tie kept as one file, devices cpu;
+  * archives of several programs: tests/py/test_pt2_fill_multi.py;
   * refusals with nothing written: a shape or dtype that differs (exit 3, naming the key),
     a missing key (exit 1, as for TorchScript; --no-strict keeps the archive's value),
     a meta archive's constant the checkpoint lacks (exit 3);
@@ -103,13 +104,6 @@ def files(tmp_path_factory) -> dict[str, Path]:
             v.wt.mul_(-1)
         out["views_ckpt"] = d / "views_ckpt.pt"
         torch.save(v.state_dict(), out["views_ckpt"])
-
-        from torch.export.pt2_archive._package import package_pt2
-        out["multi"] = d / "multi.pt2"
-        package_pt2(str(out["multi"]), exported_programs={
-            "a": torch.export.export(Mlp(), (torch.randn(2, 8),)), "b": torch.export.export(Mlp(), (torch.randn(2, 8),))})
-        out["mlp_ckpt"] = d / "mlp.pt"
-        torch.save(Mlp().state_dict(), out["mlp_ckpt"])
 
         with torch.device("meta"):
             const_skeleton = Tied()
@@ -249,13 +243,6 @@ def test_meta_constant_without_data_refused(files, tmp_path):
     out = tmp_path / "o.pt2"
     _, err = fill(files["ckpt"], files["meta_const"], out, rc=3)
     assert "no data in the archive" in err and "nonpersist" in err, err
-    assert not out.exists()
-
-
-def test_several_programs_refused(files, tmp_path):
-    out = tmp_path / "o.pt2"
-    _, err = fill(files["mlp_ckpt"], files["multi"], out, rc=3)
-    assert "2 programs" in err, err
     assert not out.exists()
 
 
