@@ -20,7 +20,6 @@ the ranks meet in a c10d TCPStore on 127.0.0.1.
 from __future__ import annotations
 
 import fcntl
-import os
 import signal
 import sys
 from pathlib import Path
@@ -29,16 +28,8 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-import dcp_fixtures  # noqa: E402
 from conftest import TIME_SCALE, run_ckptool  # noqa: E402
-from test_distributed import SHARD, leftovers, ranks, torchrun  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def grid4(tmp_path_factory) -> Path:
-    reuse = os.environ.get("CKPTOOL_DCP_FIXTURES")
-    out = Path(reuse) if reuse else tmp_path_factory.mktemp("dcp")
-    return dcp_fixtures.build(out, ["grid4"])["grid4"]
+from test_distributed import SHARD, grid4, leftovers, ranks, torchrun  # noqa: E402,F401 (grid4: a fixture)
 
 
 def convert_args(grid4: Path, out: Path, to: str) -> list:
