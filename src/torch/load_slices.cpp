@@ -241,11 +241,8 @@ class slice_filler {
     if (tried_[file]) return bool(maps_[file]);
     tried_[file] = true;
     const file_source* fs = c_.files[file].source->in_file().file;
-    const size_t length = size_t(page_ceil(fs->size()));
-    void* m = ::mmap(nullptr, length, PROT_READ, MAP_SHARED, fs->fd(), 0);
-    if (m == MAP_FAILED) return false;
-    maps_[file] = std::shared_ptr<uint8_t>(static_cast<uint8_t*>(m), [length](uint8_t* p) { ::munmap(p, length); });
-    return true;
+    maps_[file] = detail::map_whole_file(fs->fd(), fs->size());
+    return bool(maps_[file]);
   }
 
   const checkpoint& c_;

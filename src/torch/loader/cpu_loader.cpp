@@ -138,11 +138,7 @@ class cpu_loader {
         continue;
       if (!tried[b.file]) {
         tried[b.file] = true;
-        size_t length = size_t(page_ceil(where.file->size()));
-        void* m = ::mmap(nullptr, length, PROT_READ, MAP_SHARED, where.file->fd(), 0);
-        if (m != MAP_FAILED)
-          file_maps_[b.file] =
-              std::shared_ptr<uint8_t>(static_cast<uint8_t*>(m), [length](uint8_t* p) { ::munmap(p, length); });
+        file_maps_[b.file] = map_whole_file(where.file->fd(), where.file->size());
       }
       if (!file_maps_[b.file]) continue;
       uint64_t first = page_floor(reinterpret_cast<uintptr_t>(b.data));

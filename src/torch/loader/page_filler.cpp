@@ -9,6 +9,7 @@
 #include <linux/userfaultfd.h>
 #include <sys/ioctl.h>
 #include <sys/syscall.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -80,6 +81,15 @@ void page_filler::fill(void* dst, const void* src, size_t length) {
     from += uint64_t(done);
     length -= size_t(done);
   }
+}
+
+std::shared_ptr<uint8_t> map_whole_file(int fd, uint64_t size) {
+  const long page = ::sysconf(_SC_PAGESIZE);
+  const size_t length = size_t((size + uint64_t(page) - 1) / uint64_t(page) * uint64_t(page));
+  if (length == 0) return nullptr;
+  void* m = ::mmap(nullptr, length, PROT_READ, MAP_SHARED, fd, 0);
+  if (m == MAP_FAILED) return nullptr;
+  return std::shared_ptr<uint8_t>(static_cast<uint8_t*>(m), [length](uint8_t* p) { ::munmap(p, length); });
 }
 
 }  // namespace ckpt::detail

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 
 namespace ckpt::detail {
@@ -31,5 +32,9 @@ class page_filler {
   explicit page_filler(int fd) : fd_(fd) {}
   int fd_;
 };
+
+/// A read-only shared mapping of a whole file, the filler's usual source; unmapped when the
+/// last owner lets go. nullptr when the file cannot be mapped: read it another way.
+std::shared_ptr<uint8_t> map_whole_file(int fd, uint64_t size);
 
 }  // namespace ckpt::detail

@@ -179,13 +179,8 @@ class claimed_pieces {
     const file_extent where = c_.files[s.file].source->in_file();
     if (!where.file || !s.file_offset || where.offset + *s.file_offset + s.nbytes > where.file->size()) return false;
     if (maps_.empty()) maps_.resize(c_.files.size());
-    if (!maps_[s.file]) {
-      const size_t length = size_t(page_ceil(where.file->size()));
-      void* m = ::mmap(nullptr, length, PROT_READ, MAP_SHARED, where.file->fd(), 0);
-      if (m == MAP_FAILED) return false;
-      maps_[s.file] = std::shared_ptr<uint8_t>(static_cast<uint8_t*>(m), [length](uint8_t* q) { ::munmap(q, length); });
-    }
-    return true;
+    if (!maps_[s.file]) maps_[s.file] = map_whole_file(where.file->fd(), where.file->size());
+    return bool(maps_[s.file]);
   }
 
   const checkpoint& c_;
