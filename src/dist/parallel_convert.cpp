@@ -36,25 +36,14 @@ std::vector<int> assign_files(const std::vector<uint64_t>& bytes, int world) {
 
 namespace {
 
-// Rank 0 opens the output directory; every rank gets its staging directory's path.
-std::string open_staging(process_group& group, output_dir* out, const std::vector<std::string>& files) {
-  const int rank = group.rank();
-  if (rank == 0 && !out) throw error(errc::usage, "internal error: rank 0 has no output directory");
-  run_collectively(group, "convert/open", [&] {
-    if (rank == 0) out->open(files, files.back());
-  });
-  // The staging directory is rank 0's: only it creates, commits or removes it. The others
-  // write their files into it by name.
-  return group.broadcast("convert/staging", rank == 0 ? out->staging_directory() : std::string());
-}
-
 // A rank other than 0 whose command failed after the staging directory was made: if rank 0
 // is gone (a SIGKILL: no handler ran), its staging directory is abandoned, and this rank
 // removes it. Rank 0 alive still holds its owner file locked: then nothing happens here.
 // The kernel drops rank 0's lock as its process ends, which its lost connection may
-// precede by a while (a large process's memory is torn down first): tries for up to 2 s.
+// precede by a while (a large process's memory is torn down first, on a loaded machine
+// later still): tries for up to 5 s.
 void remove_if_abandoned(const std::string& staging) noexcept {
-  for (int attempt = 0; attempt < 40 && !staging.empty(); ++attempt) {
+  for (int attempt = 0; attempt < 100 && !staging.empty(); ++attempt) {
     struct stat st;
     if (::lstat(staging.c_str(), &st) != 0 || output_dir::remove_if_abandoned(staging)) return;
     ::usleep(50000);
@@ -71,6 +60,24 @@ auto cleaning_up(process_group& group, const std::string& staging, F&& f) -> dec
     if (group.rank() != 0 && e.kind() == errc::io) remove_if_abandoned(staging);
     throw;
   }
+}
+
+// Rank 0 opens the output directory; every rank gets its staging directory's path.
+std::string open_staging(process_group& group, output_dir* out, const std::vector<std::string>& files) {
+  const int rank = group.rank();
+  if (rank == 0 && !out) throw error(errc::usage, "internal error: rank 0 has no output directory");
+  run_collectively(group, "convert/open", [&] {
+    if (rank == 0) out->open(files, files.back());
+  });
+  // The staging directory is rank 0's: only it creates, commits or removes it. The others
+  // write their files into it by name.
+  const std::string staging =
+      group.broadcast("convert/staging", rank == 0 ? out->staging_directory() : std::string());
+  // Rank 0 writes nothing until every rank holds the path: a rank 0 killed once it writes
+  // leaves a directory every survivor can remove, not one a survivor still waiting for the
+  // broadcast never heard of (that one only the next run for OUTDIR would remove).
+  cleaning_up(group, staging, [&] { group.barrier("convert/staging/known"); });
+  return staging;
 }
 
 void check_visible(const std::string& staging) {
