@@ -10,12 +10,16 @@ checkpoint's weights is the judge of what nativert returns.
     load_pt2, gives eager's values exactly;
   * several programs and no --program, several --program, or a name the archive lacks:
     usage error (exit 2) listing the archive's programs, nothing written;
-  * an archive of one program not named "model" runs without --program.
+  * an archive of one program not named "model" runs without --program;
+  * the library does the same for an embedding program: tests/tools_torch/run_pt2_program.cpp
+    sets materialize_request::program (empty: the only program).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import warnings
 from pathlib import Path
 
@@ -23,7 +27,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from conftest import run_ckptool
+from conftest import CKPTOOL, run_ckptool
 from test_pt2 import Mlp
 
 pytestmark = [
@@ -47,6 +51,8 @@ class ConvNet(nn.Module):
         h = torch.nn.functional.gelu(self.conv(x))
         return {"logits": self.head(h.flatten(1)) * self.scale + self.offset, "pooled": h.mean(-1)}
 
+
+RUN_PT2_PROGRAM = Path(os.environ.get("CKPTOOL_BUILD_DIR", CKPTOOL.parent)) / "tests" / "run_pt2_program"
 
 SHAPES = {"a": [2, 8], "b": [2, 3, 7]}
 MODULES = {"a": Mlp, "b": ConvNet}
@@ -170,3 +176,39 @@ def test_single_program_not_named_model(files, flags):
     r = json.loads(so)
     assert r["programs"] == ["encoder"] and r["run"]["program"] == "encoder", r
     assert_outputs_are_eager(r["run"], eager(files, "b"), "b")
+
+
+def run_library(archive, program: str, shape: str, rc: int = 0) -> tuple[str, str]:
+    if not RUN_PT2_PROGRAM.exists():
+        pytest.fail(f"{RUN_PT2_PROGRAM} not built (ninja run_pt2_program; set CKPTOOL_BUILD_DIR)")
+    p = subprocess.run([str(RUN_PT2_PROGRAM), str(archive), program, shape], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == rc, f"exit {p.returncode}, expected {rc}\n{p.stdout}\n{p.stderr[-2000:]}"
+    return p.stdout, p.stderr
+
+
+@pytest.mark.parametrize("archive,program,name", [("multi", "b", "b"), ("multi", "a", "a"), ("single", "", "b")])
+def test_library_runs_program(files, archive, program, name):
+    """materialize_request::program through the library: the archive's own weights, so the
+    judge is load_pt2's program on the same input."""
+    shape = "x".join(map(str, SHAPES[name]))
+    so, _ = run_library(files[archive], program, shape)
+    lines = so.splitlines()
+    assert lines[0] == "program " + (program or "encoder"), so
+    programs = load_all(files[archive])
+    with torch.no_grad():
+        want = leaves(programs[program or "encoder"].module()(run_input(name)))
+    got = {}
+    for line in lines[1:]:
+        _, path, *rest = line.split()
+        got["" if path == "-" else path] = ([int(d) for d in rest[:-2]], float(rest[-1]))
+    assert set(got) == set(want), (got, list(want))
+    for path, t in want.items():
+        assert got[path][0] == list(t.shape), path
+        assert got[path][1] == pytest.approx(t.double().sum().item(), rel=1e-6, abs=1e-6), path
+
+
+@pytest.mark.parametrize("program,needle", [("", "needs --program"), ("model", "--program 'model'")])
+def test_library_program_errors(files, program, needle):
+    _, err = run_library(files["multi"], program, "2x8", rc=2)
+    assert err.startswith("usage: ") and needle in err and "'a', 'b'" in err, err
