@@ -302,7 +302,8 @@ verb setup_materialize(CLI::App& app) {
       ->check(non_empty_path());
   cmd->add_option("--program", o->programs,
                   "With a torch.export --model holding several programs: fill this one (repeatable; default: every "
-                  "program, each aligned to CKPT on its own); the others are copied as they are");
+                  "program, each aligned to CKPT on its own); the others are copied as they are. With --run: the "
+                  "one program filled and run, needed when the archive holds several");
   cmd->add_option("--dtype", o->req.dtype, "Cast floating tensors to this type on the device (e.g. bfloat16)")
       ->check(floating_dtype());
   auto strict = cmd->add_flag("--strict", "A model tensor missing from CKPT is an error (the default)");

@@ -87,11 +87,10 @@ std::optional<ckpt::checkpoint> open_exported_program(const std::string& path, c
 int materialize_exported_program(ckpt::output_set& set, const ckpt::checkpoint& c, const ckpt::checkpoint& ep,
                                  const pt2_fill_args& a, std::ostream& report) {
   check_flags(a.run);
-  // nativert's runner is given one program name; this build passes torch.export.save's.
-  if (!a.run.run_method.empty() && ep.pt2 && ep.pt2->models.size() != 1)
-    throw ckpt::error(ckpt::errc::unsupported, "--run with an archive of " + std::to_string(ep.pt2->models.size()) +
-                                                   " programs (runs an archive of one program)")
-        .with_file(a.model);
+  // The program --run runs, settled before anything is written: nativert runs one program
+  // of the archive, by name (formats.md §14.9).
+  std::string run_program;
+  if (!a.run.run_method.empty()) run_program = ckpt::pt2::program_to_run(ep, a.programs);
   const auto start = std::chrono::steady_clock::now();
   ckpt::pt2::fill_plan plan;
   try {
@@ -117,6 +116,7 @@ int materialize_exported_program(ckpt::output_set& set, const ckpt::checkpoint& 
   if (!a.run.run_method.empty()) {
     std::optional<temporary_archive> temp;
     ckpt::materialize_request req = a.run;
+    req.program = run_program;
     if (a.out && !a.out->is_stream()) {
       req.model = a.output;
     } else {
@@ -148,7 +148,10 @@ int materialize_exported_program(ckpt::output_set& set, const ckpt::checkpoint& 
     doc["unexpected"] = plan.unexpected;
     doc["meta_export"] = plan.meta_export;
     if (!run.run_method.empty()) {
-      doc["run"] = {{"method", run.run_method}, {"runtime", "nativert"}, {"outputs", run_outputs_json(run)}};
+      doc["run"] = {{"method", run.run_method},
+                    {"program", run.run_program},
+                    {"runtime", "nativert"},
+                    {"outputs", run_outputs_json(run)}};
     }
     doc["output"] = a.out ? nlohmann::json(a.output) : nlohmann::json(nullptr);
     report << ckpt::json_text(doc) << "\n";
@@ -166,7 +169,9 @@ int materialize_exported_program(ckpt::output_set& set, const ckpt::checkpoint& 
     print_list(report, "from the archive (constants and entries no state dict holds)", plan.from_archive);
     print_list(report, "not used by the archive", plan.unexpected);
     if (!run.run_method.empty()) {
-      report << ckpt::escape_controls(run.run_method) << " on cpu (nativert) returned:\n";
+      report << ckpt::escape_controls(run.run_method);
+      if (ep.pt2 && ep.pt2->models.size() > 1) report << " of program " << ckpt::escape_controls(run.run_program);
+      report << " on cpu (nativert) returned:\n";
       for (size_t i = 0; i < run.outputs.size(); ++i) {
         const auto& x = run.outputs[i];
         report << "  " << (x.path.empty() ? "(result)" : ckpt::display_name(x.path)) << ": ";

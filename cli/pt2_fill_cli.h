@@ -22,7 +22,7 @@ struct pt2_fill_args {
   ckpt::output_file* out = nullptr;  // -o, declared in `set`
   bool strict = true;
   bool json = false;
-  std::vector<std::string> programs;  // --program; empty: every program of the archive
+  std::vector<std::string> programs;  // --program; empty: every program of the archive (--run: at most one)
   /// --run: the filled archive (-o, else a temporary file) run by the LibTorch plugin.
   ckpt::materialize_request run;
 };

@@ -33,6 +33,10 @@ struct materialize_request {
   std::string run_method;                // --run
   std::vector<input_spec> run_inputs;
   std::vector<arg_spec> run_args;        // --arg: non-tensor arguments of --run
+  /// --run with `model` a torch.export archive (formats.md §14.9): the program to run, the
+  /// archive's models/<program>.json. Empty: the archive's only program, whatever its name;
+  /// an archive of several then is a usage error naming them, as is a name it lacks.
+  std::string program;
   bool check_finite = false;              // refused on meta: meta tensors have no values
   bool allow_code = false;               // --model whose file runs code on load (load.h)
   std::function<void()> model_built;     // see load_options::model_built
@@ -64,6 +68,7 @@ struct materialize_report {
   std::vector<meta_output> outputs;      // --run: output shapes (path, dtype, shape)
   std::vector<double> checksums;         // --run: sum of each tensor output, as float64
   std::string run_method;
+  std::string run_program;               // --run of a torch.export archive: the program run
   bool output_written = false;           // false when --check-finite found NaN or Inf
   std::optional<slice_load_report> slices;  // with request.slices
 };

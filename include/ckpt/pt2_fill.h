@@ -71,6 +71,12 @@ struct fill_plan {
 fill_plan plan_fill(const checkpoint& ckpt, const checkpoint& archive, bool strict,
                     const std::vector<std::string>& programs = {});
 
+/// The program `materialize --run` runs of `archive` (formats.md §14.9): the one name in
+/// `requested` (--program), else the archive's only program, whatever its name. Throws
+/// errc::usage, listing the archive's programs, for several names, for none with an
+/// archive of several programs, and for a name the archive does not hold.
+std::string program_to_run(const checkpoint& archive, const std::vector<std::string>& requested);
+
 /// Writes the filled archive to `fd` (an empty file the caller commits): every record of
 /// the archive in its order, under its root folder, 64-byte aligned, each copied byte for
 /// byte unless the plan replaces it. Throws errc::unsupported when tied entries get

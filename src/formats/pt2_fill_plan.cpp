@@ -36,6 +36,19 @@ struct target {
 
 bool starts_with(std::string_view s, std::string_view p) { return s.substr(0, p.size()) == p; }
 
+std::string program_names(const archive_info& info) {
+  std::string names;
+  for (const model& m : info.models) names += (names.empty() ? "" : ", ") + text::quote(m.name, 80);
+  return names;
+}
+
+void check_program_name(const checkpoint& archive, const std::string& name) {
+  const archive_info& info = *archive.pt2;
+  if (std::none_of(info.models.begin(), info.models.end(), [&](const model& m) { return m.name == name; }))
+    throw error(errc::usage, "--program " + text::quote(name, 80) + ": the archive's programs are " + program_names(info))
+        .with_file(archive.path);
+}
+
 // The next free number of `prefix`<n> among the archive's records under `dir` (the writer
 // numbers tensor files across the archive, formats.md §14.2).
 size_t next_number(const zip::archive& ar, const std::string& dir, const std::string& prefix) {
@@ -389,13 +402,7 @@ static fill_plan plan_fill_checked(const checkpoint& ckpt, const checkpoint& arc
   const archive_info& info = *archive.pt2;
   // --program names (in the archive's order, once each); none: every program.
   std::vector<const model*> chosen;
-  for (const std::string& p : programs)
-    if (std::none_of(info.models.begin(), info.models.end(), [&](const model& m) { return m.name == p; })) {
-      std::string names;
-      for (const model& m : info.models) names += (names.empty() ? "" : ", ") + text::quote(m.name, 80);
-      throw error(errc::usage, "--program " + text::quote(p, 80) + ": the archive's programs are " + names)
-          .with_file(archive.path);
-    }
+  for (const std::string& p : programs) check_program_name(archive, p);
   for (const model& m : info.models)
     if (programs.empty() || std::find(programs.begin(), programs.end(), m.name) != programs.end()) chosen.push_back(&m);
   if (ckpt.byteorder != "little")
@@ -439,6 +446,26 @@ fill_plan plan_fill(const checkpoint& ckpt, const checkpoint& archive, bool stri
     // is the archive's fault, never a crash.
     throw error(errc::corrupt, std::string("a payload config or program record: ") + e.what()).with_file(archive.path);
   }
+}
+
+std::string program_to_run(const checkpoint& archive, const std::vector<std::string>& requested) {
+  if (!archive.pt2 || archive.format != file_format::pt2 || archive.pt2->models.empty())
+    throw error(errc::usage, "--model is not a torch.export archive with a program").with_file(archive.path);
+  const archive_info& info = *archive.pt2;
+  // nativert's runner is handed one name and reads only that program's records (§14.9).
+  if (requested.size() > 1)
+    throw error(errc::usage, "--run runs one program; --program was given " + std::to_string(requested.size()) +
+                                 " times (the archive's programs are " + program_names(info) + ")")
+        .with_file(archive.path);
+  if (requested.size() == 1) {
+    check_program_name(archive, requested[0]);
+    return requested[0];
+  }
+  if (info.models.size() > 1)
+    throw error(errc::usage, "--run with an archive of " + std::to_string(info.models.size()) +
+                                 " programs needs --program NAME, one of " + program_names(info))
+        .with_file(archive.path);
+  return info.models[0].name;
 }
 
 }  // namespace ckpt::pt2

@@ -10,6 +10,7 @@
 #include "ckpt/checkpoint.h"
 #include "ckpt/error.h"
 #include "ckpt/pt2.h"
+#include "ckpt/pt2_fill.h"
 #include "torch/aten_types.h"
 #include "torch/run_outputs.h"
 #include "torch/torch_message.h"
@@ -32,6 +33,11 @@ materialize_report run_exported(const materialize_request& req) {
   if (req.run_method != "forward")
     throw error(errc::usage, "--run " + req.run_method + ": an exported program has one entry point, forward");
   if (!req.run_args.empty()) throw error(errc::usage, "--arg is not supported with a torch.export archive");
+  // Chosen before LibTorch sees the file: nativert names a missing program only by its
+  // record ("models/x.json not found in package").
+  const std::string program =
+      pt2::program_to_run(open_checkpoint(req.model), req.program.empty() ? std::vector<std::string>{}
+                                                                          : std::vector<std::string>{req.program});
   materialize_report r;
   r.device = "cpu";
   std::vector<c10::IValue> inputs;
@@ -47,7 +53,9 @@ materialize_report run_exported(const materialize_request& req) {
   c10::IValue out;
   try {
     at::NoGradGuard no_grad;
-    torch::nativert::ModelRunnerHandle runner(req.model, "model");
+    // The name picks models/<program>.json and the program's two payload configs
+    // (formats.md §14.9); torch.export.save's "model" is only the usual name.
+    torch::nativert::ModelRunnerHandle runner(req.model, program);
     out = runner.run(inputs, {});
   } catch (const c10::Error& e) {
     throw error(errc::usage, "--run forward failed (nativert): " + condense_torch_message(e.what_without_backtrace()))
@@ -57,6 +65,7 @@ materialize_report run_exported(const materialize_request& req) {
   }
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   r.run_method = req.run_method;
+  r.run_program = program;
   record_outputs(out, "", r);
   return r;
 }
