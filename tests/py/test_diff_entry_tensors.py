@@ -114,6 +114,34 @@ def test_byte_io_metadata_only_reads_no_tensor(byte_io):
     assert rc == 0 and doc["bytes_compared"] == 0 and doc["paired"] == 3
 
 
+def test_byte_io_tensor_behind_zstd_transform(tmp_path):
+    # FileSystemWriter's stream transform compresses each item: the tensor is read from
+    # the item once the transform is undone.
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint._extension import ZStandard
+    for name, v in (("a", 1.0), ("same", 1.0), ("b", 2.0)):
+        u = torch.arange(6.0)
+        u[3] = v
+        dcp.save({"w": torch.ones(2), "extra": (u, 3)}, no_dist=True,
+                 storage_writer=dcp.FileSystemWriter(str(tmp_path / name), _extensions=[ZStandard()]))
+    rc, doc = diff_json(tmp_path / "a", tmp_path / "same")
+    assert rc == 0 and doc["paired"] == 2 and doc["values"]["identical"] == 2, doc
+    rc, doc = diff_json(tmp_path / "a", tmp_path / "b")
+    assert rc == 1 and changed(doc)[("extra/0", "extra/0")]["first_outside"] == 3, doc
+
+
+def test_byte_io_sparse_tensor_refused_not_equivalent(tmp_path):
+    # Values diff cannot read exactly are refused (exit 3), as a sparse key's are.
+    import torch.distributed.checkpoint as dcp
+    sp = torch.tensor([[0.0, 1.0], [2.0, 0.0]]).to_sparse()
+    dcp.save({"w": torch.ones(2), "extra": (sp, 1)}, checkpoint_id=str(tmp_path / "a"), no_dist=True)
+    dcp.save({"w": torch.ones(2), "extra": (sp * 2, 1)}, checkpoint_id=str(tmp_path / "b"), no_dist=True)
+    rc, _, err = run_ckptool("diff", tmp_path / "a", tmp_path / "b")
+    assert rc == 3 and "'extra/0' is a sparse COO tensor" in err, err
+    rc, doc = diff_json(tmp_path / "a", tmp_path / "b", "--metadata-only")
+    assert rc == 0 and doc["paired"] == 2
+
+
 @pytest.mark.parametrize("form", ["root", "nested"])
 def test_lightning_meta_pt_tensors_compared(byte_io, tmp_path, form):
     # Lightning's FSDP strategy writes meta.pt with torch.save beside its DCP files; a
