@@ -230,3 +230,34 @@ def test_twin_with_a_missing_optimizer_tensor_is_different(twins, tmp_path):
     rc, doc = diff_json(twins["plain"][0], tmp_path / "dcp")
     assert rc == 1 and [e["path"] for e in doc["entries"]] == ["optim/state/1/exp_avg_sq"], doc
     assert doc["only_in_a"] == doc["only_in_b"] == []
+
+
+@pytest.fixture(scope="module")
+def fsdp_dirs(tmp_path_factory) -> dict:
+    import os
+    import dcp_fixtures
+    reuse = os.environ.get("CKPTOOL_DCP_FIXTURES")
+    out = Path(reuse) if reuse else tmp_path_factory.mktemp("dcp")
+    return dcp_fixtures.build(out, ["fsdp2", "compiled2"])
+
+
+@pytest.mark.parametrize("name,key", [("fsdp2", "0"), ("compiled2", "_orig_mod.0.weight")])
+def test_fsdp_dcp_and_pytorchs_own_consolidation(fsdp_dirs, tmp_path, name, key):
+    # Two real FSDP ranks wrote the DCP (DTensor shards; compiled2's optimizer state keyed
+    # by parameter name); PyTorch's dcp_to_torch_save wrote the nested dict back as a .pt.
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    if name not in fsdp_dirs:
+        pytest.skip(f"{name}: not runnable with this torch")
+    d = fsdp_dirs[name]
+    dcp_to_torch_save(str(d), str(tmp_path / "full.pt"))
+    rc, doc = diff_json(tmp_path / "full.pt", d)
+    assert rc == 0 and doc["paired"] == 16 and doc["values"]["identical"] == 16, doc
+    sd = torch.load(tmp_path / "full.pt", weights_only=True)
+    # dcp_to_torch_save gives back the state's keys as DCP stored them: str(0) is "0".
+    sd["optim"]["state"][key]["exp_avg"].view(-1)[3] += 1.0
+    torch.save(sd, tmp_path / "changed.pt")
+    rc, doc = diff_json(d, tmp_path / "changed.pt")
+    assert rc == 1 and doc["entries"] == [], doc
+    (t,) = doc["tensors"]
+    assert (t["key_a"], t["key_b"]) == (f"optim.state.{key}.exp_avg", f"optim/state/{key}/exp_avg")
+    assert t["first_outside"] == 3 and t["outside_tolerance"] == 1
