@@ -6,6 +6,7 @@
 #include <set>
 #include <string_view>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "ckpt/error.h"
 #include "ckpt/rekey.h"
@@ -98,8 +99,10 @@ bool is_pickle_file(const checkpoint& c) {
 // dcp.save(sd) stores the value at path (k1, k2, ...) of sd under the key "k1.k2...", each
 // element str()'d (flatten_state_dict, docs/formats.md §12.4), and dcp.load(sd) fills that
 // place from that key: a torch.save of the same sd holds it at the same path. For a key of
-// the pickle's state dict, its path is the state dict's own path, then the key.
+// the pickle's state dict, its path is the state dict's own path, then the key; a pickle
+// without one names every tensor record by its path.
 std::string dcp_name(const side& s, size_t i) {
+  if (!s.by_key) return path_to_string(s.c.tensors[s.ids[i]].path, '.');
   const std::string root = s.c.state_dict ? path_to_string(*s.c.state_dict, '.') : std::string();
   return root.empty() ? s.names[i] : root + "." + s.names[i];
 }
@@ -125,14 +128,20 @@ void pair_dcp_twin(const side& p, const std::vector<detail::entry_leaf>& leaves,
     d_hit[it->second] = true;
     return it->second;
   };
+  std::unordered_set<size_t> records;  // a pickle without a state dict: its paired records
   for (size_t i = 0; i < p.names.size(); ++i) {
     if (p_hit[i]) continue;
     if (std::optional<size_t> j = take(dcp_name(p, i))) {
       p_hit[i] = true;
       key_pairs.push_back({i, *j});
+      if (!p.by_key) records.insert(p.ids[i]);
     }
   }
+  // Such a pickle's entries hold the records it names: compared as keys, not leaves too.
+  for (size_t l = 0; l < leaves.size(); ++l)
+    if (leaves[l].tensor && records.count(*leaves[l].tensor)) leaf_used[l] = true;
   for (size_t l = 0; l < leaves.size(); ++l) {
+    if (leaf_used[l]) continue;
     if (!leaves[l].tensor) continue;
     if (std::optional<size_t> j = take(leaves[l].dotted)) {
       leaf_used[l] = true;
@@ -165,8 +174,8 @@ std::vector<pair_of> pair_keys(const side& a, const side& b, const std::vector<d
     a_hit[i] = b_hit[it->second] = true;
     pairs.push_back({i, it->second});
   }
-  const bool twins = a.by_key && b.by_key && ((is_pickle_file(a.c) && b.c.layout == checkpoint_layout::dcp) ||
-                                              (is_pickle_file(b.c) && a.c.layout == checkpoint_layout::dcp));
+  const bool twins = (is_pickle_file(a.c) && b.c.layout == checkpoint_layout::dcp && b.by_key) ||
+                     (is_pickle_file(b.c) && a.c.layout == checkpoint_layout::dcp && a.by_key);
   if (twins) {
     twin.pickle_is_a = is_pickle_file(a.c);
     std::vector<pair_of> found;
@@ -331,12 +340,13 @@ diff_report diff_with(const checkpoint& ca, const checkpoint& cb, const side_val
   // entries' tensors are then compared as leaves (dtype and shape) only.
   // A .pt's entry tensors paired with its DCP twin's keys are tensors, no longer leaves.
   std::vector<detail::entry_leaf> twin_rest;
-  if (!twin.pairs.empty()) {
+  const bool twin_leaves = std::find(twin.leaf_used.begin(), twin.leaf_used.end(), true) != twin.leaf_used.end();
+  if (twin_leaves) {
     const std::vector<detail::entry_leaf>& all = twin.pickle_is_a ? va.entries : vb.entries;
     for (size_t l = 0; l < all.size(); ++l)
       if (!twin.leaf_used[l]) twin_rest.push_back(all[l]);
   }
-  const bool twin_a = !twin.pairs.empty() && twin.pickle_is_a, twin_b = !twin.pairs.empty() && !twin.pickle_is_a;
+  const bool twin_a = twin_leaves && twin.pickle_is_a, twin_b = twin_leaves && !twin.pickle_is_a;
   std::vector<entry_tensor_pair> entry_tensors;
   compare_leaves(twin_a ? twin_rest : va.entries, twin_b ? twin_rest : vb.entries, r,
                  a.by_key && b.by_key ? &entry_tensors : nullptr, !o.metadata_only);

@@ -232,6 +232,24 @@ def test_twin_with_a_missing_optimizer_tensor_is_different(twins, tmp_path):
     assert doc["only_in_a"] == doc["only_in_b"] == []
 
 
+def test_optimizer_state_alone_and_its_dcp_twin(tmp_path):
+    # No state dict in the .pt (only an optimizer's): its tensors are named by their paths.
+    import torch.distributed.checkpoint as dcp
+    _, opt = trained()
+    s = {"optim": opt.state_dict(), "epoch": 1}
+    torch.save(s, tmp_path / "a.pt")
+    dcp.save(copy.deepcopy(s), checkpoint_id=str(tmp_path / "same"), no_dist=True)
+    s["optim"]["state"][2]["exp_avg_sq"][0, 0] *= 2
+    dcp.save(s, checkpoint_id=str(tmp_path / "other"), no_dist=True)
+    rc, doc = diff_json(tmp_path / "a.pt", tmp_path / "same")
+    assert rc == 0 and doc["paired"] == 12 and doc["values"]["identical"] == 12 and doc["entries"] == [], doc
+    rc, doc = diff_json(tmp_path / "other", tmp_path / "a.pt")
+    assert rc == 1 and doc["entries"] == [] and doc["only_in_a"] == doc["only_in_b"] == [], doc
+    (t,) = doc["tensors"]
+    assert (t["key_a"], t["key_b"]) == ("optim.state.2.exp_avg_sq", "optim/state/2/exp_avg_sq")
+    assert t["first_outside"] == 0
+
+
 @pytest.fixture(scope="module")
 def fsdp_dirs(tmp_path_factory) -> dict:
     import os
