@@ -378,19 +378,23 @@ diff_report diff_with(const checkpoint& ca, const checkpoint& cb, const side_val
     const side& ds = twin.pickle_is_a ? b : a;
     const detail::entry_leaf& leaf = (twin.pickle_is_a ? va.entries : vb.entries)[p.leaf];
     const tensor_record& t = ps.c.tensors[*leaf.tensor];
+    // Filled as if the pickle were A, then turned round if it is B.
     tensor_diff d;
-    std::string pk = leaf.path, dk = ds.names[p.key];
-    dtype pt = t.type, dt = ds.type(p.key);
-    std::vector<int64_t> pshape(t.shape.begin(), t.shape.end()), dshape = ds.shape(p.key);
-    const reader_ref pr{&ps, *leaf.tensor, true}, dr{&ds, p.key, false};
-    if (twin.pickle_is_a) {
-      d.key_a = pk, d.key_b = dk, d.type_a = pt, d.type_b = dt, d.shape_a = pshape, d.shape_b = dshape;
-      refs.push_back({pr, dr});
-    } else {
-      d.key_a = dk, d.key_b = pk, d.type_a = dt, d.type_b = pt, d.shape_a = dshape, d.shape_b = pshape;
-      refs.push_back({dr, pr});
+    d.key_a = leaf.path;
+    d.key_b = ds.names[p.key];
+    d.type_a = t.type;
+    d.type_b = ds.type(p.key);
+    d.shape_a.assign(t.shape.begin(), t.shape.end());
+    d.shape_b = ds.shape(p.key);
+    std::pair<reader_ref, reader_ref> ref{{&ps, *leaf.tensor, true}, {&ds, p.key, false}};
+    if (!twin.pickle_is_a) {
+      std::swap(d.key_a, d.key_b);
+      std::swap(d.type_a, d.type_b);
+      std::swap(d.shape_a, d.shape_b);
+      std::swap(ref.first, ref.second);
     }
     r.tensors.push_back(std::move(d));
+    refs.push_back(ref);
   }
 
   uint64_t total = 0;
