@@ -147,6 +147,15 @@ struct entry_summary {
   const pickle::value* node = nullptr;
 };
 
+/// A tensor inside a value that open_options::entry_value_seen shows: its rebuild call in
+/// that value, its dtype and shape, and (open_options::keep_entry_tensors) its record.
+struct entry_tensor {
+  const pickle::value* node = nullptr;
+  dtype type = dtype::float32;
+  std::vector<int64_t> shape;
+  std::optional<size_t> record;  // index into checkpoint::tensors
+};
+
 struct open_options {
   pickle::limits pickle_limits;
   zip::open_options zip_limits;
@@ -170,8 +179,14 @@ struct open_options {
   /// (a DCP BYTE_IO item, each entry of Lightning's meta.pt): its path as in
   /// checkpoint::entries and the value, valid during the call only. Those pickles are
   /// dropped as soon as read (a document's blocks cost ~200 KB however small its value);
-  /// diff walks each value here instead.
-  std::function<void(const value_path&, const pickle::value&)> entry_value_seen;
+  /// diff walks each value here instead. `tensors` are the tensors inside the value (their
+  /// rebuild calls in it), with their records when keep_entry_tensors is set.
+  std::function<void(const value_path&, const pickle::value&, const std::vector<entry_tensor>& tensors)>
+      entry_value_seen;
+  /// Keep the tensors inside those values as records of the checkpoint (never as keys:
+  /// their path is the entry's, then theirs in its value), storages and all, so that their
+  /// values can be read (diff). Without it they are counted in the entry's summary only.
+  bool keep_entry_tensors = false;
   /// What the caller will do with the checkpoint, so open_checkpoint builds nothing it will
   /// not use. Every tensor is read and checked the same way whatever the purpose: the same
   /// files open and the same ones are refused, with the same messages.

@@ -6,6 +6,7 @@
 #include <set>
 #include <string_view>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "ckpt/error.h"
 #include "ckpt/rekey.h"
@@ -89,23 +90,107 @@ struct pair_of {
   size_t a, b;
 };
 
-// Pairs by equal names, then the rest through rekey --match's solver (a wrapper segment
-// added or removed on one side). Fills r's only_in_* and renamed; returns the pairs in A's order.
-std::vector<pair_of> pair_keys(const side& a, const side& b, diff_report& r) {
+// A torch.save file (one pickle) whose values DCP's flattening names: see dcp_name.
+bool is_pickle_file(const checkpoint& c) {
+  return c.layout == checkpoint_layout::single_file &&
+         (c.format == file_format::torch_zip || c.format == file_format::torch_legacy);
+}
+
+// dcp.save(sd) stores the value at path (k1, k2, ...) of sd under the key "k1.k2...", each
+// element str()'d (flatten_state_dict, docs/formats.md §12.4), and dcp.load(sd) fills that
+// place from that key: a torch.save of the same sd holds it at the same path. For a key of
+// the pickle's state dict, its path is the state dict's own path, then the key; a pickle
+// without one names every tensor record by its path.
+std::string dcp_name(const side& s, size_t i) {
+  if (!s.by_key) return path_to_string(s.c.tensors[s.ids[i]].path, '.');
+  const std::string root = s.c.state_dict ? path_to_string(*s.c.state_dict, '.') : std::string();
+  return root.empty() ? s.names[i] : root + "." + s.names[i];
+}
+
+// A tensor inside a pickle side's entry paired with a key of its DCP twin: (the leaf in
+// that side's entries, the key on the other side); `pickle_is_a` says which side is which.
+struct entry_key_pair {
+  size_t leaf, key;
+};
+
+// Pairs a torch.save file's keys, then the tensors inside its entries (an optimizer's
+// exp_avg), with the keys of a DCP directory saved from the same dict (dcp_name), among
+// the keys not paired by name: marks both sides' keys and the leaves it pairs.
+void pair_dcp_twin(const side& p, const std::vector<detail::entry_leaf>& leaves, std::vector<bool>& p_hit,
+                   const side& d, std::vector<bool>& d_hit, std::vector<bool>& leaf_used,
+                   std::vector<pair_of>& key_pairs, std::vector<entry_key_pair>& entry_pairs) {
+  std::unordered_map<std::string_view, size_t> in_d;
+  for (size_t j = 0; j < d.names.size(); ++j)
+    if (!d_hit[j]) in_d.emplace(d.names[j], j);
+  auto take = [&](const std::string& name) -> std::optional<size_t> {
+    auto it = in_d.find(name);
+    if (it == in_d.end() || d_hit[it->second]) return std::nullopt;
+    d_hit[it->second] = true;
+    return it->second;
+  };
+  std::unordered_set<size_t> records;  // a pickle without a state dict: its paired records
+  for (size_t i = 0; i < p.names.size(); ++i) {
+    if (p_hit[i]) continue;
+    if (std::optional<size_t> j = take(dcp_name(p, i))) {
+      p_hit[i] = true;
+      key_pairs.push_back({i, *j});
+      if (!p.by_key) records.insert(p.ids[i]);
+    }
+  }
+  // Such a pickle's entries hold the records it names: compared as keys, not leaves too.
+  for (size_t l = 0; l < leaves.size(); ++l)
+    if (leaves[l].tensor && records.count(*leaves[l].tensor)) leaf_used[l] = true;
+  for (size_t l = 0; l < leaves.size(); ++l) {
+    if (leaf_used[l]) continue;
+    if (!leaves[l].tensor) continue;
+    if (std::optional<size_t> j = take(leaves[l].dotted)) {
+      leaf_used[l] = true;
+      entry_pairs.push_back({l, *j});
+    }
+  }
+}
+
+// What pair_keys pairs besides keys: a pickle side's entry tensors with its DCP twin's keys.
+struct twin_pairs {
+  bool pickle_is_a = true;
+  std::vector<entry_key_pair> pairs;
+  std::vector<bool> leaf_used;  // of the pickle side's entry leaves
+};
+
+// Pairs by equal names, then a .pt's with its DCP twin's (pair_dcp_twin), then the rest
+// through rekey --match's solver (a wrapper segment added or removed on one side). Fills
+// r's only_in_* and renamed; returns the key pairs in A's order.
+std::vector<pair_of> pair_keys(const side& a, const side& b, const std::vector<detail::entry_leaf>& leaves_a,
+                               const std::vector<detail::entry_leaf>& leaves_b, diff_report& r, twin_pairs& twin) {
   std::unordered_map<std::string_view, size_t> in_b;
   for (size_t i = 0; i < b.names.size(); ++i) in_b.emplace(b.names[i], i);
   std::vector<pair_of> pairs;
   std::vector<bool> b_hit(b.names.size(), false);
   std::vector<size_t> rest_a, rest_b;
+  std::vector<bool> a_hit(a.names.size(), false);
   for (size_t i = 0; i < a.names.size(); ++i) {
     auto it = in_b.find(a.names[i]);
-    if (it == in_b.end() || b_hit[it->second]) {
-      rest_a.push_back(i);
-      continue;
-    }
-    b_hit[it->second] = true;
+    if (it == in_b.end() || b_hit[it->second]) continue;
+    a_hit[i] = b_hit[it->second] = true;
     pairs.push_back({i, it->second});
   }
+  const bool twins = (is_pickle_file(a.c) && b.c.layout == checkpoint_layout::dcp && b.by_key) ||
+                     (is_pickle_file(b.c) && a.c.layout == checkpoint_layout::dcp && a.by_key);
+  if (twins) {
+    twin.pickle_is_a = is_pickle_file(a.c);
+    std::vector<pair_of> found;
+    if (twin.pickle_is_a) {
+      twin.leaf_used.assign(leaves_a.size(), false);
+      pair_dcp_twin(a, leaves_a, a_hit, b, b_hit, twin.leaf_used, found, twin.pairs);
+      pairs.insert(pairs.end(), found.begin(), found.end());
+    } else {
+      twin.leaf_used.assign(leaves_b.size(), false);
+      pair_dcp_twin(b, leaves_b, b_hit, a, a_hit, twin.leaf_used, found, twin.pairs);
+      for (const pair_of& f : found) pairs.push_back({f.b, f.a});
+    }
+  }
+  for (size_t i = 0; i < a.names.size(); ++i)
+    if (!a_hit[i]) rest_a.push_back(i);
   for (size_t i = 0; i < b.names.size(); ++i)
     if (!b_hit[i]) rest_b.push_back(i);
   if (!rest_a.empty() && !rest_b.empty()) {
@@ -154,8 +239,10 @@ struct entry_tensor_pair {
   std::string path;
 };
 
+// `values`: tensor values are compared, so a tensor leaf equal on both sides but without a
+// record to read (a value summarized, not walked) cannot be called equal.
 void compare_leaves(const std::vector<detail::entry_leaf>& a, const std::vector<detail::entry_leaf>& b,
-                    diff_report& r, std::vector<entry_tensor_pair>* tensors) {
+                    diff_report& r, std::vector<entry_tensor_pair>* tensors, bool values) {
   std::unordered_map<std::string_view, size_t> in_b;
   for (size_t i = 0; i < b.size(); ++i) in_b.emplace(b[i].path, i);
   std::vector<bool> b_seen(b.size(), false);
@@ -171,6 +258,10 @@ void compare_leaves(const std::vector<detail::entry_leaf>& a, const std::vector<
       tensors->push_back({*la.tensor, *lb.tensor, la.path});  // dtype, shape and values as tensors
     } else if (la.type != lb.type || la.exact != lb.exact) {
       r.entries.push_back({la.path, shown(la), shown(lb)});
+    } else if (values && (la.unread_tensor || lb.unread_tensor)) {
+      throw error(errc::unsupported, "entry '" + la.path + "' holds tensors whose values diff cannot read; " +
+                                         "--metadata-only or --ignore-entries compare without them")
+          .with_file(la.unread_tensor ? r.path_a : r.path_b);
     } else if (la.partial || lb.partial) {
       ++r.entries_elided;
     }
@@ -233,7 +324,8 @@ diff_report diff_with(const checkpoint& ca, const checkpoint& cb, const side_val
   r.keys_a = a.names.size();
   r.keys_b = b.names.size();
   std::vector<std::pair<reader_ref, reader_ref>> refs;
-  for (const pair_of& p : pair_keys(a, b, r)) {
+  twin_pairs twin;
+  for (const pair_of& p : pair_keys(a, b, va.entries, vb.entries, r, twin)) {
     tensor_diff d;
     d.key_a = a.names[p.a];
     d.key_b = b.names[p.b];
@@ -246,8 +338,18 @@ diff_report diff_with(const checkpoint& ca, const checkpoint& cb, const side_val
   }
   // A side without a state dict already compares every tensor record by its path; its
   // entries' tensors are then compared as leaves (dtype and shape) only.
+  // A .pt's entry tensors paired with its DCP twin's keys are tensors, no longer leaves.
+  std::vector<detail::entry_leaf> twin_rest;
+  const bool twin_leaves = std::find(twin.leaf_used.begin(), twin.leaf_used.end(), true) != twin.leaf_used.end();
+  if (twin_leaves) {
+    const std::vector<detail::entry_leaf>& all = twin.pickle_is_a ? va.entries : vb.entries;
+    for (size_t l = 0; l < all.size(); ++l)
+      if (!twin.leaf_used[l]) twin_rest.push_back(all[l]);
+  }
+  const bool twin_a = twin_leaves && twin.pickle_is_a, twin_b = twin_leaves && !twin.pickle_is_a;
   std::vector<entry_tensor_pair> entry_tensors;
-  compare_leaves(va.entries, vb.entries, r, a.by_key && b.by_key ? &entry_tensors : nullptr);
+  compare_leaves(twin_a ? twin_rest : va.entries, twin_b ? twin_rest : vb.entries, r,
+                 a.by_key && b.by_key ? &entry_tensors : nullptr, !o.metadata_only);
   // Only two sides that can both hold such metadata: a .pt has no __metadata__, a single
   // file no index.
   const bool both_st = ca.format == file_format::safetensors && cb.format == file_format::safetensors;
@@ -258,7 +360,7 @@ diff_report diff_with(const checkpoint& ca, const checkpoint& cb, const side_val
       if (l.path.compare(0, 6, "index/") == 0 ? both_sets : both_st) out.push_back(l);
     return out;
   };
-  compare_leaves(kept(va.metadata), kept(vb.metadata), r, nullptr);
+  compare_leaves(kept(va.metadata), kept(vb.metadata), r, nullptr, false);
   for (const entry_tensor_pair& p : entry_tensors) {
     const tensor_record& ta = ca.tensors[p.a];
     const tensor_record& tb = cb.tensors[p.b];
@@ -270,6 +372,29 @@ diff_report diff_with(const checkpoint& ca, const checkpoint& cb, const side_val
     d.shape_b.assign(tb.shape.begin(), tb.shape.end());
     r.tensors.push_back(std::move(d));
     refs.push_back({{&a, p.a, true}, {&b, p.b, true}});
+  }
+  for (const entry_key_pair& p : twin.pairs) {
+    const side& ps = twin.pickle_is_a ? a : b;
+    const side& ds = twin.pickle_is_a ? b : a;
+    const detail::entry_leaf& leaf = (twin.pickle_is_a ? va.entries : vb.entries)[p.leaf];
+    const tensor_record& t = ps.c.tensors[*leaf.tensor];
+    // Filled as if the pickle were A, then turned round if it is B.
+    tensor_diff d;
+    d.key_a = leaf.path;
+    d.key_b = ds.names[p.key];
+    d.type_a = t.type;
+    d.type_b = ds.type(p.key);
+    d.shape_a.assign(t.shape.begin(), t.shape.end());
+    d.shape_b = ds.shape(p.key);
+    std::pair<reader_ref, reader_ref> ref{{&ps, *leaf.tensor, true}, {&ds, p.key, false}};
+    if (!twin.pickle_is_a) {
+      std::swap(d.key_a, d.key_b);
+      std::swap(d.type_a, d.type_b);
+      std::swap(d.shape_a, d.shape_b);
+      std::swap(ref.first, ref.second);
+    }
+    r.tensors.push_back(std::move(d));
+    refs.push_back(ref);
   }
 
   uint64_t total = 0;
@@ -316,8 +441,12 @@ diff_report diff_checkpoints(const std::string& pa, const std::string& pb, const
   auto open_side = [&](const std::string& path, side_values& values) {
     detail::walked_values walked(path);
     open_options reader = given;
-    if (!o.ignore_entries)
-      reader.entry_value_seen = [&walked](const value_path& p, const pickle::value& v) { walked.seen(p, v); };
+    if (!o.ignore_entries) {
+      reader.entry_value_seen = [&walked](const value_path& p, const pickle::value& v,
+                                          const std::vector<entry_tensor>& tensors) { walked.seen(p, v, tensors); };
+      // Their values are compared as any tensor's: the records must outlive the pickles.
+      reader.keep_entry_tensors = true;
+    }
     checkpoint c = open_checkpoint(path, reader);
     values = values_of(c, o, &walked);
     release_pickle(c);

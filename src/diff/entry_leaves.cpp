@@ -59,9 +59,25 @@ class walker {
         if (c->tensors[i].node) record_of_.emplace(c->tensors[i].node, i);
   }
 
+  // An entry's value, at the entry's path.
+  void walk_entry(const value* v, const value_path& path) {
+    dotted_ = path_to_string(path, '.');
+    walk(v, path_to_string(path), 0);
+  }
+
+ private:
+  // `step_`: the element that led here from the parent (set by the parent just before).
   void walk(const value* v, const std::string& path, int depth) {
+    const size_t parent = dotted_.size();
+    if (depth > 0) dotted_ += (parent ? "." : "") + step_;
+    walk_here(v, path, depth);
+    dotted_.resize(parent);
+  }
+
+  void walk_here(const value* v, const std::string& path, int depth) {
     if (std::optional<size_t> t = record(v)) return tensor_leaf(path, t);
-    if (is_rebuild(v)) return tensor_leaf(path, std::nullopt);
+    if (const entry_tensor* e = inside(v)) return tensor_leaf(path, e);
+    if (is_rebuild(v)) return tensor_leaf(path, nullptr);
     if (depth > kMaxDepth || open_.count(v)) {
       entry_leaf l = scalar(v, path);
       l.partial = true;
@@ -75,14 +91,21 @@ class walker {
           add(scalar(v, path));
           break;
         }
-        for (size_t i = 0; i < v->dict_size(); ++i) walk(v->dict_value(i), path + "/" + key_text(v->dict_key(i)), depth + 1);
+        for (size_t i = 0; i < v->dict_size(); ++i) {
+          const std::string k = key_text(v->dict_key(i));
+          step_ = k;
+          walk(v->dict_value(i), path + "/" + k, depth + 1);
+        }
         break;
       case kind::list:
       case kind::tuple:
         // A list DCP flattens leaves no trace of its own; one it keeps whole (a tuple, or
         // a list of plain values) is a leaf for its type and length, then its elements.
         if (v->type == kind::tuple || dcp_keeps_whole(v, 0)) add(sequence(v, path));
-        for (size_t i = 0; i < v->items.size(); ++i) walk(v->items[i], path + "/" + std::to_string(i), depth + 1);
+        for (size_t i = 0; i < v->items.size(); ++i) {
+          step_ = std::to_string(i);
+          walk(v->items[i], path + "/" + step_, depth + 1);
+        }
         break;
       case kind::object:
         walk_object(v, path, depth);
@@ -93,17 +116,28 @@ class walker {
     open_.erase(v);
   }
 
- private:
-  std::optional<size_t> record(const value* v) const {
-    auto it = record_of_.find(v);
-    if (it != record_of_.end()) return it->second;
+  // v's entry in `map`, or (a parameter) its inner tensor's: keyed by rebuild calls.
+  template <class Map>
+  static const typename Map::mapped_type* find_rebuild(const Map& map, const value* v) {
+    auto it = map.find(v);
+    if (it != map.end()) return &it->second;
     // A parameter's record is its inner tensor's rebuild call.
     if (is_rebuild(v) && v->items.size() > pickle::kArgs && v->items[pickle::kArgs] &&
         v->items[pickle::kArgs]->type == kind::tuple && !v->items[pickle::kArgs]->items.empty()) {
-      auto inner = record_of_.find(v->items[pickle::kArgs]->items[0]);
-      if (inner != record_of_.end()) return inner->second;
+      auto inner = map.find(v->items[pickle::kArgs]->items[0]);
+      if (inner != map.end()) return &inner->second;
     }
-    return std::nullopt;
+    return nullptr;
+  }
+
+  std::optional<size_t> record(const value* v) const {
+    const size_t* r = find_rebuild(record_of_, v);
+    return r ? std::optional<size_t>(*r) : std::nullopt;
+  }
+
+  const entry_tensor* inside(const value* v) const {
+    const entry_tensor* const* e = find_rebuild(inside_, v);
+    return e ? *e : nullptr;
   }
 
   // torch.distributed.checkpoint's _traverse: a list is kept whole unless it holds a
@@ -134,11 +168,15 @@ class walker {
     l.exact = "object " + std::to_string(int(v->op)) + " " + (callable ? pickle::repr(callable, kExactChars) : "");
     add(std::move(l));
     auto slot = [&](size_t i) { return i < v->items.size() ? v->items[i] : nullptr; };
-    if (const value* args = slot(pickle::kArgs)) walk(args, path + "/(args)", depth + 1);
-    if (const value* kwargs = slot(pickle::kKwargs)) walk(kwargs, path + "/(kwargs)", depth + 1);
-    if (const value* items = slot(pickle::kListItems)) walk(items, path + "/(extend)", depth + 1);
-    if (const value* items = slot(pickle::kDictItems)) walk(items, path + "/(update)", depth + 1);
-    if (v->state) walk(v->state, path + "/(state)", depth + 1);
+    auto below = [&](const value* x, const char* step) {
+      step_ = step;
+      walk(x, path + "/" + step, depth + 1);
+    };
+    if (const value* args = slot(pickle::kArgs)) below(args, "(args)");
+    if (const value* kwargs = slot(pickle::kKwargs)) below(kwargs, "(kwargs)");
+    if (const value* items = slot(pickle::kListItems)) below(items, "(extend)");
+    if (const value* items = slot(pickle::kDictItems)) below(items, "(update)");
+    if (v->state) below(v->state, "(state)");
   }
 
   entry_leaf sequence(const value* v, const std::string& path) const {
@@ -172,23 +210,43 @@ class walker {
   }
 
   void tensor_leaf(const std::string& path, std::optional<size_t> t) {
+    const tensor_record& r = c_->tensors[*t];
     entry_leaf l;
     l.path = path;
     l.type = "tensor";
     l.tensor = t;
-    if (t) {
-      const tensor_record& r = c_->tensors[*t];
-      l.shown = l.exact = std::string(name(r.type)) + " " +
-                          text::shape(std::vector<int64_t>(r.shape.begin(), r.shape.end()));
+    l.shown = l.exact = std::string(name(r.type)) + " " + text::shape(std::vector<int64_t>(r.shape.begin(), r.shape.end()));
+    l.dotted = dotted_;
+    add(std::move(l));
+  }
+
+  // A tensor of a value decoded from a pickle of its own (e null: a rebuild call no record
+  // was made for). Without a record its values cannot be read: diff refuses to call it equal.
+  void tensor_leaf(const std::string& path, const entry_tensor* e) {
+    entry_leaf l;
+    l.path = path;
+    l.type = "tensor";
+    if (e) {
+      l.tensor = e->record;
+      l.shown = l.exact = std::string(name(e->type)) + " " + text::shape(e->shape);
     } else {
-      l.shown = l.exact = "a tensor inside a non-tensor item (its values are not compared)";
-      l.partial = true;
+      l.shown = l.exact = "a tensor inside a non-tensor item";
     }
+    l.unread_tensor = !l.tensor;
+    l.dotted = dotted_;
     add(std::move(l));
   }
 
  public:
   void add_summary(entry_leaf l) { add(std::move(l)); }
+
+  // The tensors inside the value walked next (their rebuild calls are its nodes).
+  void set_inside(const std::vector<entry_tensor>& tensors) {
+    inside_.clear();
+    whole_.clear();  // keyed by nodes of a pickle that is gone: their addresses are reused
+    for (const entry_tensor& e : tensors)
+      if (e.node) inside_.emplace(e.node, &e);
+  }
 
  private:
   void add(entry_leaf l) {
@@ -204,12 +262,27 @@ class walker {
   std::string file_;
   std::vector<entry_leaf>& out_;
   std::unordered_map<const value*, size_t> record_of_;
+  std::unordered_map<const value*, const entry_tensor*> inside_;  // during walked_values::seen
   std::unordered_set<std::string> paths_;
   std::unordered_set<const value*> open_;
   std::unordered_map<const value*, bool> whole_;
+  std::string dotted_;  // the path being walked, joined by '.' as DCP names keys
+  std::string step_;
 };
 
 bool ends_cut(const std::string& s) { return s.size() >= 3 && s.compare(s.size() - 3, 3, "...") == 0; }
+
+bool ends_with(const std::string& s, std::string_view end) {
+  return s.size() >= end.size() && s.compare(s.size() - end.size(), end.size(), end) == 0;
+}
+
+// An entry summary that stands for tensors (a repr never ends so: a str's is quoted, a cut
+// one ends "..."): "list, 1 item, 21 tensors inside" (checkpoint.cpp entry_value),
+// "2 tensors inside (not loaded: a BYTE_IO item)" (open_dcp), perhaps with "  [unsafe: ...]".
+bool summarizes_tensors(const std::string& v) {
+  if (ends_with(v, " tensor inside") || ends_with(v, " tensors inside")) return true;
+  return !v.empty() && v[0] >= '1' && v[0] <= '9' && v.find(" inside (not loaded: a BYTE_IO item)") != std::string::npos;
+}
 
 }  // namespace
 
@@ -222,10 +295,12 @@ struct walked_values::state {
 walked_values::walked_values(std::string file) : s_(std::make_unique<state>(std::move(file))) {}
 walked_values::~walked_values() = default;
 
-void walked_values::seen(const value_path& path, const pickle::value& v) {
+void walked_values::seen(const value_path& path, const pickle::value& v, const std::vector<entry_tensor>& tensors) {
   const size_t begin = s_->leaves.size();
   const std::string p = path_to_string(path);
-  s_->w.walk(&v, p, 0);
+  s_->w.set_inside(tensors);
+  s_->w.walk_entry(&v, path);
+  s_->w.set_inside({});  // their nodes die with the value's pickle
   ranges_[p] = {begin, s_->leaves.size()};
 }
 
@@ -235,7 +310,7 @@ std::vector<entry_leaf> entry_leaves(const checkpoint& c, const walked_values* w
   for (const entry_summary& e : c.entries) {
     const std::string path = path_to_string(e.path);
     if (e.node) {
-      w.walk(e.node, path, 0);
+      w.walk_entry(e.node, e.path);
       continue;
     }
     if (walked) {
@@ -249,7 +324,8 @@ std::vector<entry_leaf> entry_leaves(const checkpoint& c, const walked_values* w
     l.path = path;
     l.type = e.type;
     l.shown = l.exact = e.value;
-    l.partial = ends_cut(e.value) || e.value.find(" inside") != std::string::npos;
+    l.unread_tensor = summarizes_tensors(e.value);
+    l.partial = ends_cut(e.value) || l.unread_tensor;
     w.add_summary(std::move(l));
   }
   return out;

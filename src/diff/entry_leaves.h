@@ -24,6 +24,12 @@ struct entry_leaf {
   std::string exact;       // what equality is decided on: raw text of str/bytes, else repr
   bool partial = false;    // `exact` was cut (or is a summary): equal text proves nothing
   std::optional<size_t> tensor;  // a tensor leaf with a record: index into checkpoint::tensors
+  /// A tensor (or a summary of a value holding tensors) whose values have no record to be
+  /// read from: diff refuses to compare values through it.
+  bool unread_tensor = false;
+  /// A tensor leaf's path joined by '.', elements as str(key): the key DCP's flattening
+  /// gives the value at that path (docs/formats.md §12.4).
+  std::string dotted;
 };
 
 /// Characters of a value a report shows; values are compared in full up to kExactChars.
@@ -39,7 +45,7 @@ class walked_values {
  public:
   explicit walked_values(std::string file);
   ~walked_values();
-  void seen(const value_path& path, const pickle::value& v);
+  void seen(const value_path& path, const pickle::value& v, const std::vector<entry_tensor>& tensors);
 
  private:
   friend std::vector<entry_leaf> entry_leaves(const checkpoint& c, const walked_values* walked);

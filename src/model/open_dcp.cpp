@@ -256,6 +256,40 @@ class dcp_reader {
     return uint32_t(c_.files.size() - 1);
   }
 
+  // The tensors inside a value decoded from a pickle of its own (`a`: a BYTE_IO item's
+  // archive, meta.pt), as entry_value_seen shows them. With keep_entry_tensors (diff, which
+  // compares their values) their records and storages join the checkpoint's, below path
+  // `under`, the storages read from file `file`: the index `a`'s file gets when adopted.
+  std::vector<entry_tensor> entry_tensors(const checkpoint& a, const value_path& under, uint32_t file) {
+    std::vector<entry_tensor> out;
+    std::map<size_t, size_t> ours;  // a's storage -> c_'s
+    for (const tensor_record& r : a.tensors) {
+      entry_tensor e;
+      e.node = r.node;
+      e.type = r.type;
+      e.shape.assign(r.shape.begin(), r.shape.end());
+      if (o_.keep_entry_tensors) {
+        tensor_record t = r;
+        t.node = nullptr;  // a's pickle is released once read
+        t.path = under;
+        t.path.insert(t.path.end(), r.path.begin(), r.path.end());
+        if (r.storage) {
+          auto [it, fresh] = ours.emplace(*r.storage, c_.storages.size());
+          if (fresh) {
+            storage_record s = a.storages.at(*r.storage);
+            s.file = file;
+            c_.storages.push_back(std::move(s));
+          }
+          t.storage = it->second;
+        }
+        e.record = c_.tensors.size();
+        c_.tensors.push_back(std::move(t));
+      }
+      out.push_back(std::move(e));
+    }
+    return out;
+  }
+
   // One chunk: its tensor record and storage, checked against the metadata.
   size_t read_chunk(const dcp::item& it, const dcp::chunk& ch, const value_path& path) {
     return read_chunk(it, ch, path, storage_of(it.fqn, &ch.offsets));
@@ -442,7 +476,9 @@ class dcp_reader {
                                   : std::to_string(a.tensors.size()) + (a.tensors.size() == 1 ? " tensor" : " tensors") +
                                         " inside (not loaded: a BYTE_IO item)";
     }
-    if (root && o_.entry_value_seen && shown) o_.entry_value_seen(e.path, *root);
+    // adopt, below, gives the archive the next file index: what its kept storages read.
+    if (root && o_.entry_value_seen && shown)
+      o_.entry_value_seen(e.path, *root, entry_tensors(a, e.path, uint32_t(c_.files.size())));
     if (!a.unsafe_globals.empty()) {
       std::string names;
       for (const auto& g : a.unsafe_globals) names += (names.empty() ? "" : ", ") + g;
@@ -460,13 +496,31 @@ class dcp_reader {
     const std::string rel = join(dir_, "meta.pt");
     if (fs_.stat(rel).kind != file_kind::regular) return;
     checkpoint m = open_checkpoint(fs_.open(rel), o_);
+    std::vector<entry_tensor> tensors;  // meta.pt's file joins the set as the next index
+    if (o_.entry_value_seen) tensors = entry_tensors(m, {std::string("meta.pt")}, uint32_t(c_.files.size()));
     for (auto& e : m.entries) {
       e.path.insert(e.path.begin(), std::string("meta.pt"));
       // Its node lives in meta.pt's pickle, which is dropped below.
-      if (e.node && o_.entry_value_seen) o_.entry_value_seen(e.path, *e.node);
+      if (e.node && o_.entry_value_seen) o_.entry_value_seen(e.path, *e.node, tensors);
       e.node = nullptr;
       c_.entries.push_back(std::move(e));
     }
+    // Tensors that meta.pt's reader took for a state dict ({"epoch": 1, "ema": t}) are not
+    // the directory's keys: for diff, which must not leave them uncompared, they are
+    // entries too, each a tensor.
+    if (o_.keep_entry_tensors && o_.entry_value_seen && m.state_dict)
+      for (size_t k = 0; k < m.keys.size(); ++k) {
+        const tensor_record& t = m.tensors[m.keys.tensor(k)];
+        if (!t.node) continue;
+        entry_summary e;
+        e.path = {std::string("meta.pt")};
+        e.path.insert(e.path.end(), m.state_dict->begin(), m.state_dict->end());
+        e.path.emplace_back(std::string(m.keys.key(k)));
+        e.type = "tensor";
+        e.value = std::string(name(t.type)) + " " + text::shape(t.shape);
+        o_.entry_value_seen(e.path, *t.node, tensors);
+        c_.entries.push_back(std::move(e));
+      }
     for (const auto& g : m.globals) c_.globals.push_back(g);
     for (const auto& g : m.unsafe_globals) unsafe_.insert(g);
     c_.lightning = true;
