@@ -6,9 +6,10 @@
 //
 // The slice's memory is got as the whole loader gets it (cpu_loader.cpp), for the reasons
 // measured there: a slice of a megabyte and more gets an anonymous mapping whose first byte
-// is congruent with its first file byte modulo a page; a slice that is one run of the file
-// (a Shard(0) slice, a replicated tensor) is then filled page by page from a mapping of
-// the file (page_filler: no zeroing, no fault), and any other slice of a mapping is
+// is congruent with its first file byte modulo a page where LibTorch's 64-byte alignment
+// allows; a slice that is one run of the file (a Shard(0) slice, a replicated tensor, a
+// DCP chunk) is then filled page by page from a mapping of the file (page_filler: no
+// zeroing, no fault), congruent or not (docs/formats.md §9.3), and any other slice of a mapping is
 // faulted in by one call per read before its rows are read (a Shard(1) slice: a pread per
 // row, which the slice's bytes alone, 1/W of the rows, would otherwise fault page by page).
 #include <sys/mman.h>
