@@ -1,5 +1,7 @@
 #include "io/slice_source.h"
 
+#include <cstring>
+
 #include "ckpt/error.h"
 
 namespace ckpt {
@@ -16,7 +18,30 @@ slice_source::slice_source(std::shared_ptr<const byte_source> parent, uint64_t o
   }
 }
 
+void slice_source::keep_ends(size_t bytes) {
+  if (length_ <= 2 * uint64_t(bytes)) {
+    head_ = parent_->read_vector(offset_, size_t(length_));
+    tail_.clear();
+    return;
+  }
+  head_ = parent_->read_vector(offset_, bytes);
+  tail_ = parent_->read_vector(offset_ + length_ - bytes, bytes);
+}
+
+void slice_source::drop_ends() {
+  std::vector<uint8_t>().swap(head_);
+  std::vector<uint8_t>().swap(tail_);
+}
+
 void slice_source::read_impl(uint64_t offset, void* dst, size_t n) const {
+  if (offset + n <= head_.size()) {
+    std::memcpy(dst, head_.data() + offset, n);
+    return;
+  }
+  if (!tail_.empty() && offset >= length_ - tail_.size()) {
+    std::memcpy(dst, tail_.data() + (offset - (length_ - tail_.size())), n);
+    return;
+  }
   // Bounds were checked against the slice; the parent's own checks and errors then speak
   // in its coordinates, which is what a message should show.
   parent_->read_exact(offset_ + offset, dst, n);

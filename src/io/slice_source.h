@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "ckpt/byte_source.h"
 
@@ -29,6 +30,15 @@ class slice_source final : public byte_source {
   file_extent in_file() const override;
   const byte_source& parent() const { return *parent_; }
 
+  /// Reads the first and the last `bytes` of the slice now (one read when they meet) and
+  /// serves reads that lie inside either from memory: a zip archive's reader asks for its
+  /// end records, central directory and local headers there in a dozen small reads, which
+  /// for a DCP directory's thousands of chunk archives were most of the time to open it.
+  /// Not thread-safe against reads running meanwhile: call it before handing the slice out.
+  void keep_ends(size_t bytes);
+  /// Lets the kept ends go (a directory of 100,000 chunks would hold 200 MB of them).
+  void drop_ends();
+
  protected:
   void read_impl(uint64_t offset, void* dst, size_t n) const override;
 
@@ -36,6 +46,7 @@ class slice_source final : public byte_source {
   std::shared_ptr<const byte_source> parent_;
   uint64_t offset_;
   uint64_t length_;
+  std::vector<uint8_t> head_, tail_;  // keep_ends: bytes [0, head_.size()), [length_ - tail_.size(), length_)
 };
 
 }  // namespace ckpt

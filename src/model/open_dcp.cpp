@@ -205,7 +205,12 @@ class dcp_reader {
   std::unique_ptr<byte_source> item_source(const dcp::storage_item& s) {
     const data_file& f = files_.at(s.relative_path);
     auto slice = std::make_unique<slice_source>(f.source, s.offset, s.length);
-    if (s.transform_descriptors.empty()) return slice;
+    // A chunk's archive is read at both ends while it is opened (its records' headers
+    // first, its directory last): 1 KiB at each end holds them for a torch.save of a tensor.
+    if (s.transform_descriptors.empty()) {
+      slice->keep_ends(1024);
+      return slice;
+    }
     const uint64_t budget = o_.zip_limits.max_inflated_total > inflated_ ? o_.zip_limits.max_inflated_total - inflated_ : 0;
     std::vector<uint8_t> bytes =
         undo_dcp_transforms(*slice, s.transform_descriptors, std::min(o_.zip_limits.max_record_bytes, budget));
@@ -242,6 +247,7 @@ class dcp_reader {
 
   uint32_t adopt(checkpoint& a, const dcp::storage_item& s) {
     source_file f = std::move(a.files.at(0));
+    if (auto* ends = dynamic_cast<slice_source*>(f.source.get())) ends->drop_ends();  // item_source's, read
     // What the archive's pickle said is in its records now; its tree is a few KB per chunk,
     // which for a hundred thousand chunks is memory no verb needs. The zip stays: verify
     // checks its records' CRCs.

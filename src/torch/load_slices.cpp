@@ -6,9 +6,10 @@
 //
 // The slice's memory is got as the whole loader gets it (cpu_loader.cpp), for the reasons
 // measured there: a slice of a megabyte and more gets an anonymous mapping whose first byte
-// is congruent with its first file byte modulo a page; a slice that is one run of the file
-// (a Shard(0) slice, a replicated tensor) is then filled page by page from a mapping of
-// the file (page_filler: no zeroing, no fault), and any other slice of a mapping is
+// is congruent with its first file byte modulo a page where LibTorch's 64-byte alignment
+// allows; a slice that is one run of the file (a Shard(0) slice, a replicated tensor, a
+// DCP chunk) is then filled page by page from a mapping of the file (page_filler: no
+// zeroing, no fault), congruent or not (docs/formats.md §9.3), and any other slice of a mapping is
 // faulted in by one call per read before its rows are read (a Shard(1) slice: a pread per
 // row, which the slice's bytes alone, 1/W of the rows, would otherwise fault page by page).
 #include <sys/mman.h>
@@ -173,7 +174,10 @@ class slice_filler {
   explicit slice_filler(const checkpoint& c) : c_(c), maps_(c.files.size()), tried_(c.files.size(), false) {}
 
   // Claims `job` (one span, contiguous, covering its whole slice of `nbytes`); false: it
-  // is read with pread instead.
+  // is read with pread instead. The slice need not be congruent with the file: a copy's
+  // source need not be page-aligned, only its destination (a DCP chunk's data lies at any
+  // byte of its .distcp file, and LibTorch's 64-byte alignment keeps such a slice from
+  // being placed congruent with it).
   bool claim(const slice_job& job, uint64_t nbytes) {
     if (!job.mapped || !job.whole || job.spans.size() != 1) return false;
     const slice_span& s = job.spans[0];
@@ -181,10 +185,7 @@ class slice_filler {
       return false;
     const byte_source& src = *c_.files[job.file].source;
     const file_extent where = src.in_file();
-    if (!where.file || where.offset % kPageBytes != 0 || s.src + nbytes > src.size() ||
-        where.offset + s.src + nbytes > where.file->size())
-      return false;
-    if ((reinterpret_cast<uintptr_t>(job.base) - s.src) % kPageBytes != 0) return false;  // not congruent
+    if (!where.file || s.src + nbytes > src.size() || where.offset + s.src + nbytes > where.file->size()) return false;
     if (!filler_ && !opened_) {
       opened_ = true;
       filler_ = detail::page_filler::open();
@@ -194,19 +195,31 @@ class slice_filler {
     return filler_->add(reinterpret_cast<void*>(first), size_t(page_ceil(reinterpret_cast<uintptr_t>(job.base) + nbytes) - first));
   }
 
-  // Bytes [offset, offset + n) of the job's file (its one span) into their place, with the
-  // rest of their first and last pages (the mapping's own bytes, outside the slice).
+  // Bytes [offset, offset + n) of the job's file (its one span) into their place, as whole
+  // pages. Items are cut at page boundaries of the slice (execute), so only the slice's
+  // own first and last pages are partial: they are assembled in a buffer, the bytes
+  // outside the slice (its mapping's own, no tensor's) left zero.
   void fill(const slice_job& job, uint64_t offset, uint64_t n) {
     const slice_span& s = job.spans[0];
     const uintptr_t dst = reinterpret_cast<uintptr_t>(job.base) + (offset - s.src);
-    const uint64_t lead = dst % kPageBytes;
-    const uint64_t length = page_ceil(lead + n);
+    const uintptr_t end = dst + n;
     const byte_source& src = *c_.files[job.file].source;
-    const uint8_t* from = maps_[job.file].get() + src.in_file().offset + offset - lead;
-    filler_->fill(reinterpret_cast<void*>(dst - lead), from, size_t(length));
+    const uint8_t* from = maps_[job.file].get() + src.in_file().offset + offset;  // lands at dst
+    const uintptr_t whole_from = std::min<uintptr_t>(page_ceil(dst), end);
+    const uintptr_t whole_to = std::max<uintptr_t>(page_floor(end), whole_from);
+    auto edge = [&](uintptr_t lo, uintptr_t hi) {  // [lo, hi) within one page
+      alignas(64) uint8_t page[kPageBytes] = {};
+      std::memcpy(page + lo % kPageBytes, from + (lo - dst), size_t(hi - lo));
+      filler_->fill(reinterpret_cast<void*>(page_floor(lo)), page, size_t(kPageBytes));
+    };
+    if (whole_from > dst) edge(dst, whole_from);
+    if (whole_to > whole_from)
+      filler_->fill(reinterpret_cast<void*>(whole_from), from + (whole_from - dst), size_t(whole_to - whole_from));
+    if (end > whole_to) edge(whole_to, end);
     // The file's pages were mapped into this process on the way: unmapped, or they would
     // count in its resident memory on top of the copy.
-    ::madvise(const_cast<uint8_t*>(from), size_t(length), MADV_DONTNEED);
+    const uintptr_t lo = page_floor(reinterpret_cast<uintptr_t>(from)), hi = page_ceil(reinterpret_cast<uintptr_t>(from) + n);
+    ::madvise(reinterpret_cast<void*>(lo), size_t(hi - lo), MADV_DONTNEED);
     src.count_read(n);
   }
 
@@ -264,9 +277,9 @@ uint64_t execute(const checkpoint& c, const std::vector<slice_job>& jobs, const 
     const slice_job& job = jobs[j];
     const uint64_t nbytes = detail::span_bytes(job.spans);
     if (filler.claim(job, nbytes)) {
-      // Cut where the file's offsets are multiples of kFillBytes: page boundaries of the
-      // congruent slice, so no two items share a page.
-      const uint64_t origin = c.files[job.file].source->in_file().offset;
+      // Cut where the slice's addresses are multiples of kFillBytes (page boundaries), so
+      // no two items share a page.
+      const uint64_t origin = reinterpret_cast<uintptr_t>(job.base) - job.spans[0].src;  // address of file offset 0
       const uint64_t begin = job.spans[0].src, end = begin + nbytes;
       for (uint64_t at = begin; at < end;) {
         const uint64_t next = std::min(end, (origin + at) / kFillBytes * kFillBytes + kFillBytes - origin);

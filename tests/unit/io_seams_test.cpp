@@ -109,6 +109,35 @@ TEST_CASE("reads its range of the parent, and is named after the parent") {
   CHECK(inner.read_vector(0, 1) == std::vector<uint8_t>{15});
 }
 
+TEST_CASE("kept ends serve reads inside them from memory, the same bytes as the parent's") {
+  std::vector<uint8_t> bytes(1000);
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = uint8_t(i * 7);
+  auto parent = std::make_shared<ckpt::memory_source>(bytes, "p.distcp");
+  ckpt::slice_source s(parent, 100, 800);
+  s.keep_ends(64);
+  CHECK(parent->bytes_read() == 128);  // two reads of 64 bytes
+  auto want = [&](uint64_t at, size_t n) { return std::vector<uint8_t>(bytes.begin() + 100 + at, bytes.begin() + 100 + at + n); };
+  CHECK(s.read_vector(0, 64) == want(0, 64));    // the head
+  CHECK(s.read_vector(740, 60) == want(740, 60));  // the tail
+  CHECK(parent->bytes_read() == 128);
+  CHECK(s.read_vector(60, 10) == want(60, 10));    // across the head's end: from the parent
+  CHECK(s.read_vector(300, 20) == want(300, 20));  // the middle
+  CHECK(s.read_vector(730, 20) == want(730, 20));  // across the tail's start
+  CHECK(parent->bytes_read() == 178);
+  CHECK(s.bytes_read() == 174);
+  // Past the end: refused as without kept ends.
+  CHECK(failure_of([&] { (void)s.read_vector(790, 20); }));
+  s.drop_ends();
+  CHECK(s.read_vector(0, 8) == want(0, 8));
+  CHECK(parent->bytes_read() == 186);
+  // A slice shorter than both ends is kept whole in one read.
+  ckpt::slice_source small(parent, 0, 100);
+  small.keep_ends(64);
+  CHECK(parent->bytes_read() == 286);
+  CHECK(small.read_vector(30, 60) == std::vector<uint8_t>(bytes.begin() + 30, bytes.begin() + 90));
+  CHECK(parent->bytes_read() == 286);
+}
+
 TEST_CASE("a read past the slice's end is refused in the parent's coordinates") {
   auto parent = std::make_shared<ckpt::memory_source>(std::vector<uint8_t>(100), "p.distcp");
   ckpt::slice_source s(parent, 40, 20);
