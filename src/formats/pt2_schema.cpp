@@ -3,6 +3,7 @@
 #include <cctype>
 #include <memory>
 
+#include "base/ordered_json.h"
 #include "base/text.h"
 
 namespace ckpt::detail::pt2s {
@@ -10,22 +11,15 @@ namespace ckpt::detail::pt2s {
 void where::fail(errc kind, const std::string& what) const { throw error(kind, record + ": " + what, offset); }
 
 json parse(std::string_view text, const where& w) {
-  // nlohmann's parser is iterative, but its callers (dump, comparisons, our walks) are not:
-  // a depth bound keeps a hostile "[[[[..." from reaching them. The schema nests a dozen levels;
-  // a subgraph of a higher-order op adds a few per level of nesting.
-  constexpr int kMaxDepth = 200;
-  json::parser_callback_t depth_bound = [&w](int depth, json::parse_event_t event, json&) {
-    if ((event == json::parse_event_t::object_start || event == json::parse_event_t::array_start) &&
-        depth > kMaxDepth)
-      w.fail(errc::corrupt, "JSON nested deeper than " + std::to_string(kMaxDepth) + " levels");
-    return true;
-  };
-  try {
-    return json::parse(text.begin(), text.end(), depth_bound);
-  } catch (const json::exception& e) {
+  // The schema nests a dozen levels; a subgraph of a higher-order op adds a few per level of
+  // nesting. nlohmann's parser is iterative, but its callers (dump, comparisons, our walks)
+  // are not: a depth bound keeps a hostile "[[[[..." from reaching them.
+  constexpr size_t kMaxDepth = 200;
+  return parse_ordered_json(text, kMaxDepth, [&w](const json_failure& f) {
+    if (f.too_deep) w.fail(errc::corrupt, "JSON " + f.what);
     // nlohmann's message names the byte within the record; one line, no control bytes.
-    w.fail(errc::corrupt, std::string("not valid JSON: ") + text::quote(e.what(), 160));
-  }
+    w.fail(errc::corrupt, std::string("not valid JSON: ") + text::quote(f.what, 160));
+  });
 }
 
 std::pair<std::string, const json*> union_of(const json& j, const where& w, const std::string& what) {

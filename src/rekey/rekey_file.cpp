@@ -9,6 +9,7 @@
 #include <unordered_set>
 
 #include "base/byteio.h"
+#include "base/ordered_json.h"
 #include "ckpt/error.h"
 #include "ckpt/pickle_writer.h"
 #include "ckpt/zip_writer.h"
@@ -584,18 +585,22 @@ void write_safetensors(checkpoint& c, const rekey_request& req, rekey_result& re
                        std::vector<std::string>& new_names) {
   const safetensors::header& h = *only_file(c).st_header;
   auto raw = only_file(c).source->read_vector(8, size_t(h.header_size));
-  nlohmann::ordered_json in = nlohmann::ordered_json::parse(raw.begin(), raw.end());
-  nlohmann::ordered_json out_json = nlohmann::ordered_json::object();
+  // The reader already took this header (its nesting is bounded there).
+  nlohmann::ordered_json in = detail::parse_ordered_json(
+      std::string_view(reinterpret_cast<const char*>(raw.data()), raw.size()), 64, [&](const detail::json_failure& f) {
+        throw error(errc::corrupt, "the safetensors header does not parse as JSON: " + f.what, 8).with_file(c.path);
+      });
+  detail::ordered_object_builder out_json;
   // __metadata__ first, then the tensors in their original order with their original
   // dtype, shape and offsets: the data buffer is copied unchanged.
-  if (in.contains("__metadata__")) out_json["__metadata__"] = in["__metadata__"];
+  if (in.contains("__metadata__")) out_json.set("__metadata__", in["__metadata__"]);
   for (auto& [name, entry] : in.items()) {
     if (name == "__metadata__") continue;
     std::string renamed = rename(name);
     new_names.push_back(renamed);
-    out_json[renamed] = entry;
+    out_json.set(renamed, std::move(entry));
   }
-  std::string text = out_json.dump();
+  std::string text = out_json.take().dump();
   // The reference writer pads the header with spaces so the data starts 8-aligned.
   while ((8 + text.size()) % 8 != 0) text += ' ';
   output_file& out = *req.output;

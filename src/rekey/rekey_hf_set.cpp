@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <unordered_map>
 
+#include "base/ordered_json.h"
 #include "ckpt/error.h"
 #include "ckpt/file_opener.h"
 #include "ckpt/input_file.h"
@@ -67,26 +68,25 @@ struct shard_input {
 }  // namespace
 
 std::string renamed_index_text(const std::string& text, const std::function<std::string(const std::string&)>& rename) {
-  nlohmann::ordered_json in;
-  try {
-    in = nlohmann::ordered_json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    throw error(errc::corrupt, std::string("the index does not parse as JSON: ") + e.what());
-  }
+  // 200 levels: the index's `metadata` is free-form, and the walks below recurse.
+  nlohmann::ordered_json in = detail::parse_ordered_json(text, 200, [](const detail::json_failure& f) {
+    throw error(errc::corrupt, "the index does not parse as JSON: " + f.what);
+  });
   // transformers sorts and ends with a newline, huggingface_hub does neither: a hub index
   // whose keys happen to be sorted must keep its (state-dict) order after the renaming.
   const bool ends_with_newline = !text.empty() && text.back() == '\n';
   const bool sorted = ends_with_newline && sorted_everywhere(in);
-  nlohmann::ordered_json out = nlohmann::ordered_json::object();
+  detail::ordered_object_builder top;
   for (auto it = in.begin(); it != in.end(); ++it) {
     if (it.key() != "weight_map") {
-      out[it.key()] = it.value();  // `metadata` and anything else, exactly
+      top.set(it.key(), it.value());  // `metadata` and anything else, exactly
       continue;
     }
-    nlohmann::ordered_json map = nlohmann::ordered_json::object();
-    for (auto kv = it.value().begin(); kv != it.value().end(); ++kv) map[rename(kv.key())] = kv.value();
-    out["weight_map"] = std::move(map);
+    detail::ordered_object_builder map;
+    for (auto kv = it.value().begin(); kv != it.value().end(); ++kv) map.set(rename(kv.key()), kv.value());
+    top.set("weight_map", map.take());
   }
+  const nlohmann::ordered_json out = top.take();
   // Both writers call json with indent=2 and Python's default ensure_ascii=True.
   if (sorted) return nlohmann::json(out).dump(2, ' ', true) + "\n";
   return out.dump(2, ' ', true) + (ends_with_newline ? "\n" : "");

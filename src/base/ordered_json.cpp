@@ -1,0 +1,109 @@
+#include "base/ordered_json.h"
+
+#include <utility>
+#include <vector>
+
+namespace ckpt::detail {
+
+using json = nlohmann::ordered_json;
+using members_t = json::object_t::Container;  // ordered_map is a vector of (key, value)
+
+namespace {
+
+// A SAX handler that builds the value nlohmann's DOM parser would (json_sax_dom_parser),
+// with one hash index per open object for its keys.
+class dom_builder {
+ public:
+  dom_builder(size_t max_depth, const std::function<void(const json_failure&)>& fail)
+      : max_depth_(max_depth), fail_(fail) {}
+  json take() { return std::move(root_); }
+
+  bool null() { return put(nullptr), true; }
+  bool boolean(bool v) { return put(v), true; }
+  bool number_integer(json::number_integer_t v) { return put(v), true; }
+  bool number_unsigned(json::number_unsigned_t v) { return put(v), true; }
+  bool number_float(json::number_float_t v, const json::string_t&) { return put(v), true; }
+  bool string(json::string_t& v) { return put(std::move(v)), true; }
+  bool binary(json::binary_t& v) { return put(json::binary(std::move(v))), true; }
+  bool start_object(std::size_t) { return open(json::object()); }
+  bool start_array(std::size_t) { return open(json::array()); }
+  bool end_object() { return close(); }
+  bool end_array() { return close(); }
+
+  bool key(json::string_t& k) {
+    frame& f = open_.back();
+    members_t& members = *f.value->get_ptr<json::object_t*>();
+    auto [at, fresh] = f.index.try_emplace(k, members.size());
+    if (fresh) members.emplace_back(std::move(k), nullptr);
+    member_ = &members[at->second].second;
+    return true;
+  }
+
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) {
+    fail_({false, e.what()});
+    return false;  // not reached: fail throws
+  }
+
+ private:
+  struct frame {
+    json* value;
+    std::unordered_map<std::string, size_t> index;  // objects only: key -> member position
+  };
+
+  // Where the next value goes: the root, the member whose key came last, or the end of the
+  // open array. A pointer into a container is used only while that container is the
+  // innermost open one, so the container's growth never invalidates one still in use.
+  json* put(json&& v) {
+    if (open_.empty()) {
+      root_ = std::move(v);
+      return &root_;
+    }
+    json& parent = *open_.back().value;
+    if (parent.is_array()) {
+      json::array_t& items = *parent.get_ptr<json::array_t*>();
+      items.push_back(std::move(v));
+      return &items.back();
+    }
+    *member_ = std::move(v);
+    return member_;
+  }
+
+  // The depth counts the containers around the new one, as nlohmann's parser callback does.
+  bool open(json&& container) {
+    if (open_.size() > max_depth_) fail_({true, "nested deeper than " + std::to_string(max_depth_) + " levels"});
+    json* v = put(std::move(container));
+    open_.push_back({v, {}});
+    return true;
+  }
+
+  bool close() {
+    open_.pop_back();
+    return true;
+  }
+
+  size_t max_depth_;
+  const std::function<void(const json_failure&)>& fail_;
+  json root_;
+  std::vector<frame> open_;
+  json* member_ = nullptr;
+};
+
+}  // namespace
+
+json parse_ordered_json(std::string_view text, size_t max_depth, const std::function<void(const json_failure&)>& fail) {
+  dom_builder builder(max_depth, fail);
+  // Strict: one value, then only whitespace.
+  if (!json::sax_parse(text.data(), text.data() + text.size(), &builder)) fail({false, "not JSON"});
+  return builder.take();
+}
+
+void ordered_object_builder::set(const std::string& key, json value) {
+  members_t& members = *object_.get_ptr<json::object_t*>();
+  auto [at, fresh] = at_.try_emplace(key, members.size());
+  if (fresh)
+    members.emplace_back(key, std::move(value));
+  else
+    members[at->second].second = std::move(value);
+}
+
+}  // namespace ckpt::detail
