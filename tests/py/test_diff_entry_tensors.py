@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import copy
-import json
 import sys
 import warnings
 from dataclasses import dataclass
@@ -26,16 +25,9 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from conftest import run_ckptool  # noqa: E402
+from test_diff_values import diff_json  # noqa: E402
 
 warnings.filterwarnings("ignore")
-
-
-def diff_json(a, b, *flags) -> tuple[int, dict]:
-    rc, out, err = run_ckptool("diff", "--json", *flags, a, b)
-    assert rc in (0, 1), f"diff {a} {b}: exit {rc}: {err}"
-    doc = json.loads(out)
-    assert doc["equivalent"] == (rc == 0)
-    return rc, doc
 
 
 def changed(doc) -> dict:
