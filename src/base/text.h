@@ -32,4 +32,9 @@ std::string shape(const std::vector<uint64_t>& dims);
 /// The Python type of a decoded pickle value of kind `k`: "int", "str", "dict", ...
 const char* python_type_name(pickle::kind k);
 
+/// True when `s` ends with `suffix`.
+inline bool ends_with(std::string_view s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
 }  // namespace ckpt::text

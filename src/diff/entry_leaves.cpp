@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <string_view>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -66,10 +67,13 @@ class walker {
   }
 
  private:
-  // `step_`: the element that led here from the parent (set by the parent just before).
-  void walk(const value* v, const std::string& path, int depth) {
+  // `step`: the element that led here from the parent (a key, an index, "(state)", ...).
+  void walk(const value* v, const std::string& path, int depth, std::string_view step = {}) {
     const size_t parent = dotted_.size();
-    if (depth > 0) dotted_ += (parent ? "." : "") + step_;
+    if (depth > 0) {
+      if (parent) dotted_ += '.';
+      dotted_ += step;
+    }
     walk_here(v, path, depth);
     dotted_.resize(parent);
   }
@@ -93,8 +97,7 @@ class walker {
         }
         for (size_t i = 0; i < v->dict_size(); ++i) {
           const std::string k = key_text(v->dict_key(i));
-          step_ = k;
-          walk(v->dict_value(i), path + "/" + k, depth + 1);
+          walk(v->dict_value(i), path + "/" + k, depth + 1, k);
         }
         break;
       case kind::list:
@@ -103,8 +106,8 @@ class walker {
         // a list of plain values) is a leaf for its type and length, then its elements.
         if (v->type == kind::tuple || dcp_keeps_whole(v, 0)) add(sequence(v, path));
         for (size_t i = 0; i < v->items.size(); ++i) {
-          step_ = std::to_string(i);
-          walk(v->items[i], path + "/" + step_, depth + 1);
+          const std::string index = std::to_string(i);
+          walk(v->items[i], path + "/" + index, depth + 1, index);
         }
         break;
       case kind::object:
@@ -169,8 +172,7 @@ class walker {
     add(std::move(l));
     auto slot = [&](size_t i) { return i < v->items.size() ? v->items[i] : nullptr; };
     auto below = [&](const value* x, const char* step) {
-      step_ = step;
-      walk(x, path + "/" + step, depth + 1);
+      walk(x, path + "/" + step, depth + 1, step);
     };
     if (const value* args = slot(pickle::kArgs)) below(args, "(args)");
     if (const value* kwargs = slot(pickle::kKwargs)) below(kwargs, "(kwargs)");
@@ -267,20 +269,15 @@ class walker {
   std::unordered_set<const value*> open_;
   std::unordered_map<const value*, bool> whole_;
   std::string dotted_;  // the path being walked, joined by '.' as DCP names keys
-  std::string step_;
 };
 
 bool ends_cut(const std::string& s) { return s.size() >= 3 && s.compare(s.size() - 3, 3, "...") == 0; }
-
-bool ends_with(const std::string& s, std::string_view end) {
-  return s.size() >= end.size() && s.compare(s.size() - end.size(), end.size(), end) == 0;
-}
 
 // An entry summary that stands for tensors (a repr never ends so: a str's is quoted, a cut
 // one ends "..."): "list, 1 item, 21 tensors inside" (checkpoint.cpp entry_value),
 // "2 tensors inside (not loaded: a BYTE_IO item)" (open_dcp), perhaps with "  [unsafe: ...]".
 bool summarizes_tensors(const std::string& v) {
-  if (ends_with(v, " tensor inside") || ends_with(v, " tensors inside")) return true;
+  if (text::ends_with(v, " tensor inside") || text::ends_with(v, " tensors inside")) return true;
   return !v.empty() && v[0] >= '1' && v[0] <= '9' && v.find(" inside (not loaded: a BYTE_IO item)") != std::string::npos;
 }
 
