@@ -60,8 +60,11 @@ class walker {
         if (c->tensors[i].node) record_of_.emplace(c->tensors[i].node, i);
   }
 
-  // An entry's value, at the entry's path.
+  // An entry's value, at the entry's path. A DAG that expands past the bound is refused
+  // before any leaf is made: counting costs one visit per shared node, while making the
+  // leaves of a 40-level shared-list bomb would first fill gigabytes with 4 M of them.
   void walk_entry(const value* v, const value_path& path) {
+    if (out_.size() + count_leaves(v, 0) > kMaxLeaves) refuse();
     dotted_ = path_to_string(path, '.');
     walk(v, path_to_string(path), 0);
   }
@@ -117,6 +120,57 @@ class walker {
         add(scalar(v, path));
     }
     open_.erase(v);
+  }
+
+  // The leaves walk_here would make of v, saturating past kMaxLeaves. Exact but where dict
+  // keys have equal str() (1 and "1": add keeps one leaf per path), which it overstates; an
+  // overstatement can only refuse, never let a walk grow past the bound. A subtree is remembered only when no cycle
+  // reached out of it, because then its count does not depend on the path walked to it.
+  size_t count_leaves(const value* v, int depth) {
+    if (record(v) || inside(v) || is_rebuild(v) || depth > kMaxDepth) return 1;
+    if (open_.count(v)) {
+      cycle_seen_ = true;
+      return 1;
+    }
+    auto known = counted_.find(v);
+    if (known != counted_.end()) return known->second;
+    const bool outer_cycle = cycle_seen_;
+    cycle_seen_ = false;
+    open_.insert(v);
+    size_t n = 0;
+    auto below = [&](const value* x) {
+      if (x && n <= kMaxLeaves) n += count_leaves(x, depth + 1);
+    };
+    switch (v->type) {
+      case kind::dict:
+        if (v->dict_size() == 0) n = 1;
+        for (size_t i = 0; i < v->dict_size(); ++i) below(v->dict_value(i));
+        break;
+      case kind::list:
+      case kind::tuple:
+        if (v->type == kind::tuple || dcp_keeps_whole(v, 0)) n = 1;
+        for (const value* e : v->items) below(e);
+        break;
+      case kind::object:
+        n = 1;
+        for (size_t slot : {pickle::kArgs, pickle::kKwargs, pickle::kListItems, pickle::kDictItems})
+          if (slot < v->items.size()) below(v->items[slot]);
+        below(v->state);
+        break;
+      default:
+        n = 1;
+    }
+    open_.erase(v);
+    n = std::min(n, kMaxLeaves + 1);
+    if (!cycle_seen_) counted_.emplace(v, n);
+    cycle_seen_ = cycle_seen_ || outer_cycle;
+    return n;
+  }
+
+  [[noreturn]] void refuse() const {
+    throw error(errc::unsupported, "the non-tensor entries expand to more than " + std::to_string(kMaxLeaves) +
+                                       " values; pass --ignore-entries to compare tensors only")
+        .with_file(file_);
   }
 
   // v's entry in `map`, or (a parameter) its inner tensor's: keyed by rebuild calls.
@@ -245,7 +299,9 @@ class walker {
   // The tensors inside the value walked next (their rebuild calls are its nodes).
   void set_inside(const std::vector<entry_tensor>& tensors) {
     inside_.clear();
-    whole_.clear();  // keyed by nodes of a pickle that is gone: their addresses are reused
+    // Keyed by nodes of a pickle that is gone: their addresses are reused.
+    whole_.clear();
+    counted_.clear();
     for (const entry_tensor& e : tensors)
       if (e.node) inside_.emplace(e.node, &e);
   }
@@ -253,10 +309,7 @@ class walker {
  private:
   void add(entry_leaf l) {
     if (!paths_.insert(l.path).second) return;
-    if (out_.size() >= kMaxLeaves)
-      throw error(errc::unsupported, "the non-tensor entries expand to more than " + std::to_string(kMaxLeaves) +
-                                         " values; pass --ignore-entries to compare tensors only")
-          .with_file(file_);
+    if (out_.size() >= kMaxLeaves) refuse();
     out_.push_back(std::move(l));
   }
 
@@ -268,6 +321,8 @@ class walker {
   std::unordered_set<std::string> paths_;
   std::unordered_set<const value*> open_;
   std::unordered_map<const value*, bool> whole_;
+  std::unordered_map<const value*, size_t> counted_;  // count_leaves of cycle-free subtrees
+  bool cycle_seen_ = false;
   std::string dotted_;  // the path being walked, joined by '.' as DCP names keys
 };
 
