@@ -46,10 +46,28 @@ if [ "${CKPTOOL_SKIP_ASAN:-0}" != 1 ]; then
   asan_build_pid=
   tail -n 1 "$asan_build_log"
   stage "sanitized build done"
-  # Not under the sanitizers: the benchmark smoke test, and test_distributed (ckptool
-  # processes under torchrun talking over c10d), whose reading and writing paths the
-  # single-process tests run under ASan; it took ~50 s of the ~700 s ASan run.
-  skip_py="--ignore=$PWD/tests/py/test_bench_smoke.py --ignore=$PWD/tests/py/test_distributed.py"
+  # Under the sanitizers: every file that feeds ckptool hostile or malformed input, and the
+  # paths that copy bytes at computed offsets (slices, the staging pipeline, DCP chunks
+  # assembled, shard sets); fuzz_replay and the unit tests run whole. The files left out
+  # below check what the reference clients make of our output: their time goes to torch,
+  # transformers and gloo processes more than to ckptool, and the normal run above has
+  # already run them. The whole suite under the sanitizers took ~620 s of a ~50 min CI
+  # run (2026-11-28); CKPTOOL_ASAN_PY=all runs all of it.
+  skip_py=
+  if [ "${CKPTOOL_ASAN_PY:-hostile}" != all ]; then
+    for f in aoti bench_smoke convert convert_dcp convert_dcp_placements dcp_hf_storage \
+        dcp_lightning dcp_match dcp_rank_local dcp_rekey diff diff_entry_tensors \
+        distributed distributed_commit doc_citations inspect_vs_torch layouts \
+        many_tensors materialize modules parameters_kept pt2 pt2_fill pt2_fill_multi \
+        pt2_rekey pt2_run_program rekey rekey_sets run_args safetensors_writer slices \
+        tensor_kinds torchscript torchscript_leftovers; do
+      skip_py+=" --ignore=$PWD/tests/py/test_$f.py"
+    done
+  else
+    # Timings mean nothing under the sanitizers; test_distributed's reading and writing
+    # paths are the single-process tests'.
+    skip_py="--ignore=$PWD/tests/py/test_bench_smoke.py --ignore=$PWD/tests/py/test_distributed.py"
+  fi
   # protect_shadow_gap=0: the CUDA runtime LibTorch loads maps memory where ASan's shadow
   # gap would be. Leaks are checked in the LibTorch-free unit tests only (LibTorch keeps
   # global allocations alive until exit by design).

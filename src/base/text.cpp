@@ -80,4 +80,27 @@ const char* python_type_name(pickle::kind k) {
   return "object";
 }
 
+std::string join_names(const std::vector<std::string>& names, size_t max_shown) {
+  std::string out;
+  for (size_t i = 0; i < names.size() && i < max_shown; ++i) out += (i ? ", " : "") + names[i];
+  if (names.size() > max_shown) out += ", ... (" + std::to_string(names.size() - max_shown) + " more)";
+  return out;
+}
+
+std::string base_name(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+std::string file_in(const std::string& dir, const std::string& name) {
+  if (dir.empty()) return name;
+  return dir.back() == '/' ? dir + name : dir + "/" + name;
+}
+
+std::string join_dotted(const std::string& a, const std::string& b) {
+  if (a.empty()) return b;
+  if (b.empty()) return a;
+  return a + "." + b;
+}
+
 }  // namespace ckpt::text

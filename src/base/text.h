@@ -37,4 +37,20 @@ inline bool ends_with(std::string_view s, std::string_view suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
+/// `s` between single quotes, as it is: for paths and names in an error line, which the
+/// printer escapes whole (quote() escapes and cuts; a path must stay usable as typed).
+inline std::string in_quotes(std::string_view s) { return "'" + std::string(s) + "'"; }
+
+/// The first `max_shown` of `names` joined by ", ", then ", ... (N more)" for the rest.
+std::string join_names(const std::vector<std::string>& names, size_t max_shown = SIZE_MAX);
+
+/// The last element of a '/'-separated path: "a/b/c.pt" -> "c.pt".
+std::string base_name(const std::string& path);
+
+/// `name` inside directory `dir`: "" is the current directory, "/" the root.
+std::string file_in(const std::string& dir, const std::string& name);
+
+/// Module paths joined by '.', an empty side (the root module) left out.
+std::string join_dotted(const std::string& a, const std::string& b);
+
 }  // namespace ckpt::text

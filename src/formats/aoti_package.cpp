@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ckpt/error.h"
+#include "base/text.h"
 
 namespace ckpt::aoti {
 namespace {
@@ -23,21 +24,17 @@ constexpr std::string_view kAotiDir = "data/aotinductor/";
 constexpr uint64_t kMaxMetadataBytes = 1u << 20;
 constexpr uint64_t kMaxWrapperBytes = 256u << 20;
 
-bool ends_with(std::string_view s, std::string_view suffix) {
-  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
-}
-
 std::string role_of(std::string_view name) {
-  if (ends_with(name, ".wrapper.cpp")) return "wrapper source";
-  if (ends_with(name, ".kernel.cpp")) return "kernel source";
-  if (ends_with(name, ".wrapper_metadata.json")) return "metadata";
-  if (ends_with(name, ".kernel_metadata.json")) return "kernel metadata";
-  if (ends_with(name, ".so")) return "model library";
-  if (ends_with(name, ".blob")) return "weights blob";
+  if (text::ends_with(name, ".wrapper.cpp")) return "wrapper source";
+  if (text::ends_with(name, ".kernel.cpp")) return "kernel source";
+  if (text::ends_with(name, ".wrapper_metadata.json")) return "metadata";
+  if (text::ends_with(name, ".kernel_metadata.json")) return "kernel metadata";
+  if (text::ends_with(name, ".so")) return "model library";
+  if (text::ends_with(name, ".blob")) return "weights blob";
   if (name == "weights_config.json") return "weights config";
-  if (ends_with(name, "_compile_flags.json") || ends_with(name, "_linker_flags.json")) return "build flags";
-  if (ends_with(name, ".o")) return "object file";
-  if (ends_with(name, ".cubin") || ends_with(name, ".hsaco") || ends_with(name, ".spv") || ends_with(name, ".fatbin"))
+  if (text::ends_with(name, "_compile_flags.json") || text::ends_with(name, "_linker_flags.json")) return "build flags";
+  if (text::ends_with(name, ".o")) return "object file";
+  if (text::ends_with(name, ".cubin") || text::ends_with(name, ".hsaco") || text::ends_with(name, ".spv") || text::ends_with(name, ".fatbin"))
     return "GPU kernel";
   return "other";
 }
@@ -280,7 +277,7 @@ bool is_aoti_package(const zip::archive& ar) {
   if (std::string(bytes.begin(), bytes.end()) != "pt2") return false;
   bool aoti = false;
   for (const auto& e : ar.entries()) {
-    if (e.record.substr(0, 7) == "models/" && ends_with(e.record, ".json")) return false;
+    if (e.record.substr(0, 7) == "models/" && text::ends_with(e.record, ".json")) return false;
     if (e.record.substr(0, kAotiDir.size()) == kAotiDir) aoti = true;
   }
   return aoti;

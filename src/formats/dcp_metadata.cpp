@@ -15,6 +15,7 @@
 #include "ckpt/file_opener.h"
 #include "formats/dcp_metadata_decoders.h"
 #include "pickle/pickle_accessors.h"
+#include "base/text.h"
 
 namespace ckpt::dcp {
 namespace {
@@ -25,8 +26,6 @@ using ckpt::detail::bad;
 
 constexpr std::string_view kMetadataModule = "torch.distributed.checkpoint.metadata";
 constexpr std::string_view kFilesystemModule = "torch.distributed.checkpoint.filesystem";
-
-std::string quoted(std::string_view s) { return "'" + std::string(s) + "'"; }
 
 // The words that name a value in an error ("state_dict_metadata['w'].chunks[3].offsets"),
 // kept as a chain of parts and joined only when a check fails: a .metadata of 80,000 chunks
@@ -55,7 +54,7 @@ class where {
   std::string str() const {
     std::string s = parent_ ? parent_->str() : std::string();
     s += text_;
-    if (form_ == form::key) s += "[" + quoted(key_) + "]";
+    if (form_ == form::key) s += "[" + text::in_quotes(key_) + "]";
     if (form_ == form::index) s += "[" + std::to_string(index_) + "]";
     return s;
   }
@@ -223,7 +222,7 @@ item decode_item(const value* key, const value* v) {
 // The rule is file_opener's, the one every name read from a file goes through.
 void check_relative_path(const value* v, const std::string& p, const where& what) {
   if (!relative_name_problem(p).empty())
-    bad(v, what + ": relative_path " + quoted(p) + " is not a file name inside the checkpoint directory");
+    bad(v, what + ": relative_path " + text::in_quotes(p) + " is not a file name inside the checkpoint directory");
 }
 
 storage_item decode_storage(const value* key, const value* v) {
@@ -337,12 +336,6 @@ std::vector<std::string> unsafe_among(const std::vector<std::string>& names) {
   return out;
 }
 
-std::string join(const std::vector<std::string>& v) {
-  std::string out;
-  for (const auto& s : v) out += (out.empty() ? "" : ", ") + s;
-  return out;
-}
-
 }  // namespace
 
 namespace detail {
@@ -361,7 +354,7 @@ metadata decode_metadata_tree(const uint8_t* data, size_t size, const decode_opt
     std::vector<std::string> unsafe = unsafe_among({names.begin(), names.end()});
     if (unsafe.empty()) throw;
     throw error(broken.kind(), broken.message() + " (before it, the pickle named globals outside the DCP vocabulary: " +
-                                   join(unsafe) + ")",
+                                   text::join_names(unsafe) + ")",
                 broken.offset());
   }
 
@@ -376,7 +369,7 @@ metadata decode_metadata_tree(const uint8_t* data, size_t size, const decode_opt
   if (std::vector<std::string> unsafe = unsafe_among(md.globals); !unsafe.empty())
     throw error(errc::unsafe, "the .metadata pickle names globals outside the DCP vocabulary, which "
                               "pickle.load (what torch.distributed.checkpoint uses) would import and run: " +
-                                  join(unsafe));
+                                  text::join_names(unsafe));
 
   const value* root = doc.root;
   expect_instance(root, kMetadataModule, "Metadata", "the .metadata pickle");

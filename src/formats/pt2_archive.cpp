@@ -17,9 +17,6 @@ namespace {
 using pt2s::where;
 
 bool starts_with(std::string_view s, std::string_view p) { return s.substr(0, p.size()) == p; }
-bool ends_with(std::string_view s, std::string_view p) {
-  return s.size() >= p.size() && s.substr(s.size() - p.size()) == p;
-}
 
 std::string small_record(const zip::archive& ar, const zip::entry& e) {
   if (e.uncompressed_size > 64) throw_corrupt("record " + std::string(e.name) + " is longer than 64 bytes", e.data_offset);
@@ -245,7 +242,7 @@ void read_pt2(checkpoint& c, uint32_t file, const open_options& opt) {
     const std::string_view r = e.record;
     if (starts_with(r, "models/")) {
       const std::string_view n = r.substr(7);
-      if (!ends_with(n, ".json") || !plain_model_name(n.substr(0, n.size() - 5)))
+      if (!text::ends_with(n, ".json") || !plain_model_name(n.substr(0, n.size() - 5)))
         throw_unsupported("record " + std::string(e.name) + " under models/ is not models/<name>.json", e.local_header_offset);
       programs.push_back(&e);
     } else if (starts_with(r, "data/aotinductor/")) {

@@ -6,6 +6,7 @@
 #include <string_view>
 
 #include "ckpt/error.h"
+#include "base/text.h"
 
 namespace ckpt {
 namespace {
@@ -291,18 +292,14 @@ struct scanner {
   }
 };
 
-bool ends_with(std::string_view s, std::string_view suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 // Scans every code/ record: LibTorch compiles code/<qualified name with '/'>.py; the
 // .debug_pkl source maps beside them are pickles of strings and never compiled.
 void scan_code(const zip::archive& ar, std::vector<load_time_code>& out, std::vector<constant_default>* defaults) {
   for (const zip::entry& e : ar.entries()) {
-    if (e.record.compare(0, 5, "code/") != 0 || ends_with(e.record, ".debug_pkl")) continue;
+    if (e.record.compare(0, 5, "code/") != 0 || text::ends_with(e.record, ".debug_pkl")) continue;
     std::vector<uint8_t> bytes = ar.read_record(e);
     std::string qualifier(e.record.substr(5));
-    if (ends_with(qualifier, ".py")) qualifier.resize(qualifier.size() - 3);
+    if (text::ends_with(qualifier, ".py")) qualifier.resize(qualifier.size() - 3);
     std::replace(qualifier.begin(), qualifier.end(), '/', '.');
     scanner s{e, qualifier, out, defaults};
     s.scan(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()));

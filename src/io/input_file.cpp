@@ -12,7 +12,7 @@
 namespace ckpt {
 namespace {
 
-const char* kind_of(mode_t m) {
+const char* kind_phrase(mode_t m) {
   if (S_ISDIR(m)) return "a directory";
   if (S_ISFIFO(m)) return "a FIFO";
   if (S_ISCHR(m)) return "a character device";
@@ -48,7 +48,7 @@ int open_regular_input(const std::string& path, file_fingerprint* fingerprint) {
     // A socket cannot be opened at all: say what it is rather than "No such device".
     struct stat st;
     if (e == ENXIO && ::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
-      throw error(errc::usage, std::string("not a regular file: ") + kind_of(st.st_mode)).with_file(path);
+      throw error(errc::usage, std::string("not a regular file: ") + kind_phrase(st.st_mode)).with_file(path);
     throw error(errc::io, std::string("cannot open: ") + std::strerror(e)).with_file(path);
   }
   struct stat st;
@@ -59,7 +59,7 @@ int open_regular_input(const std::string& path, file_fingerprint* fingerprint) {
   }
   if (!S_ISREG(st.st_mode)) {
     ::close(fd);
-    throw error(errc::usage, std::string("not a regular file: ") + kind_of(st.st_mode)).with_file(path);
+    throw error(errc::usage, std::string("not a regular file: ") + kind_phrase(st.st_mode)).with_file(path);
   }
   // Regular files never block; the flag is cleared so that nothing downstream sees EAGAIN.
   (void)::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);

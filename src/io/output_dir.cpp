@@ -20,30 +20,22 @@
 #include "formats/hf_index.h"
 #include "io/temp_registry.h"
 #include "model/layout.h"
+#include "base/text.h"
+#include "base/fail.h"
 
 namespace ckpt {
 namespace {
 
-[[noreturn]] void io_fail(const std::string& what, const std::string& path, int err) {
-  throw error(errc::io, what + ": " + std::strerror(err)).with_file(path);
-}
-
-[[noreturn]] void usage(const std::string& what, const std::string& path) {
-  throw error(errc::usage, what).with_file(path);
-}
-
-std::string quoted(const std::string& s) { return "'" + s + "'"; }
-
-std::string listed(const std::vector<std::string>& names) {
+std::string listed_in_quotes(const std::vector<std::string>& names) {
   std::string out;
-  for (size_t i = 0; i < names.size() && i < 4; ++i) out += (i ? ", " : "") + quoted(names[i]);
+  for (size_t i = 0; i < names.size() && i < 4; ++i) out += (i ? ", " : "") + text::in_quotes(names[i]);
   if (names.size() > 4) out += ", ... (" + std::to_string(names.size() - 4) + " more)";
   return out;
 }
 
 std::string real_path(const std::string& path) {
   char* real = ::realpath(path.c_str(), nullptr);
-  if (!real) io_fail("cannot resolve", path, errno);
+  if (!real) detail::fail_io("cannot resolve", path, errno);
   std::string out(real);
   std::free(real);
   return out;
@@ -55,13 +47,6 @@ std::string parent_of(const std::string& path) {
   if (slash == 0) return "/";
   return path.substr(0, slash);
 }
-
-std::string base_of(const std::string& path) {
-  size_t slash = path.rfind('/');
-  return slash == std::string::npos ? path : path.substr(slash + 1);
-}
-
-std::string join(const std::string& dir, const std::string& name) { return dir == "/" ? "/" + name : dir + "/" + name; }
 
 struct identity {
   dev_t dev;
@@ -90,7 +75,7 @@ bool contains(const std::vector<identity>& chain, const identity& id) {
 std::vector<std::string> list_directory(const std::string& dir) {
   std::vector<std::string> out;
   DIR* d = ::opendir(dir.c_str());
-  if (!d) io_fail("cannot list the output directory", dir, errno);
+  if (!d) detail::fail_io("cannot list the output directory", dir, errno);
   while (dirent* e = ::readdir(d)) {
     std::string n = e->d_name;
     if (n != "." && n != "..") out.push_back(n);
@@ -113,12 +98,12 @@ const char* layout_noun(set_layout l) {
 
 void fsync_directory(const std::string& dir, const std::string& named) {
   int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) io_fail("cannot open the output directory to sync it", named, errno);
+  if (fd < 0) detail::fail_io("cannot open the output directory to sync it", named, errno);
   sys::mark_next_fsync_as_directory();
   int rc = sys::fsync(fd);
   int err = errno;
   ::close(fd);
-  if (rc != 0) io_fail("fsync of the output directory failed", named, err);
+  if (rc != 0) detail::fail_io("fsync of the output directory failed", named, err);
 }
 
 // A staging directory's name for OUTDIR `base`: "." + base + ".ckptool-" + 16 hex digits.
@@ -194,9 +179,9 @@ void output_dir::remove_abandoned(const std::string& home) {
   DIR* d = ::opendir(home.c_str());
   if (!d) return;  // nothing we could remove; the checks below report what matters
   std::vector<std::string> found;
-  const std::string base = base_of(target_).substr(0, 200);
+  const std::string base = text::base_name(target_).substr(0, 200);
   while (dirent* e = ::readdir(d))
-    if (is_staging_name(e->d_name, base)) found.push_back(join(home, e->d_name));
+    if (is_staging_name(e->d_name, base)) found.push_back(text::file_in(home, e->d_name));
   ::closedir(d);
   std::sort(found.begin(), found.end());
   for (const std::string& f : found)
@@ -210,7 +195,7 @@ void output_dir::take_ownership() {
   const std::string named = staging_ + "/" + owner_file;
   const std::string fresh = named + ".new";
   const int fd = ::open(fresh.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-  if (fd < 0) io_fail("cannot create the staging directory's owner file", fresh, errno);
+  if (fd < 0) detail::fail_io("cannot create the staging directory's owner file", fresh, errno);
   if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
     ::close(fd);
     ::unlink(fresh.c_str());
@@ -223,7 +208,7 @@ void output_dir::take_ownership() {
   if (::write(fd, who.data(), who.size()) < 0 || ::rename(fresh.c_str(), named.c_str()) != 0) {
     const int e = errno;
     ::close(fd);
-    io_fail("cannot create the staging directory's owner file", fresh, e);
+    detail::fail_io("cannot create the staging directory's owner file", fresh, e);
   }
   owner_fd_ = fd;
 }
@@ -237,7 +222,7 @@ void output_dir::add_input(const std::string& path) {
 
 mode_t output_dir::add_input_dir(const std::string& path) {
   struct stat st;
-  if (::stat(path.c_str(), &st) != 0) io_fail("cannot use the input directory", path, errno);
+  if (::stat(path.c_str(), &st) != 0) detail::fail_io("cannot use the input directory", path, errno);
   input_dirs_.push_back(real_path(path));
   if (!have_mode_) {
     mode_ = st.st_mode & 0777;
@@ -251,12 +236,12 @@ mode_t output_dir::add_input_dir(const std::string& path) {
 void output_dir::check_identity() {
   std::string given = path_;
   while (given.size() > 1 && given.back() == '/') given.pop_back();
-  if (given.empty()) usage("the output directory name is empty", path_);
+  if (given.empty()) detail::fail_usage("the output directory name is empty", path_);
   struct stat lst, st;
   if (::lstat(given.c_str(), &lst) == 0) {
-    if (::stat(given.c_str(), &st) != 0) usage("the output directory is a symlink that leads nowhere", path_);
+    if (::stat(given.c_str(), &st) != 0) detail::fail_usage("the output directory is a symlink that leads nowhere", path_);
     if (!S_ISDIR(st.st_mode))
-      usage(std::string("the output directory is ") +
+      detail::fail_usage(std::string("the output directory is ") +
                 (S_ISREG(st.st_mode) ? "a regular file" : S_ISBLK(st.st_mode) || S_ISCHR(st.st_mode) ? "a device" : "not a directory") +
                 "; nothing written",
             path_);
@@ -264,14 +249,14 @@ void output_dir::check_identity() {
     target_ = real_path(given);
     parent_ = parent_of(target_);
   } else {
-    if (errno != ENOENT) io_fail("cannot use the output directory", path_, errno);
-    std::string name = base_of(given);
-    if (name == "." || name == "..") usage("the output directory names no directory", path_);
+    if (errno != ENOENT) detail::fail_io("cannot use the output directory", path_, errno);
+    std::string name = text::base_name(given);
+    if (name == "." || name == "..") detail::fail_usage("the output directory names no directory", path_);
     const std::string parent = parent_of(given);
-    if (::stat(parent.c_str(), &st) != 0) io_fail("cannot use the output directory's parent " + quoted(parent), path_, errno);
-    if (!S_ISDIR(st.st_mode)) usage("the output directory's parent is not a directory", path_);
+    if (::stat(parent.c_str(), &st) != 0) detail::fail_io("cannot use the output directory's parent " + text::in_quotes(parent), path_, errno);
+    if (!S_ISDIR(st.st_mode)) detail::fail_usage("the output directory's parent is not a directory", path_);
     parent_ = real_path(parent);
-    target_ = join(parent_, name);
+    target_ = text::file_in(parent_, name);
   }
 
   // Where OUTDIR is (itself when it exists, else its parent, where it would appear).
@@ -283,11 +268,11 @@ void output_dir::check_identity() {
     if (::stat(in.c_str(), &ist) != 0) continue;
     const identity in_id{ist.st_dev, ist.st_ino};
     if (exists_ && in_id == out_id)
-      usage("the output directory is the input directory " + quoted(in) + "; nothing written", path_);
+      detail::fail_usage("the output directory is the input directory " + text::in_quotes(in) + "; nothing written", path_);
     if (contains(out_chain, in_id))
-      usage("the output directory lies inside the input directory " + quoted(in) + "; nothing written", path_);
+      detail::fail_usage("the output directory lies inside the input directory " + text::in_quotes(in) + "; nothing written", path_);
     if (exists_ && contains(chain_of(in), out_id))
-      usage("the output directory contains the input directory " + quoted(in) + "; nothing written", path_);
+      detail::fail_usage("the output directory contains the input directory " + text::in_quotes(in) + "; nothing written", path_);
   }
 }
 
@@ -295,34 +280,34 @@ void output_dir::find_previous_set(const std::vector<std::string>& listing) {
   std::vector<std::string> indexes;
   bool dcp = false;
   for (const auto& n : listing) {
-    if (detail::is_shard_index_name(n) && is_regular_or_link(join(target_, n))) indexes.push_back(n);
-    if (n == ".metadata" && is_regular_or_link(join(target_, n))) dcp = true;
+    if (detail::is_shard_index_name(n) && is_regular_or_link(text::file_in(target_, n))) indexes.push_back(n);
+    if (n == ".metadata" && is_regular_or_link(text::file_in(target_, n))) dcp = true;
   }
   // Another layout, or two sets: writing beside them would leave a directory no loader
   // reads as one checkpoint, and which files to replace would be a guess.
   if (layout_ == set_layout::hf_index && dcp)
-    usage("the output directory holds a torch.distributed.checkpoint (.metadata); a shard set beside it would "
+    detail::fail_usage("the output directory holds a torch.distributed.checkpoint (.metadata); a shard set beside it would "
           "make a directory no loader reads as one checkpoint; nothing written",
           path_);
   if (layout_ == set_layout::dcp && !indexes.empty())
-    usage("the output directory holds a Hugging Face shard index " + quoted(indexes.front()) +
+    detail::fail_usage("the output directory holds a Hugging Face shard index " + text::in_quotes(indexes.front()) +
               "; a torch.distributed.checkpoint beside it would make a directory no loader reads as one checkpoint; "
               "nothing written",
           path_);
   if (indexes.size() > 1)
-    usage("the output directory holds " + std::to_string(indexes.size()) + " shard indexes (" + listed(indexes) +
+    detail::fail_usage("the output directory holds " + std::to_string(indexes.size()) + " shard indexes (" + listed_in_quotes(indexes) +
               "): which set to replace would be a guess; nothing written",
           path_);
 
   std::set<std::string> prev;
   if (layout_ == set_layout::hf_index && indexes.size() == 1) {
     previous_last_ = indexes.front();
-    const std::string index_path = join(target_, previous_last_);
+    const std::string index_path = text::file_in(target_, previous_last_);
     hf::index idx;
     try {
       idx = hf::parse_index(read_text_input(index_path, hf::index_limits{}.max_bytes));
     } catch (const error& e) {
-      usage("the output directory holds an index that cannot be read (" + e.message() +
+      detail::fail_usage("the output directory holds an index that cannot be read (" + e.message() +
                 "), so which files are its set is unknown: remove it yourself; nothing written",
             index_path);
     }
@@ -331,14 +316,14 @@ void output_dir::find_previous_set(const std::vector<std::string>& listing) {
       // Only plain names directly in OUTDIR are ever removed: a name with a directory in
       // it could lead through a symlink to files outside.
       if (shard.find('/') != std::string::npos || shard.find('\\') != std::string::npos) continue;
-      if (is_regular_or_link(join(target_, shard))) prev.insert(shard);
+      if (is_regular_or_link(text::file_in(target_, shard))) prev.insert(shard);
     }
   } else if (layout_ == set_layout::dcp && dcp) {
     // Hook for the DCP writer: the set is `.metadata` and the `*.distcp` files beside it.
     previous_last_ = ".metadata";
     prev.insert(previous_last_);
     for (const auto& n : listing)
-      if (n.size() > 7 && n.compare(n.size() - 7, 7, ".distcp") == 0 && is_regular_or_link(join(target_, n)))
+      if (n.size() > 7 && n.compare(n.size() - 7, 7, ".distcp") == 0 && is_regular_or_link(text::file_in(target_, n)))
         prev.insert(n);
   }
   previous_.assign(prev.begin(), prev.end());
@@ -352,7 +337,7 @@ void output_dir::open(const std::vector<std::string>& names, const std::string& 
   last_ = last;
   for (const auto& n : names_)
     if (n.empty() || n == "." || n == ".." || n.find('/') != std::string::npos)
-      throw error(errc::unsupported, "the output set names a file " + quoted(n) +
+      throw error(errc::unsupported, "the output set names a file " + text::in_quotes(n) +
                                          " that is not a plain name in one directory; nothing written")
           .with_file(path_);
   if (std::find(names_.begin(), names_.end(), last_) == names_.end())
@@ -365,8 +350,8 @@ void output_dir::open(const std::vector<std::string>& names, const std::string& 
     const std::vector<std::string> listing = list_directory(target_);
     find_previous_set(listing);
     if (!others_.empty() && !force_)
-      usage("the output directory holds files that are not a previous " + std::string(layout_noun(layout_)) + " (" +
-                listed(others_) +
+      detail::fail_usage("the output directory holds files that are not a previous " + std::string(layout_noun(layout_)) + " (" +
+                listed_in_quotes(others_) +
                 "); pass --force to write the set beside them (only a previous set's files are ever removed); "
                 "nothing written",
             path_);
@@ -374,20 +359,20 @@ void output_dir::open(const std::vector<std::string>& names, const std::string& 
     // previous set: replacing it would be deleting it.
     for (const auto& n : names_)
       if (std::find(others_.begin(), others_.end(), n) != others_.end())
-        usage("the new set's file " + quoted(n) + " would replace a file of the output directory that is not of a "
+        detail::fail_usage("the new set's file " + text::in_quotes(n) + " would replace a file of the output directory that is not of a "
                   "previous set; nothing written",
               path_);
     // The commit renames over and removes the previous set's files: none may be an input
     // under another name (a hard link).
     for (const auto& n : previous_) {
       identity id{};
-      if (!is_regular_or_link(join(target_, n), &id)) continue;
+      if (!is_regular_or_link(text::file_in(target_, n), &id)) continue;
       struct stat followed;
-      bool has_target = ::stat(join(target_, n).c_str(), &followed) == 0;
+      bool has_target = ::stat(text::file_in(target_, n).c_str(), &followed) == 0;
       for (const auto& in : inputs_)
         if ((id.dev == in.fp.dev && id.ino == in.fp.ino) ||
             (has_target && followed.st_dev == in.fp.dev && followed.st_ino == in.fp.ino))
-          usage("the previous set's file " + quoted(n) + " is the input " + quoted(in.path) +
+          detail::fail_usage("the previous set's file " + text::in_quotes(n) + " is the input " + text::in_quotes(in.path) +
                     " (a hard link or a symlink); nothing written",
                 path_);
     }
@@ -396,9 +381,9 @@ void output_dir::open(const std::vector<std::string>& names, const std::string& 
   // The staging directory: beside a new OUTDIR (renamed to it), inside an existing one
   // (its files are renamed out of it): either way on OUTDIR's file system.
   const std::string home = exists_ ? target_ : parent_;
-  const std::string base = base_of(target_).substr(0, 200);
+  const std::string base = text::base_name(target_).substr(0, 200);
   for (int attempt = 0; attempt < 100 && staging_.empty(); ++attempt) {
-    std::string candidate = join(home, "." + base + ".ckptool-" + random_suffix());
+    std::string candidate = text::file_in(home, "." + base + ".ckptool-" + random_suffix());
     // Held before it exists, so that no moment has a directory a signal handler misses.
     registry_slot_ = temp_registry::hold_directory(candidate.c_str());
     if (::mkdir(candidate.c_str(), exists_ ? 0700 : mode_) == 0) {
@@ -408,9 +393,9 @@ void output_dir::open(const std::vector<std::string>& names, const std::string& 
     int e = errno;
     temp_registry::release(registry_slot_);
     registry_slot_ = -1;
-    if (e != EEXIST) io_fail("cannot create a staging directory", home, e);
+    if (e != EEXIST) detail::fail_io("cannot create a staging directory", home, e);
   }
-  if (staging_.empty()) io_fail("cannot create a staging directory", home, EEXIST);
+  if (staging_.empty()) detail::fail_io("cannot create a staging directory", home, EEXIST);
   take_ownership();
   // mkdir applied the umask; a new OUTDIR gets the input directory's bits as files get
   // their input's, less the umask.
@@ -428,13 +413,13 @@ void output_dir::commit() {
   for (const auto& n : names_) {
     struct stat st;
     if (::lstat(staged(n).c_str(), &st) != 0 || !S_ISREG(st.st_mode))
-      throw error(errc::io, "internal error: the set's file " + quoted(n) + " was not written; nothing replaced")
+      throw error(errc::io, "internal error: the set's file " + text::in_quotes(n) + " was not written; nothing replaced")
           .with_file(path_);
   }
   // From here the staging directory may hold files the rollback needs: once its owner
   // file is gone, no later run takes it for abandoned, whatever happens to this process.
   if (owner_fd_ >= 0 && ::unlink((staging_ + "/" + owner_file).c_str()) != 0)
-    io_fail("cannot remove the staging directory's owner file", staging_, errno);
+    detail::fail_io("cannot remove the staging directory's owner file", staging_, errno);
   fsync_directory(staging_, path_);
   temp_registry::release(registry_slot_);
   registry_slot_ = -1;
@@ -456,7 +441,7 @@ void output_dir::commit_new_directory() {
   if (rc != 0) {
     int e = errno;
     discard();
-    io_fail("cannot move the new set into place", path_, e);
+    detail::fail_io("cannot move the new set into place", path_, e);
   }
   staging_.clear();
   committed_ = true;
@@ -487,35 +472,35 @@ void output_dir::commit_into_existing() {
         done.push_back({from, to, true});
         return;
       }
-      if (errno != EINVAL && errno != ENOSYS && errno != EOPNOTSUPP) io_fail("rename failed", to, errno);
+      if (errno != EINVAL && errno != ENOSYS && errno != EOPNOTSUPP) detail::fail_io("rename failed", to, errno);
       // No RENAME_EXCHANGE: keep the old file under a second name first.
       const std::string keep = from + ".replaced";
-      if (::link(to.c_str(), keep.c_str()) != 0) io_fail("cannot keep the previous file aside", to, errno);
+      if (::link(to.c_str(), keep.c_str()) != 0) detail::fail_io("cannot keep the previous file aside", to, errno);
       if (sys::rename(from.c_str(), to.c_str()) != 0) {
         int e = errno;
         ::unlink(keep.c_str());
-        io_fail("rename failed", to, e);
+        detail::fail_io("rename failed", to, e);
       }
       // Undone in reverse: the new file back to staging, then the old one back.
       done.push_back({to, keep, false});
       done.push_back({from, to, false});
       return;
     }
-    if (sys::rename(from.c_str(), to.c_str(), RENAME_NOREPLACE) != 0) io_fail("rename failed", to, errno);
+    if (sys::rename(from.c_str(), to.c_str(), RENAME_NOREPLACE) != 0) detail::fail_io("rename failed", to, errno);
     done.push_back({from, to, false});
   };
   try {
     // 1. The previous index out of sight: from now until the new one is in, OUTDIR holds
     //    no set at all, never an index naming files of two sets.
     if (!previous_last_.empty()) {
-      if (sys::rename(join(target_, previous_last_).c_str(), hidden_index.c_str(), RENAME_NOREPLACE) != 0)
-        io_fail("cannot move the previous index aside", join(target_, previous_last_), errno);
-      done.push_back({join(target_, previous_last_), hidden_index, false});
+      if (sys::rename(text::file_in(target_, previous_last_).c_str(), hidden_index.c_str(), RENAME_NOREPLACE) != 0)
+        detail::fail_io("cannot move the previous index aside", text::file_in(target_, previous_last_), errno);
+      done.push_back({text::file_in(target_, previous_last_), hidden_index, false});
     }
     // 2. The new files, each by one rename; 3. the index last.
     for (const auto& n : names_)
-      if (n != last_) move(staged(n), join(target_, n));
-    move(staged(last_), join(target_, last_));
+      if (n != last_) move(staged(n), text::file_in(target_, n));
+    move(staged(last_), text::file_in(target_, last_));
   } catch (...) {
     roll_back();
     discard();
@@ -525,7 +510,7 @@ void output_dir::commit_into_existing() {
   // 4. The set is in place: what is left of the previous one goes, and nothing else.
   std::set<std::string> kept(names_.begin(), names_.end());
   for (const auto& n : previous_)
-    if (!kept.count(n) && n != previous_last_) ::unlink(join(target_, n).c_str());
+    if (!kept.count(n) && n != previous_last_) ::unlink(text::file_in(target_, n).c_str());
   const std::string staging = staging_;
   staging_.clear();
   temp_registry::remove_directory(staging.c_str());

@@ -16,6 +16,8 @@
 
 #include "ckpt/error.h"
 #include "io/temp_registry.h"
+#include "base/text.h"
+#include "base/fail.h"
 
 namespace ckpt {
 namespace {
@@ -26,21 +28,6 @@ std::string directory_of(const std::string& path) {
   if (slash == 0) return "/";
   return path.substr(0, slash);
 }
-
-std::string base_name(const std::string& path) {
-  size_t slash = path.rfind('/');
-  return slash == std::string::npos ? path : path.substr(slash + 1);
-}
-
-[[noreturn]] void io_fail(const std::string& what, const std::string& path, int err) {
-  throw error(errc::io, what + ": " + std::strerror(err)).with_file(path);
-}
-
-[[noreturn]] void usage(const std::string& what, const std::string& path) {
-  throw error(errc::usage, what).with_file(path);
-}
-
-std::string quoted(const std::string& path) { return "'" + path + "'"; }
 
 // Every name a temporary file of this process takes: `.NAME.ckptool-RANDOM`, next to its
 // destination, so the rename never crosses a file system.
@@ -79,7 +66,7 @@ file_fingerprint output_set::add_input(const std::string& path, const std::strin
   ::close(open_regular_input(path, &fp));
   for (const auto& o : outputs_)
     if (o->exists_ && o->dev_ == fp.dev && o->ino_ == fp.ino)
-      usage("output " + quoted(o->path_) +
+      detail::fail_usage("output " + text::in_quotes(o->path_) +
                 " is this input (the same file by another name, a hard link or a symlink); nothing written",
             path);
   inputs_.push_back({path, fp, hint});
@@ -95,7 +82,7 @@ output_file& output_set::add_output(const std::string& path, mode_t mode, const 
   if (path.empty()) throw error(errc::usage, "the output file name is empty");
   if (path == "-") {
     if (::isatty(STDOUT_FILENO) == 1)
-      usage("refusing to write binary data to a terminal (redirect standard output, or name a file)", path);
+      detail::fail_usage("refusing to write binary data to a terminal (redirect standard output, or name a file)", path);
     o.stream_ = o.stdout_ = true;
     o.canonical_ = "-";
     struct stat st;
@@ -105,7 +92,7 @@ output_file& output_set::add_output(const std::string& path, mode_t mode, const 
       o.ino_ = st.st_ino;
     }
   } else {
-    if (path.back() == '/') usage("output names a directory", path);
+    if (path.back() == '/') detail::fail_usage("output names a directory", path);
     // A symlink is kept and the file it leads to replaced: follow the chain by hand, since
     // its end may not exist yet (a dangling link names where to create the file).
     std::string target = path;
@@ -117,9 +104,9 @@ output_file& output_set::add_output(const std::string& path, mode_t mode, const 
     bool followed = ::stat(path.c_str(), &st) == 0;
     if (followed && !S_ISREG(st.st_mode)) exists = true;
     for (int hops = 0; !exists; ++hops) {
-      if (hops > 40) io_fail("cannot resolve the output", path, ELOOP);
+      if (hops > 40) detail::fail_io("cannot resolve the output", path, ELOOP);
       if (::lstat(target.c_str(), &st) != 0) {
-        if (errno != ENOENT) io_fail("cannot use the output", path, errno);
+        if (errno != ENOENT) detail::fail_io("cannot use the output", path, errno);
         break;
       }
       if (!S_ISLNK(st.st_mode)) {
@@ -128,13 +115,13 @@ output_file& output_set::add_output(const std::string& path, mode_t mode, const 
       }
       char link[PATH_MAX];
       ssize_t n = ::readlink(target.c_str(), link, sizeof link - 1);
-      if (n < 0) io_fail("cannot read the output's symlink", path, errno);
+      if (n < 0) detail::fail_io("cannot read the output's symlink", path, errno);
       link[n] = 0;
       target = link[0] == '/' ? std::string(link) : directory_of(target) + "/" + link;
     }
     if (exists) {
-      if (S_ISDIR(st.st_mode)) usage("output is a directory", path);
-      if (S_ISBLK(st.st_mode)) usage("output is a block device; refusing to write to it", path);
+      if (S_ISDIR(st.st_mode)) detail::fail_usage("output is a directory", path);
+      if (S_ISBLK(st.st_mode)) detail::fail_usage("output is a block device; refusing to write to it", path);
       o.stream_ = !S_ISREG(st.st_mode);
       o.socket_ = S_ISSOCK(st.st_mode);
       o.exists_ = true;
@@ -143,24 +130,24 @@ output_file& output_set::add_output(const std::string& path, mode_t mode, const 
     }
     o.target_ = target;
     o.directory_ = directory_of(target);
-    std::string base = base_name(target);
+    std::string base = text::base_name(target);
     char* real = ::realpath(o.directory_.c_str(), nullptr);
-    if (!real) io_fail("cannot use the output's directory " + quoted(o.directory_), path, errno);
+    if (!real) detail::fail_io("cannot use the output's directory " + text::in_quotes(o.directory_), path, errno);
     std::string dir(real);
     std::free(real);
-    if (base == "." || base == "..") usage("output names a directory", path);
+    if (base == "." || base == "..") detail::fail_usage("output names a directory", path);
     o.canonical_ = (dir == "/" ? "" : dir) + "/" + base;
   }
 
   for (const auto& in : inputs_)
     if (o.exists_ && in.fp.dev == o.dev_ && in.fp.ino == o.ino_ && (may_replace.empty() || in.path != may_replace))
-      usage("output " + quoted(path) + " is the input " + quoted(in.path) +
+      detail::fail_usage("output " + text::in_quotes(path) + " is the input " + text::in_quotes(in.path) +
                 " (the same file by another name, a hard link or a symlink); nothing written" +
                 (in.hint.empty() ? "" : "; " + in.hint),
             path);
   for (const auto& other : outputs_)
     if (other->canonical_ == o.canonical_ || (o.exists_ && other->exists_ && other->dev_ == o.dev_ && other->ino_ == o.ino_))
-      usage("outputs " + quoted(other->path_) + " and " + quoted(path) + " are the same file; nothing written", path);
+      detail::fail_usage("outputs " + text::in_quotes(other->path_) + " and " + text::in_quotes(path) + " are the same file; nothing written", path);
   outputs_.push_back(std::move(out));
   return o;
 }
@@ -175,18 +162,18 @@ void output_set::open() {
     } else if (o.socket_) {
       sockaddr_un addr{};
       addr.sun_family = AF_UNIX;
-      if (o.target_.size() >= sizeof addr.sun_path) io_fail("cannot connect to the output socket", o.path_, ENAMETOOLONG);
+      if (o.target_.size() >= sizeof addr.sun_path) detail::fail_io("cannot connect to the output socket", o.path_, ENAMETOOLONG);
       std::memcpy(addr.sun_path, o.target_.c_str(), o.target_.size() + 1);
       o.fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-      if (o.fd_ < 0) io_fail("cannot connect to the output socket", o.path_, errno);
+      if (o.fd_ < 0) detail::fail_io("cannot connect to the output socket", o.path_, errno);
       if (::connect(o.fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0)
-        io_fail("cannot connect to the output socket", o.path_, errno);
+        detail::fail_io("cannot connect to the output socket", o.path_, errno);
     } else if (o.stream_) {
       o.fd_ = sys::open(o.target_.c_str(), O_WRONLY | O_CLOEXEC | O_NOCTTY, 0);
-      if (o.fd_ < 0) io_fail("cannot open the output", o.path_, errno);
+      if (o.fd_ < 0) detail::fail_io("cannot open the output", o.path_, errno);
     } else {
       for (int attempt = 0; attempt < 100 && o.fd_ < 0; ++attempt) {
-        o.temp_ = temp_name(o.directory_, base_name(o.target_));
+        o.temp_ = temp_name(o.directory_, text::base_name(o.target_));
         // Held before it exists, so that no moment has a file a signal handler misses.
         o.registry_slot_ = temp_registry::hold(o.temp_.c_str());
         o.fd_ = sys::open(o.temp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, o.mode_);
@@ -195,10 +182,10 @@ void output_set::open() {
           temp_registry::release(o.registry_slot_);
           o.registry_slot_ = -1;
           o.temp_.clear();
-          if (e != EEXIST) io_fail("cannot create a temporary file next to the output", o.path_, e);
+          if (e != EEXIST) detail::fail_io("cannot create a temporary file next to the output", o.path_, e);
         }
       }
-      if (o.fd_ < 0) io_fail("cannot create a temporary file next to the output", o.path_, EEXIST);
+      if (o.fd_ < 0) detail::fail_io("cannot create a temporary file next to the output", o.path_, EEXIST);
     }
   }
 }
@@ -221,10 +208,10 @@ void output_set::commit() {
     if (o.stream_) continue;
     // Without the fsync a crash after the rename can leave an empty file at the
     // destination (Ts'o; renameio).
-    if (sys::fsync(o.fd_) != 0) io_fail("fsync failed", o.path_, errno);
+    if (sys::fsync(o.fd_) != 0) detail::fail_io("fsync failed", o.path_, errno);
     int fd = o.fd_;
     o.fd_ = -1;
-    if (sys::close(fd) != 0) io_fail("close failed", o.path_, errno);
+    if (sys::close(fd) != 0) detail::fail_io("close failed", o.path_, errno);
   }
 
   // From here the temporary names hold files the rollback needs: no signal handler may
@@ -272,21 +259,21 @@ void output_set::commit() {
           done.push_back({&o, exchanged, {}});
           continue;
         }
-        if (errno != EINVAL && errno != ENOSYS && errno != EOPNOTSUPP) io_fail("rename failed", o.path_, errno);
+        if (errno != EINVAL && errno != ENOSYS && errno != EOPNOTSUPP) detail::fail_io("rename failed", o.path_, errno);
         // No RENAME_EXCHANGE here: keep the old file as a hard link instead.
         std::string backup = o.temp_ + "-old";
         bool linked = ::link(o.target_.c_str(), backup.c_str()) == 0;
         if (sys::rename(o.temp_.c_str(), o.target_.c_str()) != 0) {
           int e = errno;
           if (linked) ::unlink(backup.c_str());
-          io_fail("rename failed", o.path_, e);
+          detail::fail_io("rename failed", o.path_, e);
         }
         done.push_back({&o, linked ? backed_up : replaced, linked ? backup : std::string()});
       } else {
         int rc = sys::rename(o.temp_.c_str(), o.target_.c_str(), RENAME_NOREPLACE);
         if (rc != 0 && (errno == EINVAL || errno == ENOSYS || errno == EOPNOTSUPP))
           rc = sys::rename(o.temp_.c_str(), o.target_.c_str());
-        if (rc != 0) io_fail("rename failed", o.path_, errno);
+        if (rc != 0) detail::fail_io("rename failed", o.path_, errno);
         done.push_back({&o, created, {}});
       }
     }
@@ -314,12 +301,12 @@ void output_set::commit() {
       return d;
     }();
     int dir = ::open(d.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dir < 0) io_fail("cannot open the output directory to sync it", named, errno);
+    if (dir < 0) detail::fail_io("cannot open the output directory to sync it", named, errno);
     sys::mark_next_fsync_as_directory();
     int rc = sys::fsync(dir);
     int err = errno;
     ::close(dir);
-    if (rc != 0) io_fail("fsync of the output directory failed", named, err);
+    if (rc != 0) detail::fail_io("fsync of the output directory failed", named, err);
   }
 }
 

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "ckpt/error.h"
+#include "base/fail.h"
 
 namespace ckpt {
 namespace sys {
@@ -111,21 +112,15 @@ void mark_next_fsync_as_directory() { g_next_fsync_is_dir = true; }
 
 }  // namespace sys
 
-namespace {
-[[noreturn]] void io_fail(const std::string& what, const std::string& path, int err) {
-  throw error(errc::io, what + ": " + std::strerror(err)).with_file(path);
-}
-}  // namespace
-
 void write_all(int fd, const void* buf, size_t n, const std::string& what) {
   auto* p = static_cast<const uint8_t*>(buf);
   while (n > 0) {
     ssize_t w = sys::write(fd, p, n);
     if (w < 0) {
       if (errno == EINTR) continue;
-      io_fail("write failed", what, errno);
+      detail::fail_io("write failed", what, errno);
     }
-    if (w == 0) io_fail("write failed", what, EIO);
+    if (w == 0) detail::fail_io("write failed", what, EIO);
     p += w;
     n -= size_t(w);
   }
@@ -154,7 +149,7 @@ void copy_range(int in_fd, const std::string& in_name, uint64_t offset, uint64_t
       if (got < 0 && errno == EINTR) continue;
       if (got < 0 && errno != EXDEV && errno != EINVAL && errno != ENOSYS && errno != EOPNOTSUPP &&
           errno != EBADF && errno != EPERM)
-        io_fail("copy failed", out_name, errno);
+        detail::fail_io("copy failed", out_name, errno);
       kernel = false;  // not supported here (a pipe, a device), or the source ended: the buffered path tells
     }
     if (buf.empty()) buf.resize(1 << 20);
@@ -162,7 +157,7 @@ void copy_range(int in_fd, const std::string& in_name, uint64_t offset, uint64_t
     ssize_t got = ::pread(in_fd, buf.data(), want, off_t(offset));
     if (got < 0) {
       if (errno == EINTR) continue;
-      io_fail("read failed", in_name, errno);
+      detail::fail_io("read failed", in_name, errno);
     }
     if (got == 0) throw error(errc::io, "ended while being copied (changed while being read)", offset).with_file(in_name);
     write_all(out_fd, buf.data(), size_t(got), out_name);

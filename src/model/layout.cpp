@@ -9,27 +9,10 @@
 #include "ckpt/checkpoint.h"
 #include "ckpt/dcp.h"
 #include "ckpt/error.h"
+#include "base/text.h"
 
 namespace ckpt::detail {
 namespace {
-
-bool ends_with(const std::string& s, const std::string& tail) {
-  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
-}
-
-std::string base_name(const std::string& path) {
-  const size_t slash = path.rfind('/');
-  return slash == std::string::npos ? path : path.substr(slash + 1);
-}
-
-std::string join(const std::string& dir, const std::string& name) { return dir.empty() ? name : dir + "/" + name; }
-
-std::string listed(const std::vector<std::string>& names) {
-  std::string out;
-  for (size_t i = 0; i < names.size() && i < 4; ++i) out += (i ? ", " : "") + names[i];
-  if (names.size() > 4) out += ", ... (" + std::to_string(names.size() - 4) + " more)";
-  return out;
-}
 
 [[noreturn]] void refuse(const file_opener& fs, const std::string& path, const std::string& why,
                          errc kind = errc::unsupported) {
@@ -68,12 +51,12 @@ bool is_shard_index_name(const std::string& name) {
   // transformers' _add_variant puts the variant before the last extension, so the
   // variant index of model.safetensors.index.json is model.safetensors.index.fp16.json.
   const size_t at = name.find(".index.");
-  return at != std::string::npos && at > 0 && ends_with(name, ".json") && name.size() > at + 6;
+  return at != std::string::npos && at > 0 && text::ends_with(name, ".json") && name.size() > at + 6;
 }
 
 layout detect_layout(const file_opener& fs, const std::string& path) {
   if (fs.stat(path).kind != file_kind::directory) {
-    if (is_shard_index_name(base_name(path))) return {layout_kind::hf_index, path, {}, {}};
+    if (is_shard_index_name(text::base_name(path))) return {layout_kind::hf_index, path, {}, {}};
     return {layout_kind::single_file, path, {}, {}};
   }
   std::vector<std::string> names = fs.list(path);
@@ -82,7 +65,7 @@ layout detect_layout(const file_opener& fs, const std::string& path) {
   names.erase(std::remove_if(names.begin(), names.end(),
                              [](const std::string& n) { return !relative_name_problem(n).empty(); }),
               names.end());
-  auto regular = [&](const std::string& n) { return fs.stat(join(path, n)).kind == file_kind::regular; };
+  auto regular = [&](const std::string& n) { return fs.stat(text::file_in(path, n)).kind == file_kind::regular; };
   const bool global = std::binary_search(names.begin(), names.end(), std::string(".metadata")) && regular(".metadata");
   std::vector<std::string> indexes, distcp, models, safetensors;
   bool dcp_pieces = false;
@@ -90,8 +73,8 @@ layout detect_layout(const file_opener& fs, const std::string& path) {
   for (const std::string& n : names) {
     if (std::optional<uint32_t> r = dcp::rank_local_metadata_rank(n); r && regular(n)) rank_local.emplace_back(*r, n);
     if (is_shard_index_name(n) && regular(n)) indexes.push_back(n);
-    if (ends_with(n, ".distcp") && regular(n)) distcp.push_back(n);
-    if (ends_with(n, ".safetensors") && regular(n)) {
+    if (text::ends_with(n, ".distcp") && regular(n)) distcp.push_back(n);
+    if (text::ends_with(n, ".safetensors") && regular(n)) {
       safetensors.push_back(n);
       dcp_pieces = dcp_pieces || is_dcp_piece_name(n);
     }
@@ -100,7 +83,7 @@ layout detect_layout(const file_opener& fs, const std::string& path) {
   const bool dcp = global || !rank_local.empty();
   if (dcp && !indexes.empty())
     ask_for_a_file(fs, path, "holding both a torch.distributed.checkpoint (" + std::string(global ? ".metadata" : rank_local.front().second) + ") and a Hugging Face shard index (" +
-                                 listed(indexes) + "): name the file to read");
+                                 text::join_names(indexes, 4) + "): name the file to read");
   if (dcp) {
     // dcp.load reads the global file when there is one, the rank-local ones only without
     // it (state_dict_loader.py): rank-local files beside `.metadata` are left over.
@@ -114,14 +97,14 @@ layout detect_layout(const file_opener& fs, const std::string& path) {
   }
   if (indexes.size() > 1)
     ask_for_a_file(fs, path, "holding " + std::to_string(indexes.size()) + " Hugging Face shard indexes (" +
-                                 listed(indexes) + "): name the one to read");
-  if (indexes.size() == 1) return {layout_kind::hf_index, join(path, indexes.front()), {}, {}};
+                                 text::join_names(indexes, 4) + "): name the one to read");
+  if (indexes.size() == 1) return {layout_kind::hf_index, text::file_in(path, indexes.front()), {}, {}};
   // HuggingFaceStorageReader reads every `*.safetensors` of the directory (hf_storage.py
   // read_metadata), whatever its name: so do we, once the writer's names say what it is.
   if (dcp_pieces) return {layout_kind::dcp_safetensors, path, safetensors, {}};
   if (models.size() > 1)
     ask_for_a_file(fs, path, "holding both model.safetensors and pytorch_model.bin: name the file to read");
-  if (models.size() == 1) return {layout_kind::single_file, join(path, models.front()), {}, {}};
+  if (models.size() == 1) return {layout_kind::single_file, text::file_in(path, models.front()), {}, {}};
   ask_for_a_file(fs, path, "without a checkpoint ckptool recognizes (.metadata, *.index.json, "
                            "shard-*-model-*-of-*.safetensors, model.safetensors or pytorch_model.bin)");
 }

@@ -24,8 +24,6 @@
 namespace ckpt::detail {
 namespace {
 
-std::string join(const std::string& dir, const std::string& name) { return dir.empty() ? name : dir + "/" + name; }
-
 int64_t volume(const dim_list& sizes) {
   int64_t n = 1;
   for (int64_t s : sizes) n *= s;  // bounded: check_coverage refused shapes past INT64_MAX
@@ -82,7 +80,7 @@ class dcp_reader {
     c_.path = fs_.display(dir_);
     c_.layout = checkpoint_layout::dcp;
     c_.format = file_format::torch_zip;
-    c_.index_path = fs_.display(join(dir_, layout_.metadata.at(0)));
+    c_.index_path = fs_.display(text::file_in(dir_, layout_.metadata.at(0)));
     if (layout_.metadata.front() == ".metadata") {
       md_ = read_metadata_file(".metadata");
       // Checked once md_ holds it: the index check_metadata returns points into md_.
@@ -134,7 +132,7 @@ class dcp_reader {
  private:
   // One metadata file, decoded; the caller checks it (alone, or merged with its ranks').
   dcp::metadata read_metadata_file(const std::string& name) {
-    std::unique_ptr<byte_source> src = fs_.open(join(dir_, name));
+    std::unique_ptr<byte_source> src = fs_.open(text::file_in(dir_, name));
     dcp::metadata md;
     try {
       dcp::decode_options d;
@@ -163,7 +161,7 @@ class dcp_reader {
                                        ".metadata: the save did not complete, or a file was lost")
             .with_file(c_.path);
       ranks.push_back(read_metadata_file(name));
-      names.push_back(fs_.display(join(dir_, name)));
+      names.push_back(fs_.display(text::file_in(dir_, name)));
     }
     for (const std::string& part : layout_.parts) {
       // `__{rank}_{n}.distcp`: a data file of a rank with no metadata file.
@@ -173,7 +171,7 @@ class dcp_reader {
       if (r && *r >= ranks.size())
         throw error(errc::corrupt, "a data file of rank " + std::to_string(*r) + ", but no __" + std::to_string(*r) +
                                        ".metadata: the save did not complete, or a file was lost")
-            .with_file(fs_.display(join(dir_, part)));
+            .with_file(fs_.display(text::file_in(dir_, part)));
     }
     md_ = dcp::merge_rank_local(std::move(ranks), names);
     c_.warnings.push_back("rank-local metadata (dcp.save with use_collectives=False): " + std::to_string(names.size()) +
@@ -187,7 +185,7 @@ class dcp_reader {
     for (const auto& s : md_.storage_data) names.insert(s.relative_path);
     for (const auto& s : md_.replicas) names.insert(s.relative_path);
     for (const auto& name : names) {
-      const std::string rel = join(dir_, checked_relative_path(name));
+      const std::string rel = text::file_in(dir_, checked_relative_path(name));
       std::shared_ptr<const byte_source> whole = fs_.open(rel);
       source_file f;
       f.path = fs_.display(rel);
@@ -499,7 +497,7 @@ class dcp_reader {
   // (lightning/fabric/strategies/fsdp.py save_checkpoint, _METADATA_FILENAME). Its
   // entries are shown under "meta.pt"; it is read by the single-file reader, nothing run.
   void read_lightning_meta() {
-    const std::string rel = join(dir_, "meta.pt");
+    const std::string rel = text::file_in(dir_, "meta.pt");
     if (fs_.stat(rel).kind != file_kind::regular) return;
     checkpoint m = open_checkpoint(fs_.open(rel), o_);
     std::vector<entry_tensor> tensors;  // meta.pt's file joins the set as the next index

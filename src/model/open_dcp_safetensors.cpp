@@ -21,11 +21,10 @@
 #include "ckpt/dcp.h"
 #include "ckpt/error.h"
 #include "formats/dcp_sharding_info.h"
+#include "base/text.h"
 
 namespace ckpt::detail {
 namespace {
-
-std::string join(const std::string& dir, const std::string& name) { return dir.empty() ? name : dir + "/" + name; }
 
 std::string shape_text(const std::vector<int64_t>& v) {
   std::string s = "(";
@@ -72,7 +71,7 @@ checkpoint open_dcp_safetensors(const file_opener& fs, const layout& l, const op
   std::set<std::string> versions;
   uint64_t tensors = 0;
   for (const std::string& part : l.parts) {
-    const std::string relative = join(l.file, part);
+    const std::string relative = text::file_in(l.file, part);
     const std::string name = fs.display(relative);
     std::unique_ptr<byte_source> src;
     try {

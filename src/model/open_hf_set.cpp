@@ -16,6 +16,7 @@
 #include "formats/format_detect.h"
 #include "formats/dcp_sharding_info.h"
 #include "formats/hf_index.h"
+#include "base/text.h"
 
 namespace ckpt::detail {
 namespace {
@@ -24,13 +25,6 @@ namespace {
 std::string parent_of(const std::string& relative) {
   const size_t slash = relative.rfind('/');
   return slash == std::string::npos ? std::string() : relative.substr(0, slash);
-}
-
-std::string join(const std::string& dir, const std::string& name) { return dir.empty() ? name : dir + "/" + name; }
-
-bool ends_with(const std::string& s, const char* tail) {
-  const size_t n = std::char_traits<char>::length(tail);
-  return s.size() >= n && s.compare(s.size() - n, n, tail) == 0;
 }
 
 struct read_index_result {
@@ -69,7 +63,7 @@ void check_shard(const checkpoint& s, const std::string& name, const std::string
   if (s.format == file_format::torch_legacy)
     refuse("a legacy (pre-1.6) torch.save stream as a shard of a Hugging Face set: no shard writer writes one, "
            "so it is not read as one");
-  const bool named_safetensors = ends_with(name, ".safetensors");
+  const bool named_safetensors = text::ends_with(name, ".safetensors");
   if (named_safetensors != (s.format == file_format::safetensors))
     refuse(std::string("a ") + format_name(s.format) + " file under a name the loaders read as " +
            (named_safetensors ? "safetensors" : "a torch.save file") + " (they choose the reader by the name)");
@@ -172,7 +166,7 @@ std::vector<ahead_shard> read_ahead(const file_opener& fs, const std::string& di
   const size_t threads = std::min(reader_threads(), names.size());
   if (threads < 2) return {};
   for (const std::string& n : names)
-    if (!ends_with(n, ".safetensors")) return {};
+    if (!text::ends_with(n, ".safetensors")) return {};
   std::vector<ahead_shard> out(names.size());
   std::atomic<size_t> next{0};
   // A hostile set of many full shards: reading ahead stops once what was read passes the
@@ -183,7 +177,7 @@ std::vector<ahead_shard> read_ahead(const file_opener& fs, const std::string& di
     for (size_t i; tensors.load() <= max_tensors && (i = next.fetch_add(1)) < names.size();) {
       bool safetensors = false;
       try {
-        safetensors = sniff_format(*fs.open(join(dir, names[i]))) == sniffed::safetensors;
+        safetensors = sniff_format(*fs.open(text::file_in(dir, names[i]))) == sniffed::safetensors;
       } catch (...) {  // the caller opens it in turn, and reports what it finds then
       }
       if (!safetensors) continue;
@@ -225,7 +219,7 @@ void check_dcp_written(const std::vector<checkpoint>& shards, const std::vector<
     const auto text = dcp::metadata_value(f.st_header->metadata, dcp::kShardingInfoKey);
     if (!text) continue;
     dcp_written = true;
-    const std::string shown = fs.display(join(dir, idx.shards[i]));
+    const std::string shown = fs.display(text::file_in(dir, idx.shards[i]));
     dcp::sharding_info info;
     try {
       info = dcp::parse_sharding_info(*text);
@@ -257,7 +251,7 @@ std::vector<std::string> hf_set_files(const file_opener& fs, const std::string& 
   const std::string dir = parent_of(index);
   std::vector<std::string> out{fs.display(index)};
   for (const std::string& shard : r.idx.shards)
-    if (fs.stat(join(dir, shard)).kind == file_kind::regular) out.push_back(fs.display(join(dir, shard)));
+    if (fs.stat(text::file_in(dir, shard)).kind == file_kind::regular) out.push_back(fs.display(text::file_in(dir, shard)));
   return out;
 }
 
@@ -275,7 +269,7 @@ checkpoint open_hf_set(const file_opener& fs, const std::string& index, const op
   bool all_present = true;
   for (size_t i = 0; i < idx.shards.size(); ++i) {
     contents[i].name = idx.shards[i];
-    contents[i].present = fs.stat(join(dir, idx.shards[i])).kind != file_kind::missing;
+    contents[i].present = fs.stat(text::file_in(dir, idx.shards[i])).kind != file_kind::missing;
     all_present = all_present && contents[i].present;
   }
   if (!all_present) {
@@ -288,7 +282,7 @@ checkpoint open_hf_set(const file_opener& fs, const std::string& index, const op
   // what they read (or the error they met) is taken below in shard order, as if each had
   // been opened there, so the first problem reported is the same.
   auto open_shard = [&](size_t i) {
-    const std::string relative = join(dir, idx.shards[i]);
+    const std::string relative = text::file_in(dir, idx.shards[i]);
     std::unique_ptr<byte_source> src;
     try {
       src = fs.open(relative);
@@ -303,7 +297,7 @@ checkpoint open_hf_set(const file_opener& fs, const std::string& index, const op
   shards.reserve(idx.shards.size());
   uint64_t tensors = 0;
   for (size_t i = 0; i < idx.shards.size(); ++i) {
-    const std::string relative = join(dir, idx.shards[i]);
+    const std::string relative = text::file_in(dir, idx.shards[i]);
     if (i < ahead.size() && ahead[i].failure) std::rethrow_exception(ahead[i].failure);
     shards.push_back(i < ahead.size() && ahead[i].shard ? std::move(*ahead[i].shard) : open_shard(i));
     const checkpoint& s = shards.back();
@@ -328,7 +322,7 @@ checkpoint open_hf_set(const file_opener& fs, const std::string& index, const op
   // Files beside the index that look like its shards: only their presence matters (no
   // loader opens them), so they are listed, never read.
   for (const std::string& name : hf::orphan_candidates(idx, fs.list(dir)))
-    if (fs.stat(join(dir, name)).kind == file_kind::regular) contents.push_back({name, true, {}, 0});
+    if (fs.stat(text::file_in(dir, name)).kind == file_kind::regular) contents.push_back({name, true, {}, 0});
 
   const hf::cross_check_result check = hf::cross_check(idx, contents);
   if (check.errors()) refuse_findings(errors_of(check), shown_index);

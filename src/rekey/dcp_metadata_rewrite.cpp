@@ -8,21 +8,13 @@
 #include "ckpt/pickle_writer.h"
 #include "pickle/pickle_accessors.h"
 #include "rekey/dcp_planner_path.h"
+#include "base/text.h"
 
 namespace ckpt::dcp {
 namespace {
 
 using pickle::kind;
 using pickle::value;
-
-std::string quoted(const std::string& s) { return "'" + s + "'"; }
-
-std::string join_names(const std::vector<std::string>& names, size_t max) {
-  std::string out;
-  for (size_t i = 0; i < names.size() && i < max; ++i) out += (i ? ", " : "") + names[i];
-  if (names.size() > max) out += ", ... (" + std::to_string(names.size() - max) + " more)";
-  return out;
-}
 
 // decode_metadata has accepted the tree's shape; these only find the nodes to edit again.
 value* field_of(value* state, std::string_view name) {
@@ -137,14 +129,14 @@ void check_reads_back(const std::vector<uint8_t>& bytes, const metadata& before,
   for (size_t i = 0; i < before.items.size(); ++i) {
     const item &a = after.items[i], &b = before.items[i];
     if (a.fqn != name(b.fqn) || a.is_tensor != b.is_tensor || (a.is_tensor && !same_tensor(a.tensor, b.tensor)))
-      not_read_back("with item " + quoted(b.fqn) + " renamed and otherwise unchanged");
+      not_read_back("with item " + text::in_quotes(b.fqn) + " renamed and otherwise unchanged");
   }
   if (after.storage_data.size() != before.storage_data.size()) not_read_back("with the same storage entries");
   for (size_t i = 0; i < before.storage_data.size(); ++i) {
     const storage_item &a = after.storage_data[i], &b = before.storage_data[i];
     if (a.fqn != name(b.fqn) || a.offsets != b.offsets || a.index != b.index || a.relative_path != b.relative_path ||
         a.offset != b.offset || a.length != b.length || a.transform_descriptors != b.transform_descriptors)
-      not_read_back("with storage entry " + quoted(b.fqn) + " renamed and otherwise unchanged");
+      not_read_back("with storage entry " + text::in_quotes(b.fqn) + " renamed and otherwise unchanged");
   }
   if (after.has_planner_data != before.has_planner_data || after.planner_data_opaque != before.planner_data_opaque ||
       after.planner_data.size() != before.planner_data.size())
@@ -154,7 +146,7 @@ void check_reads_back(const std::vector<uint8_t>& bytes, const metadata& before,
     auto np = new_paths.find(b.fqn);
     const std::vector<path_element>& want = np == new_paths.end() ? b.path : np->second;
     if (a.fqn != name(b.fqn) || join_path(a.path) != join_path(want) || a.path.size() != want.size())
-      not_read_back("with planner_data " + quoted(b.fqn) + " renamed");
+      not_read_back("with planner_data " + text::in_quotes(b.fqn) + " renamed");
   }
   if (after.unknown_fields != before.unknown_fields || after.version != before.version ||
       after.globals != before.globals || after.writer_meta.has_value() != before.writer_meta.has_value())
@@ -192,13 +184,13 @@ metadata_rewrite rewrite_metadata(const uint8_t* data, size_t size, const std::v
   if (!r.plan.emptied.empty())
     throw error(errc::check_failed, std::to_string(r.plan.emptied.size()) +
                                         " key(s) would be renamed to the empty string; nothing written: " +
-                                        join_names(r.plan.emptied, 5));
+                                        text::join_names(r.plan.emptied, 5));
   if (!r.plan.collisions.empty()) {
     std::vector<std::string> lines;
-    for (const auto& [to, from] : r.plan.collisions) lines.push_back(quoted(to) + " <- " + join_names(from, 4));
+    for (const auto& [to, from] : r.plan.collisions) lines.push_back(text::in_quotes(to) + " <- " + text::join_names(from, 4));
     throw error(errc::check_failed, std::to_string(r.plan.collisions.size()) +
                                         " new key(s) would be claimed by several keys; nothing written: " +
-                                        join_names(lines, 5));
+                                        text::join_names(lines, 5));
   }
   std::unordered_map<std::string, std::string> renamed;
   for (const auto& [from, to] : r.plan.mapping)
@@ -219,11 +211,11 @@ metadata_rewrite rewrite_metadata(const uint8_t* data, size_t size, const std::v
     auto it = renamed.find(p.fqn);
     if (it == renamed.end()) continue;
     if (join_path(p.path) != p.fqn)
-      throw_unsupported("planner_data path " + repr_path(p.path) + " of " + quoted(p.fqn) +
+      throw_unsupported("planner_data path " + repr_path(p.path) + " of " + text::in_quotes(p.fqn) +
                         " does not spell its key, as flatten_state_dict's paths do; cannot rename it exactly");
     std::string why;
     auto np = rename_path(p.path, it->second, &why);
-    if (!np) throw_unsupported("cannot rename planner_data " + quoted(p.fqn) + " to " + quoted(it->second) + ": " + why);
+    if (!np) throw_unsupported("cannot rename planner_data " + text::in_quotes(p.fqn) + " to " + text::in_quotes(it->second) + ": " + why);
     new_paths.emplace(p.fqn, std::move(*np));
   }
   r.planner_renamed = new_paths.size();
@@ -238,8 +230,8 @@ metadata_rewrite rewrite_metadata(const uint8_t* data, size_t size, const std::v
   for (const auto& f : md.unknown_fields) {
     const value* v = field_of(state, f);
     if (const value* hit = v ? find_renamed_str(v, ed) : nullptr)
-      throw_unsupported("Metadata field " + quoted(f) + ", which this reader does not know, names the key " +
-                            quoted(std::string(hit->text)) + " being renamed; cannot rename it exactly",
+      throw_unsupported("Metadata field " + text::in_quotes(f) + ", which this reader does not know, names the key " +
+                            text::in_quotes(std::string(hit->text)) + " being renamed; cannot rename it exactly",
                         hit->offset);
   }
 

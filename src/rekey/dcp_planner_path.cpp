@@ -1,4 +1,5 @@
 #include "rekey/dcp_planner_path.h"
+#include "base/text.h"
 
 #include <string_view>
 
@@ -15,9 +16,6 @@ bool same(const std::vector<path_element>& a, const std::vector<path_element>& b
 }
 
 bool starts_with(std::string_view s, std::string_view p) { return s.substr(0, p.size()) == p; }
-bool ends_with(std::string_view s, std::string_view p) {
-  return s.size() >= p.size() && s.substr(s.size() - p.size()) == p;
-}
 
 }  // namespace
 
@@ -51,7 +49,7 @@ std::optional<std::vector<path_element>> rename_path(const std::vector<path_elem
     const std::string head = before.empty() ? "" : join_path(before) + ".";
     const std::string tail = after.empty() ? "" : "." + join_path(after);
     // Element k takes the new text between the kept elements.
-    if (new_key.size() >= head.size() + tail.size() && starts_with(new_key, head) && ends_with(new_key, tail)) {
+    if (new_key.size() >= head.size() + tail.size() && starts_with(new_key, head) && text::ends_with(new_key, tail)) {
       std::vector<path_element> p = path;
       p[k].key = new_key.substr(head.size(), new_key.size() - head.size() - tail.size());
       candidate(std::move(p));

@@ -20,15 +20,12 @@
 #include "ckpt/sys_io.h"
 #include "rekey/dcp_byte_items.h"
 #include "rekey/dcp_metadata_rewrite.h"
+#include "base/fail.h"
 
 namespace ckpt {
 namespace {
 
 constexpr const char* kMetadataName = ".metadata";
-
-[[noreturn]] void io_fail(const std::string& what, const std::string& path, int err) {
-  throw error(errc::io, what + ": " + std::strerror(err)).with_file(path);
-}
 
 void require_empty_directory(const std::string& dir) {
   DIR* d = ::opendir(dir.c_str());
@@ -49,7 +46,7 @@ class out_file {
  public:
   explicit out_file(std::string path) : path_(std::move(path)) {
     fd_ = sys::open(path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    if (fd_ < 0) io_fail("cannot create", path_, errno);
+    if (fd_ < 0) detail::fail_io("cannot create", path_, errno);
   }
   ~out_file() {
     if (fd_ >= 0) sys::close(fd_);
@@ -59,10 +56,10 @@ class out_file {
   int fd() const { return fd_; }
   const std::string& path() const { return path_; }
   void finish() {
-    if (sys::fsync(fd_) != 0) io_fail("fsync failed", path_, errno);
+    if (sys::fsync(fd_) != 0) detail::fail_io("fsync failed", path_, errno);
     int fd = fd_;
     fd_ = -1;
-    if (sys::close(fd) != 0) io_fail("close failed", path_, errno);
+    if (sys::close(fd) != 0) detail::fail_io("close failed", path_, errno);
   }
 
  private:
@@ -247,12 +244,12 @@ dcp_rekey_result write_rekeyed_dcp(const file_opener& in, const std::string& in_
   }
   if (options.progress) options.progress(total, total);
   int dfd = sys::open(staging_dir.empty() ? "." : staging_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
-  if (dfd < 0) io_fail("cannot open", staging_dir, errno);
+  if (dfd < 0) detail::fail_io("cannot open", staging_dir, errno);
   sys::mark_next_fsync_as_directory();
   const int rc = sys::fsync(dfd);
   const int err = errno;
   sys::close(dfd);
-  if (rc != 0) io_fail("fsync failed", staging_dir, err);
+  if (rc != 0) detail::fail_io("fsync failed", staging_dir, err);
   return result;
 }
 

@@ -17,6 +17,7 @@
 #include "pickle/node_marks.h"
 #include "rekey/rekey_pt2.h"
 #include "rekey/pickle_lockstep.h"
+#include "base/text.h"
 
 namespace ckpt {
 namespace {
@@ -322,13 +323,6 @@ std::vector<std::string> drop_unsafe_entries(checkpoint& c) {
   if (subtree_has_unsafe(only_file(c).pickle->root, seen))
     throw error(errc::unsafe, "--drop-unsafe: unsafe globals remain outside droppable top-level entries");
   return dropped;
-}
-
-std::string join_names(const std::vector<std::string>& names, size_t max) {
-  std::string out;
-  for (size_t i = 0; i < names.size() && i < max; ++i) out += (i ? ", " : "") + names[i];
-  if (names.size() > max) out += ", ... (" + std::to_string(names.size() - max) + " more)";
-  return out;
 }
 
 const file_source& file_of(const checkpoint& c) {
@@ -663,7 +657,7 @@ rekey_result rekey_file(checkpoint& c, const rekey_request& req) {
   if (c.format != file_format::safetensors && !c.unsafe_globals.empty()) {
     if (req.unsafe == unsafe_policy::refuse)
       throw error(errc::unsafe, "the pickle names globals that torch.load would run: " +
-                                    join_names(c.unsafe_globals, 8) +
+                                    text::join_names(c.unsafe_globals, 8) +
                                     " (rekey --keep-unsafe keeps them as they are, --drop-unsafe removes the entries holding them)")
           .with_file(c.path);
     if (req.unsafe == unsafe_policy::drop) result.dropped = drop_unsafe_entries(c);
@@ -687,14 +681,14 @@ rekey_result rekey_file(checkpoint& c, const rekey_request& req) {
   if (!result.plan.emptied.empty())
     throw error(errc::check_failed, std::to_string(result.plan.emptied.size()) +
                                         " key(s) would be renamed to the empty string; nothing written: " +
-                                        join_names(result.plan.emptied, 5))
+                                        text::join_names(result.plan.emptied, 5))
         .with_file(c.path);
   if (!result.plan.collisions.empty()) {
     std::vector<std::string> lines;
-    for (auto& [to, from] : result.plan.collisions) lines.push_back("'" + to + "' <- " + join_names(from, 4));
+    for (auto& [to, from] : result.plan.collisions) lines.push_back("'" + to + "' <- " + text::join_names(from, 4));
     throw error(errc::check_failed, std::to_string(result.plan.collisions.size()) +
                                         " new key(s) would be claimed by several keys; nothing written: " +
-                                        join_names(lines, 5))
+                                        text::join_names(lines, 5))
         .with_file(c.path);
   }
 

@@ -18,6 +18,7 @@
 #include "ckpt/rekey_set.h"
 #include "ckpt/sys_io.h"
 #include "formats/hf_index.h"
+#include "base/text.h"
 
 namespace ckpt {
 namespace {
@@ -27,18 +28,6 @@ std::string parent_of(const std::string& path) {
   if (slash == std::string::npos) return ".";
   if (slash == 0) return "/";
   return path.substr(0, slash);
-}
-
-std::string base_of(const std::string& path) {
-  const size_t slash = path.rfind('/');
-  return slash == std::string::npos ? path : path.substr(slash + 1);
-}
-
-std::string join_names(const std::vector<std::string>& names, size_t max) {
-  std::string out;
-  for (size_t i = 0; i < names.size() && i < max; ++i) out += (i ? ", " : "") + names[i];
-  if (names.size() > max) out += ", ... (" + std::to_string(names.size() - max) + " more)";
-  return out;
 }
 
 // Python's json.dumps(sort_keys=True) orders keys by code point, which is UTF-8 byte order.
@@ -126,7 +115,7 @@ rekey_set_result rekey_hf_set(const std::string& index_path, output_dir* out, co
   std::string text;
   const hf::index idx = read_index(index_path, &text);
   const std::string dir = parent_of(index_path);
-  result.index = base_of(index_path);
+  result.index = text::base_name(index_path);
 
   // Every shard's keys, one shard open at a time; then the index is checked against them.
   std::vector<shard_input> shards;
@@ -176,7 +165,7 @@ rekey_set_result rekey_hf_set(const std::string& index_path, output_dir* out, co
   }
   if (!errors.empty())
     throw error(errc::corrupt, std::to_string(errors.size()) + " disagreement(s) between the index and its shards; " +
-                                   "nothing written: " + join_names(errors, 3))
+                                   "nothing written: " + text::join_names(errors, 3))
         .with_file(index_path);
 
   // One plan over every key: a collision between two shards is as fatal as one inside one.
@@ -186,15 +175,15 @@ rekey_set_result rekey_hf_set(const std::string& index_path, output_dir* out, co
   if (!result.plan.emptied.empty())
     throw error(errc::check_failed, std::to_string(result.plan.emptied.size()) +
                                         " key(s) would be renamed to the empty string; nothing written: " +
-                                        join_names(result.plan.emptied, 5))
+                                        text::join_names(result.plan.emptied, 5))
         .with_file(index_path);
   if (!result.plan.collisions.empty()) {
     std::vector<std::string> lines;
-    for (auto& [to, from] : result.plan.collisions) lines.push_back("'" + to + "' <- " + join_names(from, 4));
+    for (auto& [to, from] : result.plan.collisions) lines.push_back("'" + to + "' <- " + text::join_names(from, 4));
     throw error(errc::check_failed, std::to_string(result.plan.collisions.size()) +
                                         " new key(s) would be claimed by several keys across the shards; nothing "
                                         "written: " +
-                                        join_names(lines, 5))
+                                        text::join_names(lines, 5))
         .with_file(index_path);
   }
   std::unordered_map<std::string, std::string> renamed;

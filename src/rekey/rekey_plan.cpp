@@ -179,11 +179,6 @@ bool within(const std::string& path, const std::string& ancestor) {
   return path == ancestor || (path.size() > ancestor.size() && path.compare(0, ancestor.size(), ancestor) == 0 &&
                               path[ancestor.size()] == '.');
 }
-std::string join_path(const std::string& a, const std::string& b) {
-  if (a.empty()) return b;
-  if (b.empty()) return a;
-  return a + "." + b;
-}
 // The longest common leading path of two module paths.
 std::string common_prefix(const std::string& a, const std::string& b) {
   auto sa = split_key(a), sb = split_key(b);
@@ -225,7 +220,7 @@ std::string map_module_path(const module_rules& m, const std::string& path) {
   for (const auto& [from, to] : m.rules) {
     if (within(path, from)) {
       std::string rest = path.size() > from.size() ? path.substr(from.empty() ? 0 : from.size() + 1) : std::string();
-      return join_path(to, rest);
+      return text::join_dotted(to, rest);
     }
   }
   for (const auto& [from, to] : m.rules) {
@@ -245,10 +240,10 @@ std::vector<std::pair<std::string, std::string>> added_wrapper_paths(const modul
     if (to.empty()) continue;
     std::string current;
     size_t kept = keep.empty() ? 0 : split_key(keep).size();
-    for (size_t i = 0; i < kept; ++i) current = join_path(current, std::string(segments[i]));
+    for (size_t i = 0; i < kept; ++i) current = text::join_dotted(current, std::string(segments[i]));
     for (size_t i = kept; i < segments.size(); ++i) {
       out.emplace_back(current, to);
-      current = join_path(current, std::string(segments[i]));
+      current = text::join_dotted(current, std::string(segments[i]));
     }
   }
   return out;

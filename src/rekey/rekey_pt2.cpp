@@ -29,11 +29,6 @@ bool within(const std::string& path, const std::string& ancestor) {
   return path == ancestor ||
          (path.size() > ancestor.size() && path.compare(0, ancestor.size(), ancestor) == 0 && path[ancestor.size()] == '.');
 }
-std::string join_path(const std::string& a, const std::string& b) {
-  if (a.empty()) return b;
-  if (b.empty()) return a;
-  return a + "." + b;
-}
 size_t segments(const std::string& p) { return p.empty() ? 0 : size_t(std::count(p.begin(), p.end(), '.')) + 1; }
 std::string first_segments(const std::string& p, size_t n) {
   size_t pos = 0;
@@ -194,7 +189,7 @@ class pt2_rekeyer {
         for (const auto& k : m.constants) {
           const size_t dot = k.rfind('.');
           const std::string leaf = dot == std::string::npos ? k : k.substr(dot + 1);
-          all.emplace_back(k, join_path(map_module_path(r, module_of(k)), leaf));
+          all.emplace_back(k, text::join_dotted(map_module_path(r, module_of(k)), leaf));
         }
       } else {
         const rekey_plan cp = plan_rekey(m.constants, req_.ops);

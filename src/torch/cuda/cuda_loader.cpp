@@ -62,6 +62,13 @@ std::vector<at::Tensor> load_storages_cuda(const checkpoint& c, const std::vecto
   return dst;
 }
 
+// For libckptool_torch_cuda.so's entry point (plugin/cuda_plugin_entry.cpp), which names
+// no LibTorch type; cuda_module.cpp casts it back to cuda_loader_fn.
+void* cuda_loader_address() {
+  cuda_loader_fn loader = &load_storages_cuda;
+  return reinterpret_cast<void*>(loader);
+}
+
 namespace {
 // Installs this loader in a program that links ckpt_torch_cuda whole (ckpt_torch_with_cuda).
 [[maybe_unused]] const bool kInstalled = (set_cuda_loader(&load_storages_cuda), true);
