@@ -51,7 +51,7 @@ torch_prefix=$(.venv/bin/python -c 'import torch; print(torch.utils.cmake_prefix
 # coverage, most of a file's compile time is instrumenting the inline code of the headers
 # it shares with the others (JSON, strings, containers), which a batch does once. Twelve
 # files took 72 CPU s as one batch against 140 s one by one (2026-11-28).
-if [ "$sanitize" = 1 ]; then build_type=(-DCMAKE_BUILD_TYPE=None "-DCMAKE_CXX_FLAGS=-O1 -g1" -DCKPTOOL_FUZZ=ON -DCKPTOOL_CUDA=OFF -DCKPTOOL_UNITY_CORE=ON);
+if [ "$sanitize" = 1 ]; then build_type=(-DCMAKE_BUILD_TYPE=None "-DCMAKE_CXX_FLAGS=-O1 -g1" -DCKPTOOL_FUZZ=ON -DCKPTOOL_CUDA=OFF -DCKPTOOL_UNITY=ON);
 else build_type=(-DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG"); fi
 # A sanitized build dir configured before it became clang's (GCC has no libFuzzer): CMake
 # cannot switch compilers in place, so configure it again.

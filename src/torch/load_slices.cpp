@@ -153,10 +153,9 @@ struct read_item {
 };
 
 using detail::kPageBytes;
+using detail::page_ceil;
+using detail::page_floor;
 constexpr uint64_t kFillBytes = 16ull << 20;  // a fill item: large enough to amortize, small enough to share out
-
-uint64_t page_floor(uint64_t n) { return n & ~(kPageBytes - 1); }
-uint64_t page_ceil(uint64_t n) { return page_floor(n + kPageBytes - 1); }
 
 // The slice of `t` (shape, dtype): a mapping of its own, its first byte at `phase` in its
 // page, when large; LibTorch's allocator otherwise.

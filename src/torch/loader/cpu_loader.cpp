@@ -29,9 +29,6 @@ namespace {
 
 constexpr uint64_t kPieceBytes = 16ull << 20;  // large enough to amortize, small enough to share out
 
-uint64_t page_floor(uint64_t n) { return n & ~(kPageBytes - 1); }
-uint64_t page_ceil(uint64_t n) { return page_floor(n + kPageBytes - 1); }
-
 read_plan_options cpu_plan_options() {
   read_plan_options o;
   o.max_gap = 4096;  // zip local headers between records

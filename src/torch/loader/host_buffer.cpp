@@ -48,8 +48,6 @@ void release(void* ctx) {
   delete m;
 }
 
-uint64_t page_ceil(uint64_t n) { return (n + kPageBytes - 1) & ~(kPageBytes - 1); }
-
 }  // namespace
 
 host_block allocate_host_block(const host_member* members, size_t count) {

@@ -9,6 +9,8 @@
 namespace ckpt::detail {
 
 constexpr uint64_t kPageBytes = 4096;
+inline uint64_t page_floor(uint64_t n) { return n & ~(kPageBytes - 1); }
+inline uint64_t page_ceil(uint64_t n) { return page_floor(n + kPageBytes - 1); }
 
 /// Storages from this size up get a private anonymous mapping of their own (see
 /// host_buffer.cpp); smaller ones come from LibTorch's allocator.

@@ -35,9 +35,6 @@ namespace {
 
 constexpr uint64_t kBounceBytes = 16ull << 20;
 
-uint64_t page_floor(uint64_t n) { return n & ~(kPageBytes - 1); }
-uint64_t page_ceil(uint64_t n) { return page_floor(n + kPageBytes - 1); }
-
 // Bounce buffers, one per thread at most: taken for a read, given back after.
 class bounce_pool {
  public:
