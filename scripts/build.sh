@@ -47,12 +47,13 @@ torch_prefix=$(.venv/bin/python -c 'import torch; print(torch.utils.cmake_prefix
 # (its pipeline logic is LibTorch-free and runs in the unit tests against a hostile engine).
 # The normal build keeps -O2 with line tables only (-g1): backtraces keep files and lines,
 # and a file compiles about 20% faster than with full debug information.
-# The sanitized build compiles ckpt_core in unity batches: under ASan + UBSan + libFuzzer's
-# coverage, most of a file's compile time is instrumenting the inline code of the headers
-# it shares with the others (JSON, strings, containers), which a batch does once. Twelve
-# files took 72 CPU s as one batch against 140 s one by one (2026-11-28).
-if [ "$sanitize" = 1 ]; then build_type=(-DCMAKE_BUILD_TYPE=None "-DCMAKE_CXX_FLAGS=-O1 -g1" -DCKPTOOL_FUZZ=ON -DCKPTOOL_CUDA=OFF -DCKPTOOL_UNITY=ON);
+# Both builds compile the library and the CLI in unity batches (CMakeLists.txt,
+# CKPTOOL_UNITY): most of a file's compile time is the inline code of the headers it shares
+# with the others (JSON, CLI11, LibTorch), which a batch compiles once. Under ASan + UBSan,
+# twelve ckpt_core files took 72 CPU s as one batch against 140 s one by one (2026-11-28).
+if [ "$sanitize" = 1 ]; then build_type=(-DCMAKE_BUILD_TYPE=None "-DCMAKE_CXX_FLAGS=-O1 -g1" -DCKPTOOL_FUZZ=ON -DCKPTOOL_CUDA=OFF);
 else build_type=(-DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG"); fi
+build_type+=(-DCKPTOOL_UNITY=${CKPTOOL_UNITY:-ON})
 # A sanitized build dir configured before it became clang's (GCC has no libFuzzer): CMake
 # cannot switch compilers in place, so configure it again.
 if [ "$sanitize" = 1 ] && [ -f "$build/CMakeCache.txt" ] && ! grep -q '^CMAKE_CXX_COMPILER:.*clang' "$build/CMakeCache.txt"; then
