@@ -47,7 +47,7 @@ if [ "${CKPTOOL_SKIP_ASAN:-0}" != 1 ]; then
   tail -n 1 "$asan_build_log"
   stage "sanitized build done"
   # Under the sanitizers: every file that feeds ckptool hostile or malformed input, and the
-  # paths that copy bytes at computed offsets (slices, the staging pipeline, DCP chunks
+  # paths that copy bytes at computed offsets (slice reads, the staging pipeline, DCP chunks
   # assembled, shard sets); fuzz_replay and the unit tests run whole. The files left out
   # below check what the reference clients make of our output: their time goes to torch,
   # transformers and gloo processes more than to ckptool, and the normal run above has
