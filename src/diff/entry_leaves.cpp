@@ -122,10 +122,11 @@ class walker {
     open_.erase(v);
   }
 
-  // The leaves walk_here would make of v, saturating past kMaxLeaves. Exact but where dict
-  // keys have equal str() (1 and "1": add keeps one leaf per path), which it overstates; an
-  // overstatement can only refuse, never let a walk grow past the bound. A subtree is remembered only when no cycle
-  // reached out of it, because then its count does not depend on the path walked to it.
+  // The leaves walk_here would make of v (its cases in the same order), saturating past
+  // kMaxLeaves. Exact but where dict keys have equal str() (1 and "1": add keeps one leaf
+  // per path), which it overstates; an overstatement can only refuse, never let a walk grow
+  // past the bound. A subtree is remembered only when no cycle reached out of it, because
+  // then its count does not depend on the path walked to it.
   size_t count_leaves(const value* v, int depth) {
     if (record(v) || inside(v) || is_rebuild(v) || depth > kMaxDepth) return 1;
     if (open_.count(v)) {

@@ -27,10 +27,9 @@ namespace ckpt {
 namespace {
 
 std::string listed_in_quotes(const std::vector<std::string>& names) {
-  std::string out;
-  for (size_t i = 0; i < names.size() && i < 4; ++i) out += (i ? ", " : "") + text::in_quotes(names[i]);
-  if (names.size() > 4) out += ", ... (" + std::to_string(names.size() - 4) + " more)";
-  return out;
+  std::vector<std::string> quoted;
+  for (const std::string& n : names) quoted.push_back(text::in_quotes(n));
+  return text::join_names(quoted, 4);
 }
 
 std::string real_path(const std::string& path) {
