@@ -16,7 +16,7 @@ TEST_CASE("a block mirrors the file's layout, congruent to it, 64-byte aligned")
   std::vector<host_member> members = {{4096 + 192, 1000}, {4096 + 1216, 64}, {4096 + 1344, 70000}};
   host_block b = allocate_host_block(members.data(), members.size());
   REQUIRE(b.bytes.size() == 3);
-  CHECK(b.own_pages);
+  CHECK(b.congruent);
   CHECK(b.span == 1344 + 70000 - 192);
   CHECK(reinterpret_cast<uintptr_t>(b.data) % kPageBytes == 192);
   for (size_t i = 0; i < 3; ++i) {
@@ -52,7 +52,7 @@ TEST_CASE("members resize and free independently; the mapping goes with the last
 TEST_CASE("an offset that is not 64-byte aligned keeps LibTorch's alignment, not congruence") {
   host_member m{4096 * 3 + 8, 3 << 20};
   host_block b = allocate_host_block(&m, 1);
-  CHECK_FALSE(b.own_pages);
+  CHECK_FALSE(b.congruent);
   CHECK(reinterpret_cast<uintptr_t>(b.data) % 64 == 0);
   prefault_for_write(b.data, size_t(m.nbytes));
   b.bytes[0].fill_(9);

@@ -4,10 +4,14 @@
 //    file); such a run gets one mapping laid out as in the file, so one copy fills it (a
 //    read and a malloc per storage cost as much as the copy for 20,000 tensors of 53 KB).
 //    A storage of kOwnMappingBytes and more gets a mapping of its own.
-//  - The plan cuts long storages at multiples of kPieceBytes in the file, which are page
-//    boundaries of a destination congruent to the file, so every thread fills whole pages
-//    of its own: with UFFDIO_COPY from a mapping of the file where the kernel allows
-//    (page_filler.cpp), else faulted in at once and read with pread.
+//  - The plan cuts long storages at multiples of kPieceBytes in the file, and the threads
+//    fill the pages of a mapping with UFFDIO_COPY from a mapping of the file where the
+//    kernel allows (page_filler.cpp), else fault them in at once and read with pread.
+//    UFFDIO_COPY needs page-aligned destinations only, so a block not congruent with its
+//    file is filled this way too: a safetensors tensor's data lies at any multiple of its
+//    element size in the file (header length + offset), and LibTorch's 64-byte alignment
+//    then wins over congruence. Each page of a block is filled by the one read holding
+//    the page's first byte of the block, wherever the plan's cuts fall.
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -45,8 +49,7 @@ struct block {
   uint64_t offset;
   uint64_t span;
   uint8_t* data;
-  bool mapped;           // a mapping of its own (host_block)
-  bool own_pages;        // ... congruent to the file
+  bool mapped;           // a mapping of its own (host_block): fresh pages the filler can claim
   bool filled_by_pages;  // claimed by the page_filler
 };
 
@@ -94,7 +97,7 @@ class cpu_loader {
         host_block h = allocate_host_block(members.data(), members.size());
         for (size_t k = 0; k < op.piece_count; ++k) bytes_[pieces[k].storage] = std::move(h.bytes[k]);
         where_.push_back({blocks_.size(), 0});
-        blocks_.push_back({op.file, op.offset, h.span, h.data, true, h.own_pages, false});
+        blocks_.push_back({op.file, op.offset, h.span, h.data, true, false});
         continue;
       }
       const size_t i = pieces[0].storage;
@@ -105,10 +108,10 @@ class cpu_loader {
           host_member m{*s.file_offset, s.nbytes};
           host_block h = allocate_host_block(&m, 1);
           bytes_[i] = std::move(h.bytes[0]);
-          blocks_.push_back({s.file, *s.file_offset, s.nbytes, h.data, true, h.own_pages, false});
+          blocks_.push_back({s.file, *s.file_offset, s.nbytes, h.data, true, false});
         } else {
           bytes_[i] = at::empty({int64_t(s.nbytes)}, at::TensorOptions().dtype(at::kByte));
-          blocks_.push_back({s.file, *s.file_offset, s.nbytes, bytes_[i].data_ptr<uint8_t>(), false, false, false});
+          blocks_.push_back({s.file, *s.file_offset, s.nbytes, bytes_[i].data_ptr<uint8_t>(), false, false});
         }
       }
       where_.push_back({block_of[i], pieces[0].storage_offset});
@@ -118,21 +121,18 @@ class cpu_loader {
       if (!bytes_[i].defined()) bytes_[i] = at::empty({int64_t(c_.storages[i].nbytes)}, at::TensorOptions().dtype(at::kByte));
   }
 
-  // Congruent blocks of a file are claimed for the page_filler, with one read-only
+  // Blocks in mappings of their own are claimed for the page_filler, with one read-only
   // mapping of each file (that is a file) as the source.
   void claim_pages() {
-    if (std::none_of(blocks_.begin(), blocks_.end(), [](const block& b) { return b.own_pages; })) return;
+    if (std::none_of(blocks_.begin(), blocks_.end(), [](const block& b) { return b.mapped; })) return;
     filler_ = page_filler::open();
     if (!filler_) return;
     file_maps_.resize(c_.files.size());
     std::vector<bool> tried(c_.files.size(), false);
     for (block& b : blocks_) {
-      if (!b.own_pages) continue;
-      // Blocks are laid out congruent with their file's offsets, so the page filler can
-      // serve a source that is a slice only when the slice starts on a page of its file.
+      if (!b.mapped) continue;
       const file_extent where = c_.files[b.file].source->in_file();
-      if (!where.file || where.offset % kPageBytes != 0 || where.offset + b.offset + b.span > where.file->size())
-        continue;
+      if (!where.file || where.offset + b.offset + b.span > where.file->size()) continue;
       if (!tried[b.file]) {
         tried[b.file] = true;
         file_maps_[b.file] = map_whole_file(where.file->fd(), where.file->size());
@@ -145,23 +145,47 @@ class cpu_loader {
   }
 
   void read_into(const block& b, uint64_t begin, uint64_t size) {
-    if (b.filled_by_pages) {
-      // Whole pages around the piece: bytes before the block's first storage and after
-      // its last lie in its own mapping, unseen by any tensor.
-      uint64_t dst = reinterpret_cast<uintptr_t>(b.data) + begin;
-      uint64_t src = c_.files[b.file].source->in_file().offset + b.offset + begin;
-      uint64_t lead = dst % kPageBytes;  // equals src % kPageBytes: the block is congruent
-      uint64_t length = page_ceil(lead + size);
-      uint8_t* from = file_maps_[b.file].get() + (src - lead);
-      filler_->fill(reinterpret_cast<void*>(dst - lead), from, size_t(length));
-      // The source pages were mapped into this process on the way: unmap them, or the
-      // process would count the file's pages in its resident memory on top of the copy.
-      ::madvise(from, size_t(length), MADV_DONTNEED);
-      c_.files[b.file].source->count_read(size);
-      return;
-    }
+    if (b.filled_by_pages) return fill_pages(b, begin, size);
     if (b.mapped) prefault_for_write(b.data + begin, size_t(size));
     c_.files[b.file].source->read_exact(b.offset + begin, b.data + begin, size_t(size));
+  }
+
+  // Fills the pages of `b` whose first byte of the block lies in [begin, begin + size):
+  // reads tile a block, so every page is filled once, by one thread. A page inside the
+  // block is copied whole from the file's mapping (the source need not be page-aligned);
+  // the block's first and last pages hold bytes outside it, which may lie outside the
+  // source (before a slice, past the end of the file): those two are assembled in a
+  // buffer with pread, their outside bytes left zero.
+  void fill_pages(const block& b, uint64_t begin, uint64_t size) {
+    const uintptr_t data = reinterpret_cast<uintptr_t>(b.data);
+    const uintptr_t dst = data + begin, end = dst + size, block_end = data + b.span;
+    const byte_source& source = *c_.files[b.file].source;
+    const uint8_t* file = file_maps_[b.file].get() + source.in_file().offset + b.offset;  // lands at data
+    uintptr_t page = (begin == 0 || dst % kPageBytes == 0) ? page_floor(dst) : page_ceil(dst);
+    const uintptr_t stop = page_ceil(end);
+    const uintptr_t touched_from = std::max(page, data);
+    while (page < stop) {
+      if (page < data || page + kPageBytes > block_end) {
+        alignas(64) uint8_t buffer[kPageBytes] = {};
+        const uintptr_t lo = std::max(page, data), hi = std::min<uintptr_t>(page + kPageBytes, block_end);
+        source.read_exact(b.offset + (lo - data), buffer + (lo - page), size_t(hi - lo));
+        filler_->fill(reinterpret_cast<void*>(page), buffer, size_t(kPageBytes));
+        page += kPageBytes;
+        continue;
+      }
+      const uintptr_t run_end = std::min<uintptr_t>(stop, page_floor(block_end));
+      filler_->fill(reinterpret_cast<void*>(page), file + (page - data), size_t(run_end - page));
+      source.count_read(run_end - page);
+      page = run_end;
+    }
+    // The file's pages were mapped into this process on the way: unmapped, or the process
+    // would count them in its resident memory on top of the copy.
+    const uintptr_t touched_to = std::min(stop, block_end);
+    if (touched_to > touched_from) {
+      const uintptr_t lo = page_floor(reinterpret_cast<uintptr_t>(file + (touched_from - data)));
+      const uintptr_t hi = page_ceil(reinterpret_cast<uintptr_t>(file + (touched_to - data)));
+      ::madvise(reinterpret_cast<void*>(lo), size_t(hi - lo), MADV_DONTNEED);
+    }
   }
 
   const checkpoint& c_;

@@ -56,8 +56,8 @@ host_block allocate_host_block(const host_member* members, size_t count) {
   uint64_t first = members[0].offset;
   out.span = members[count - 1].offset + members[count - 1].nbytes - first;
   uint64_t phase = first % kPageBytes;
-  out.own_pages = phase % 64 == 0;
-  if (!out.own_pages) phase &= ~uint64_t(63);
+  out.congruent = phase % 64 == 0;
+  if (!out.congruent) phase &= ~uint64_t(63);
   size_t length = size_t(page_ceil(phase + out.span));
   auto ctx = std::make_unique<mapping>();
   void* base = ::mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);

@@ -33,11 +33,11 @@ struct host_block {
   std::vector<at::Tensor> bytes;  // uint8, one per member
   uint8_t* data = nullptr;
   uint64_t span = 0;
-  // The data pointer is congruent to members[0].offset modulo the page size, so the
-  // pages [page_floor(data), page_ceil(data + span)) are the block's alone and untouched,
-  // which page_filler needs. False when the file offset is not 64-byte aligned:
-  // LibTorch's 64-byte alignment wins over congruence.
-  bool own_pages = false;
+  // The pages [page_floor(data), page_ceil(data + span)) are the block's alone and
+  // untouched, as page_filler needs. The data pointer is congruent to members[0].offset
+  // modulo the page size (the kernel's copy is cheapest then), except when that offset is
+  // not 64-byte aligned: LibTorch's 64-byte alignment wins, and `congruent` is false.
+  bool congruent = false;
 };
 
 host_block allocate_host_block(const host_member* members, size_t count);
