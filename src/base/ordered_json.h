@@ -12,6 +12,8 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -37,10 +39,11 @@ nlohmann::ordered_json parse_ordered_json(std::string_view text, size_t max_dept
 class ordered_object_builder {
  public:
   void set(const std::string& key, nlohmann::ordered_json value);
-  nlohmann::ordered_json take() { return std::move(object_); }
+  nlohmann::ordered_json take();
 
  private:
-  nlohmann::ordered_json object_ = nlohmann::ordered_json::object();
+  // Not the object itself: see parse_ordered_json's builder (ordered_json.cpp) for why.
+  std::vector<std::pair<std::string, nlohmann::ordered_json>> members_;
   std::unordered_map<std::string, size_t> at_;
 };
 
