@@ -5,6 +5,7 @@
 #include <iterator>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "base/ordered_json.h"
 
@@ -43,7 +44,19 @@ TEST_CASE("ordered json: parses as ordered_json::parse does") {
       R"(  {"nested": {"nested": {"nested": {"k": "v", "k": {"w": [1]}}}}}  )",
       "-0.0",
   };
-  for (const std::string& t : texts) {
+  // Wide objects of wide objects: every level's member vector grows many times while the
+  // members under it are already filled.
+  std::string wide = "{";
+  for (int i = 0; i < 40; ++i) {
+    wide += (i ? ",\"m" : "\"m") + std::to_string(i % 37) + "\": {";
+    for (int j = 0; j < 30; ++j)
+      wide += (j ? ",\"n" : "\"n") + std::to_string(j) + "\": [{\"x\": " + std::to_string(i * j) + "}, \"s\"]";
+    wide += "}";
+  }
+  wide += "}";
+  std::vector<std::string> all(std::begin(texts), std::end(texts));
+  all.push_back(wide);
+  for (const std::string& t : all) {
     const json ours = parse(t);
     const json theirs = json::parse(t);
     CHECK_MESSAGE(ours == theirs, t);
