@@ -7,12 +7,15 @@
 #include <string>
 #include <vector>
 
+#include <spdlog/spdlog.h>
+
 #include "base/text_escape.h"
 #include "ckpt/diff.h"
 #include "ckpt/error.h"
 #include "ckpt/output_set.h"
 #include "ckpt/report.h"
 #include "common.h"
+#include "key_edits.h"
 #include "progress.h"
 
 namespace cli {
@@ -23,6 +26,7 @@ struct diff_cli_options {
   bool json = false;
   ckpt::diff_options diff;
   ckpt::open_options reader;
+  key_edit_flags edits;
 };
 
 // JSON has no infinity: an error that is one is the string "inf" (docs/diff-json.md).
@@ -85,7 +89,8 @@ nlohmann::json report_json(const ckpt::diff_report& r, const ckpt::diff_options&
     renamed = {{"edit", r.rename_edit}, {"pairs", pairs}};
   }
   return {{"ckptool_diff", 1},
-          {"a", {{"path", r.path_a}, {"format", r.format_a}, {"layout", r.layout_a}, {"keys", r.keys_a}}},
+          {"a", {{"path", r.path_a}, {"format", r.format_a}, {"layout", r.layout_a}, {"keys", r.keys_a},
+                 {"key_edits", r.edits_a}, {"unused_key_edits", r.unused_edits_a}}},
           {"b", {{"path", r.path_b}, {"format", r.format_b}, {"layout", r.layout_b}, {"keys", r.keys_b}}},
           {"equivalent", r.equivalent()},
           {"metadata_only", r.metadata_only},
@@ -146,8 +151,13 @@ void print_text(const ckpt::diff_report& r, const ckpt::diff_options& o) {
     }
     count(r.entries.size(), r.entries.size() == 1 ? "entry differs" : "entries differ");
   }
-  std::cout << display_name(r.path_a) << " vs " << display_name(r.path_b) << ": "
-            << (same ? "equivalent" : "DIFFERENT");
+  std::string a_named = display_name(r.path_a);
+  if (!r.edits_a.empty()) {
+    a_named += " (keys edited:";
+    for (const std::string& e : r.edits_a) a_named += " " + escape_controls(e);
+    a_named += ")";
+  }
+  std::cout << a_named << " vs " << display_name(r.path_b) << ": " << (same ? "equivalent" : "DIFFERENT");
   std::string detail;
   for (const std::string& p : parts) detail += (detail.empty() ? "" : ", ") + p;
   if (r.metadata_only) detail += std::string(detail.empty() ? "" : "; ") + "metadata only";
@@ -212,10 +222,13 @@ int run_diff(const diff_cli_options& given) {
   ckpt::output_set inputs;  // no outputs: refuses a FIFO and sees a file change under the diff
   add_checkpoint_inputs(inputs, o.a);
   add_checkpoint_inputs(inputs, o.b);
+  o.diff.edit_a = key_ops_in_order(o.edits, {}, o.reader, code_options{});
   progress_bar bar("diff");
   o.diff.progress = [&bar](uint64_t d, uint64_t t) { bar.update(d, t); };
   const ckpt::diff_report r = ckpt::diff_checkpoints(o.a, o.b, o.diff, o.reader);
   bar.finish();
+  for (const std::string& e : r.unused_edits_a)
+    spdlog::warn("{} changed no key of A (a typo?)", ckpt::escape_controls(e));
   // A verdict on bytes that changed under the comparison is a verdict on no file at all.
   inputs.check_inputs_unchanged();
   if (o.json)
@@ -244,6 +257,8 @@ verb setup_diff(CLI::App& app) {
   cmd->add_flag("--ignore-metadata", o->diff.ignore_metadata,
                  "Do not compare safetensors __metadata__ maps (ckptool convert writes format: pt)");
   cmd->add_flag("--json", o->json, "Print the result as JSON (docs/diff-json.md)");
+  add_key_edit_flags(*cmd, o->edits, "Edits of A's keys before pairing (as rekey's, in the order given)",
+                     /*with_match=*/false);
   add_reader_flags(*cmd, o->reader);
   return {cmd, [o] { return run_diff(*o); }};
 }

@@ -79,9 +79,8 @@ std::vector<ckpt::key_op> key_ops_in_order(const key_edit_flags& o, const match_
   return ops;
 }
 
-void add_key_edit_flags(CLI::App& cmd, key_edit_flags& f) {
+void add_key_edit_flags(CLI::App& cmd, key_edit_flags& f, const std::string& group, bool with_match) {
   f.cmd = &cmd;
-  const char* group = "Operations (applied in the order given)";
   const auto all = CLI::MultiOptionPolicy::TakeAll;
   f.strip_compiled = cmd.add_flag("--strip-compiled", "Remove every '_orig_mod.' segment (torch.compile)")
                          ->multi_option_policy(all)->group(group);
@@ -100,7 +99,8 @@ void add_key_edit_flags(CLI::App& cmd, key_edit_flags& f) {
   f.rename = cmd.add_option("--rename", "Replace every match of an RE2 regex in each key (re.sub-like; $1..$9, $& and $$ "
                             "in REPLACEMENT; a '=' inside REGEX is written \\=; no lookaround or backreferences)")
                  ->type_name("REGEX=REPLACEMENT")->multi_option_policy(all)->group(group);
-  f.match = cmd.add_option("--match",
+  if (with_match)
+    f.match = cmd.add_option("--match",
                            "Align the keys to a TorchScript model or another checkpoint: find the wrapper-segment "
                            "edit that makes the key sets equal, check shapes, apply it")
                 ->type_name("TARGET")->multi_option_policy(all)->group(group);

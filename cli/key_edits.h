@@ -22,8 +22,10 @@ struct key_edit_flags {
               *add_compiled = nullptr, *rename = nullptr, *map = nullptr, *match = nullptr;
 };
 
-/// Registers the operations on `cmd`, in their own help group.
-void add_key_edit_flags(CLI::App& cmd, key_edit_flags& f);
+/// Registers the operations on `cmd`, in their own help group (`group`). Without
+/// `with_match`, --match is left out (diff pairs keys through its solver already).
+void add_key_edit_flags(CLI::App& cmd, key_edit_flags& f, const std::string& group = "Operations (applied in the order given)",
+                        bool with_match = true);
 
 /// The tensors --match aligns (the state dict's, or every shard's of a set), and the file
 /// its messages name.

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "ckpt/checkpoint.h"
+#include "ckpt/rekey.h"
 
 namespace ckpt {
 
@@ -36,6 +37,12 @@ struct diff_options {
   uint64_t window_bytes = 1ull << 20;
   /// Called with (bytes compared, bytes to compare) as the values are read.
   std::function<void(uint64_t, uint64_t)> progress;
+  /// Edits of A's keys (rekey's operations, applied in order) before the keys are paired:
+  /// with {strip_compiled}, "is B A with every `_orig_mod.` removed?" is answered
+  /// equivalent when it is, where without it the keys are reported renamed (not
+  /// equivalent). Reports name A's keys as A holds them. Two keys the edits make one, or a
+  /// key they make empty, are errc::usage. Entries (non-tensor values) are not renamed.
+  std::vector<key_op> edit_a;
 };
 
 /// What the values of a pair of tensors gave.
@@ -94,6 +101,8 @@ struct diff_report {
   /// '_orig_mod.'"), and the pairs whose names differ (A's key, B's key).
   std::string rename_edit;
   std::vector<std::pair<std::string, std::string>> renamed;
+  /// diff_options::edit_a as given (key_op::describe()), and those that changed no key.
+  std::vector<std::string> edits_a, unused_edits_a;
   /// Every paired key, in A's order, then the tensors inside non-tensor entries (an
   /// optimizer's state in a torch.save file) paired by path, named by it.
   std::vector<tensor_diff> tensors;

@@ -9,6 +9,7 @@
 #include <unordered_set>
 
 #include "ckpt/error.h"
+#include "base/text.h"
 #include "ckpt/rekey.h"
 #include "ckpt/wrappers.h"
 #include "diff/entry_leaves.h"
@@ -25,7 +26,8 @@ namespace {
 // every tensor record by its path in the file.
 struct side {
   const checkpoint& c;
-  std::vector<std::string> names;
+  std::vector<std::string> names;   // the names keys are paired by
+  std::vector<std::string> labels;  // the checkpoint's own, where edits made `names` (edit)
   std::vector<size_t> ids;  // key index (by_key) or tensor record index
   bool by_key = true;
   detail::assembly assembled;
@@ -52,6 +54,28 @@ struct side {
     }
   }
 
+  // The keys renamed for pairing by diff_options::edit_a; reports keep the checkpoint's names.
+  void edit(const std::vector<key_op>& ops, diff_report& r) {
+    if (ops.empty()) return;
+    for (const key_op& op : ops) r.edits_a.push_back(op.describe());
+    rekey_plan plan = plan_rekey(names, ops);
+    if (!plan.emptied.empty())
+      throw error(errc::usage, "the edits of A's keys leave " + text::in_quotes(plan.emptied.front()) + " empty")
+          .with_file(c.path);
+    if (!plan.collisions.empty()) {
+      const auto& [to, from] = plan.collisions.front();
+      throw error(errc::usage, "the edits of A's keys make " + std::to_string(from.size()) + " keys one, " +
+                                   text::in_quotes(to) + ": " + text::join_names(from, 4))
+          .with_file(c.path);
+    }
+    r.unused_edits_a = std::move(plan.unused_ops);
+    labels = std::move(names);
+    names.clear();
+    names.reserve(plan.mapping.size());
+    for (auto& [from, to] : plan.mapping) names.push_back(std::move(to));
+  }
+  const std::string& label(size_t i) const { return labels.empty() ? names[i] : labels[i]; }
+
   dtype type(size_t i) const { return by_key ? c.keys.type(ids[i], c.tensors) : c.tensors[ids[i]].type; }
   std::vector<int64_t> shape(size_t i) const {
     const dim_list& d = by_key ? c.keys.shape(ids[i], c.tensors) : c.tensors[ids[i]].shape;
@@ -59,8 +83,8 @@ struct side {
   }
   detail::key_reader reader(size_t i) const {
     if (by_key && assembled_of_key[ids[i]] >= 0)
-      return detail::key_reader(c, names[i], assembled, assembled.tensors[size_t(assembled_of_key[ids[i]])]);
-    return detail::key_reader(c, names[i], by_key ? c.keys.tensor(ids[i]) : ids[i]);
+      return detail::key_reader(c, label(i), assembled, assembled.tensors[size_t(assembled_of_key[ids[i]])]);
+    return detail::key_reader(c, label(i), by_key ? c.keys.tensor(ids[i]) : ids[i]);
   }
   std::vector<keyed_tensor> keyed(const std::vector<size_t>& which) const {
     std::vector<keyed_tensor> out;
@@ -201,19 +225,21 @@ std::vector<pair_of> pair_keys(const side& a, const side& b, const std::vector<d
       for (size_t i : rest_a) a_of.emplace(a.names[i], i);
       for (size_t i : rest_b) b_of.emplace(b.names[i], i);
       std::vector<bool> a_paired(a.names.size(), false);
+      std::vector<std::pair<std::string, std::string>> by_name;  // as paired: A's keys edited
       for (const auto& [ka, kb] : m.mapping) {
         const size_t ia = a_of.at(ka), ib = b_of.at(kb);
         pairs.push_back({ia, ib});
         a_paired[ia] = b_hit[ib] = true;
-        r.renamed.emplace_back(ka, kb);
+        by_name.emplace_back(ka, kb);
+        r.renamed.emplace_back(a.label(ia), b.label(ib));
       }
-      r.rename_edit = m.ok ? m.edit : describe_edit(r.renamed);
+      r.rename_edit = m.ok ? m.edit : describe_edit(by_name);
       rest_a.erase(std::remove_if(rest_a.begin(), rest_a.end(), [&](size_t i) { return a_paired[i]; }), rest_a.end());
       rest_b.erase(std::remove_if(rest_b.begin(), rest_b.end(), [&](size_t i) { return b_hit[i]; }), rest_b.end());
     }
   }
-  for (size_t i : rest_a) r.only_in_a.push_back(a.names[i]);
-  for (size_t i : rest_b) r.only_in_b.push_back(b.names[i]);
+  for (size_t i : rest_a) r.only_in_a.push_back(a.label(i));
+  for (size_t i : rest_b) r.only_in_b.push_back(b.label(i));
   std::sort(pairs.begin(), pairs.end(), [](const pair_of& x, const pair_of& y) { return x.a < y.a; });
   return pairs;
 }
@@ -320,15 +346,17 @@ diff_report diff_with(const checkpoint& ca, const checkpoint& cb, const side_val
   r.layout_a = layout_name(ca.layout);
   r.layout_b = layout_name(cb.layout);
   r.metadata_only = o.metadata_only;
-  const side a(ca), b(cb);
+  side a(ca);
+  const side b(cb);
+  a.edit(o.edit_a, r);
   r.keys_a = a.names.size();
   r.keys_b = b.names.size();
   std::vector<std::pair<reader_ref, reader_ref>> refs;
   twin_pairs twin;
   for (const pair_of& p : pair_keys(a, b, va.entries, vb.entries, r, twin)) {
     tensor_diff d;
-    d.key_a = a.names[p.a];
-    d.key_b = b.names[p.b];
+    d.key_a = a.label(p.a);
+    d.key_b = b.label(p.b);
     d.type_a = a.type(p.a);
     d.type_b = b.type(p.b);
     d.shape_a = a.shape(p.a);
@@ -381,7 +409,7 @@ diff_report diff_with(const checkpoint& ca, const checkpoint& cb, const side_val
     // Filled as if the pickle were A, then turned round if it is B.
     tensor_diff d;
     d.key_a = leaf.path;
-    d.key_b = ds.names[p.key];
+    d.key_b = ds.label(p.key);
     d.type_a = t.type;
     d.type_b = ds.type(p.key);
     d.shape_a.assign(t.shape.begin(), t.shape.end());
