@@ -196,8 +196,9 @@ class slice_filler {
 
   // Bytes [offset, offset + n) of the job's file (its one span) into their place, as whole
   // pages. Items are cut at page boundaries of the slice (execute), so only the slice's
-  // own first and last pages are partial: they are assembled in a buffer, the bytes
-  // outside the slice (its mapping's own, no tensor's) left zero.
+  // own first and last pages are partial: they are assembled in a buffer with pread (an
+  // error, not SIGBUS, if the file shrank), the bytes outside the slice (its mapping's
+  // own, no tensor's) left zero.
   void fill(const slice_job& job, uint64_t offset, uint64_t n) {
     const slice_span& s = job.spans[0];
     const uintptr_t dst = reinterpret_cast<uintptr_t>(job.base) + (offset - s.src);
@@ -208,18 +209,20 @@ class slice_filler {
     const uintptr_t whole_to = std::max<uintptr_t>(page_floor(end), whole_from);
     auto edge = [&](uintptr_t lo, uintptr_t hi) {  // [lo, hi) within one page
       alignas(64) uint8_t page[kPageBytes] = {};
-      std::memcpy(page + lo % kPageBytes, from + (lo - dst), size_t(hi - lo));
+      src.read_exact(offset + (lo - dst), page + lo % kPageBytes, size_t(hi - lo));
       filler_->fill(reinterpret_cast<void*>(page_floor(lo)), page, size_t(kPageBytes));
     };
     if (whole_from > dst) edge(dst, whole_from);
-    if (whole_to > whole_from)
+    if (whole_to > whole_from) {
       filler_->fill(reinterpret_cast<void*>(whole_from), from + (whole_from - dst), size_t(whole_to - whole_from));
+      src.count_read(whole_to - whole_from);
+      // The file's pages were mapped into this process on the way: unmapped, or they would
+      // count in its resident memory on top of the copy.
+      const uintptr_t lo = page_floor(reinterpret_cast<uintptr_t>(from + (whole_from - dst)));
+      const uintptr_t hi = page_ceil(reinterpret_cast<uintptr_t>(from + (whole_to - dst)));
+      ::madvise(reinterpret_cast<void*>(lo), size_t(hi - lo), MADV_DONTNEED);
+    }
     if (end > whole_to) edge(whole_to, end);
-    // The file's pages were mapped into this process on the way: unmapped, or they would
-    // count in its resident memory on top of the copy.
-    const uintptr_t lo = page_floor(reinterpret_cast<uintptr_t>(from)), hi = page_ceil(reinterpret_cast<uintptr_t>(from) + n);
-    ::madvise(reinterpret_cast<void*>(lo), size_t(hi - lo), MADV_DONTNEED);
-    src.count_read(n);
   }
 
   // The rows of a `rows` read (far apart in the file: a Shard(1) slice) copied from the
