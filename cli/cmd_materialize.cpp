@@ -90,6 +90,8 @@ int run_materialize(materialize_options& o) {
   if (!o.plan.empty()) {
     if (!o.req.model.empty()) throw ckpt::error(ckpt::errc::usage, "--plan cannot be combined with --model");
     o.req.slices = selection_of(o);
+    // A rank reads only the DCP chunk archives its slices meet, their ends included.
+    o.reader.open_chunk = ckpt::chunks_met_by(*o.req.slices);
   } else if (o.rank || o.world) {
     throw ckpt::error(ckpt::errc::usage, "--rank and --world select a slice of each tensor: they need --plan");
   }

@@ -175,6 +175,15 @@ struct open_options {
   /// False reads `.metadata` alone (inspect): storages then carry the archive's byte range
   /// with storage_record::archive_range set, and tensor strides are the contiguous ones.
   bool read_chunk_archives = true;
+  /// With read_chunk_archives: which chunks' archives to open, asked with the key, its
+  /// global shape and the chunk's box (offsets, sizes). A chunk it declines is left as
+  /// read_chunk_archives = false leaves every chunk: an archive range that no reader takes
+  /// as data (read_plan and load_tensors refuse it), its archive neither read nor checked.
+  /// Unset: every chunk. A tensor-parallel rank opens only the chunks its slices meet
+  /// (ckpt::chunks_met_by, ckpt/slice.h): every rank reading the ends of every chunk's
+  /// archive does not scale to checkpoints of hundreds of ranks.
+  std::function<bool(const std::string& key, const dim_list& shape, const dim_list& offsets, const dim_list& sizes)>
+      open_chunk;
   /// Called during open with each entry whose value is decoded from a pickle of its own
   /// (a DCP BYTE_IO item, each entry of Lightning's meta.pt): its path as in
   /// checkpoint::entries and the value, valid during the call only. Those pickles are

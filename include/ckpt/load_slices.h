@@ -24,7 +24,9 @@ namespace ckpt {
 /// Throws errc::usage for a placement naming a dimension the tensor lacks, and with
 /// options.mmap; errc::unsupported for a Shard or Range of a tensor not stored as row-major
 /// bytes (quantized, sparse, a non-row-major view, packed sub-byte types): such a tensor
-/// loads only whole (Replicate).
+/// loads only whole (Replicate). Open a DCP checkpoint for it with
+/// open_options::open_chunk = chunks_met_by(selection) (ckpt/slice.h): only the chunks the
+/// slices meet are opened; a slice that meets a chunk not opened is errc::unsupported.
 std::vector<std::pair<std::string, at::Tensor>> load_tensors(const checkpoint& c, const load_options& options,
                                                           const slice_selection& selection,
                                                           slice_load_report* report = nullptr);

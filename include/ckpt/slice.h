@@ -9,11 +9,14 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
+
+#include "ckpt/dim_list.h"
 
 namespace ckpt {
 
@@ -61,6 +64,14 @@ struct slice_selection {
 /// for invalid JSON, a duplicate glob, a value that is not a placement string, or a rank
 /// outside [0, world).
 slice_selection parse_slice_plan(const std::string& json_text, const std::string& what, int64_t rank, int64_t world);
+
+/// For open_options::open_chunk: whether a DCP chunk (the box `offsets`, `sizes` of the key's
+/// global `shape`) meets the slice `sel` gives its rank, that is whether load_tensors with
+/// `sel` reads any of its bytes. Chunks of keys no rule matches, empty chunks and chunks
+/// outside the rank's box are not opened; a placement load_tensors would refuse (a
+/// dimension the tensor lacks) opens every chunk of its key and is refused there.
+std::function<bool(const std::string& key, const dim_list& shape, const dim_list& offsets, const dim_list& sizes)>
+chunks_met_by(const slice_selection& sel);
 
 /// The plans known by name ("llama-tp"); nullopt for another name.
 std::optional<slice_selection> slice_preset(std::string_view name, int64_t rank, int64_t world);

@@ -58,7 +58,7 @@ box_landing land(const std::vector<int64_t>& shape, const box& b, uint64_t eleme
 
 }  // namespace
 
-assembly plan_assembly(const checkpoint& c, const std::vector<size_t>& keys) {
+assembly plan_assembly(const checkpoint& c, const std::vector<size_t>& keys, bool allow_unopened) {
   assembly out;
   for (size_t k : keys) {
     if (!is_assembled(c.keys, k)) continue;  // held whole by a record
@@ -121,7 +121,8 @@ assembly plan_assembly(const checkpoint& c, const std::vector<size_t>& keys) {
       }
       const storage_record& s = c.storages[*r.storage];
       const uint64_t piece_bytes = piece_numel * element_bytes;
-      if (!row_major || r.storage_offset != 0 || s.nbytes != piece_bytes)
+      const bool unopened = allow_unopened && s.archive_range;  // its bytes are unknown, not wrong
+      if (!row_major || r.storage_offset != 0 || (!unopened && s.nbytes != piece_bytes))
         throw_unsupported(what + ": its data is not exactly its box in row-major order (" +
                           std::to_string(s.nbytes) + " bytes stored for " + std::to_string(piece_bytes) + ")");
       for (const box& other : boxes)

@@ -113,7 +113,10 @@ struct assembly {
 /// whose box lies outside the global shape or overlaps another, or pieces that leave
 /// elements of the tensor unwritten; errc::unsupported for a piece the executors cannot
 /// land exactly (not a plain contiguous tensor whose storage holds exactly its bytes, a
-/// storage shared by two pieces).
-assembly plan_assembly(const checkpoint& c, const std::vector<size_t>& keys);
+/// storage shared by two pieces). With `allow_unopened`, a piece whose DCP chunk archive was
+/// not opened (storage_record::archive_range) passes on its box alone: for a reader that
+/// meets boxes before it reads (load_tensors with a selection) and refuses such a piece
+/// where it needs its bytes.
+assembly plan_assembly(const checkpoint& c, const std::vector<size_t>& keys, bool allow_unopened = false);
 
 }  // namespace ckpt::detail

@@ -307,7 +307,8 @@ class dcp_reader {
     st.type = it.tensor.type;
     st.location = "cpu";
     st.tensor_count = 1;
-    if (!o_.read_chunk_archives) {
+    const bool open = opened(it, ch);
+    if (!open) {
       // The range must lie in the file even when it is not opened: a slice checks it.
       slice_source check(d.source, s.offset, s.length);
       (void)check;
@@ -355,7 +356,7 @@ class dcp_reader {
     t.type = it.tensor.type;
     t.requires_grad = it.tensor.requires_grad;
     t.location = st.location;
-    if (o_.read_chunk_archives && !md_.replicas.empty())
+    if (open && !md_.replicas.empty())
       prints_.emplace(std::make_pair(it.fqn, ch.offsets),
                       chunk_print{std::vector<int64_t>(t.shape.begin(), t.shape.end()),
                                   std::vector<int64_t>(t.stride.begin(), t.stride.end()), t.storage_offset, st.nbytes,
@@ -364,6 +365,11 @@ class dcp_reader {
     c_.storages.push_back(std::move(st));
     c_.tensors.push_back(std::move(t));
     return c_.tensors.size() - 1;
+  }
+
+  // Whether the chunk's archive is opened (open_options::open_chunk).
+  bool opened(const dcp::item& it, const dcp::chunk& ch) const {
+    return o_.read_chunk_archives && (!o_.open_chunk || o_.open_chunk(it.fqn, it.tensor.size, ch.offsets, ch.sizes));
   }
 
   void read_tensor(const dcp::item& it) {
@@ -437,6 +443,7 @@ class dcp_reader {
       });
       // check_storage_index matched every entry of a file with a box of that file.
       if (ch == it.tensor.chunks.end()) mismatch(r, "tensor '" + it.fqn + "': a storage entry with no box of its file");
+      if (!opened(it, *ch)) continue;  // the kept copy was not opened either: same box
       const chunk_print& kept = prints_.at({it.fqn, *r.offsets});
       const size_t tensors = c_.tensors.size(), storages = c_.storages.size();
       const tensor_record& t = c_.tensors[read_chunk(it, *ch, {it.fqn}, r)];

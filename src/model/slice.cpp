@@ -2,6 +2,7 @@
 
 #include <fnmatch.h>
 
+#include <algorithm>
 #include <cctype>
 #include <limits>
 
@@ -127,6 +128,28 @@ std::optional<placement> slice_selection::match(std::string_view key) const {
   for (const auto& [glob, p] : rules)
     if (::fnmatch(glob.c_str(), k.c_str(), 0) == 0) return p;
   return std::nullopt;
+}
+
+std::function<bool(const std::string&, const dim_list&, const dim_list&, const dim_list&)> chunks_met_by(
+    const slice_selection& sel) {
+  return [sel](const std::string& key, const dim_list& shape, const dim_list& offsets, const dim_list& sizes) {
+    const std::optional<placement> p = sel.match(key);
+    if (!p) return false;
+    if (offsets.size() != shape.size() || sizes.size() != shape.size()) return true;  // the open reports it
+    std::vector<dim_range> box;
+    try {
+      box = slice_box(*p, std::vector<int64_t>(shape.begin(), shape.end()), sel.rank, sel.world, key);
+    } catch (const error&) {
+      return true;
+    }
+    // Met when the ranges overlap in every dimension (a 0-dim tensor: always).
+    for (size_t d = 0; d < box.size(); ++d) {
+      const int64_t lo = std::max(box[d].start, offsets[d]);
+      const int64_t hi = std::min(box[d].start + box[d].length, offsets[d] + sizes[d]);
+      if (hi <= lo) return false;
+    }
+    return true;
+  };
 }
 
 namespace {

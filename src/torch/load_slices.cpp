@@ -21,6 +21,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "base/text.h"
 #include "ckpt/error.h"
 #include "ckpt/load_slices.h"
 #include "model/assembly.h"
@@ -43,6 +44,9 @@ struct stored_piece {
   std::vector<dim_range> box;
   uint32_t file = 0;
   uint64_t offset = 0;  // its first byte, in files[file]
+  // A DCP chunk whose archive was not opened (open_options::open_chunk declined it, or a
+  // metadata-only open): it has no data range, and a slice that meets it is refused.
+  bool unopened = false;
 };
 
 struct tensor_source {
@@ -70,7 +74,7 @@ tensor_source source_of(const checkpoint& c, const detail::named_tensor& n) {
   if (n.assembled) {
     // plan_assembly refuses (corrupt, unsupported) pieces that overlap, leave elements
     // unwritten, or are not exactly their box's bytes: what is met below is sound.
-    (void)detail::plan_assembly(c, {n.key});
+    (void)detail::plan_assembly(c, {n.key}, /*allow_unopened=*/true);
     t.type = c.keys.type(n.key, c.tensors);
     const dim_list& dims = c.keys.shape(n.key, c.tensors);
     t.shape.assign(dims.begin(), dims.end());
@@ -82,12 +86,9 @@ tensor_source source_of(const checkpoint& c, const detail::named_tensor& n) {
         s.box.push_back({piece.offsets.empty() ? 0 : piece.offsets[d], r.shape[d]});
       if (box_numel(s.box) == 0) continue;
       const storage_record& st = c.storages[*r.storage];
-      if (st.archive_range) {
-        t.unsliceable = "its chunk archive was not opened (metadata only)";
-        return t;
-      }
       s.file = st.file;
       s.offset = *st.file_offset;
+      s.unopened = st.archive_range;
       t.pieces.push_back(std::move(s));
     }
     return t;
@@ -100,7 +101,7 @@ tensor_source source_of(const checkpoint& c, const detail::named_tensor& n) {
     t.unsliceable = "it is a " + (r.kind ? r.kind->description() : std::string("quantized")) + " tensor";
   } else if (elements_per_byte(r.type) != 1 || e == 0) {
     t.unsliceable = "its dtype " + std::string(name(r.type)) + " packs several elements in a byte";
-  } else if (!r.storage || !c.storages[*r.storage].file_offset || c.storages[*r.storage].archive_range) {
+  } else if (!r.storage || !c.storages[*r.storage].file_offset) {
     t.unsliceable = "it has no data in the file";
   } else if (!detail::is_row_major(r) || r.storage_offset < 0) {
     t.unsliceable = "its view is not row-major (its strides step out of order)";
@@ -110,7 +111,7 @@ tensor_source source_of(const checkpoint& c, const detail::named_tensor& n) {
     if (numel && (uint64_t(r.storage_offset) + numel) * e > s.nbytes)
       t.unsliceable = "its view reaches past its storage";
     else if (numel)
-      t.pieces.push_back({whole_box(t.shape), s.file, *s.file_offset + uint64_t(r.storage_offset) * e});
+      t.pieces.push_back({whole_box(t.shape), s.file, *s.file_offset + uint64_t(r.storage_offset) * e, s.archive_range});
   }
   return t;
 }
@@ -415,6 +416,13 @@ std::vector<std::pair<std::string, at::Tensor>> load_tensors(const checkpoint& c
       job.file = piece.file;
       detail::intersect_piece(box, piece.box, e, piece.offset, job.spans);
       if (job.spans.empty()) continue;
+      if (piece.unopened) {
+        std::vector<int64_t> at;
+        for (const dim_range& d : piece.box) at.push_back(d.start);
+        throw_unsupported(what + ": its chunk at offsets " + text::shape(at) +
+                          " holds part of this rank's slice, but its archive was not opened (a metadata-only open, "
+                          "or open_options::open_chunk declined it)");
+      }
       all.insert(all.end(), job.spans.begin(), job.spans.end());
       mine.push_back(std::move(job));
     }

@@ -96,3 +96,40 @@ def test_a_dcp_row_slice_is_copied_page_by_page(tmp_path):
     sizes = [int(m.group(1)) for line in lines if "pread64" in line
              for m in [re.search(r"(\d+), \d+\) += ", line)] if m]
     assert not [n for n in sizes if n >= 1 << 20], sizes
+
+
+def test_a_rank_opens_only_the_dcp_chunks_its_slices_meet(tmp_path):
+    """Opening a DCP chunk reads the ends of its embedded archive: every rank doing so for
+    every chunk of every file does not scale (hundreds of ranks, a chunk per key per rank).
+    A rank opens only the chunks its slices meet (ckpt::chunks_met_by); its slices are
+    still torch's."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    g = torch.Generator().manual_seed(9)
+    sd = {f"layers.{i}.w": torch.randn(64, 16, generator=g) for i in range(200)}
+    sd["embed.weight"] = torch.randn(1024, 64, generator=g)
+    d = tmp_path / "ckpt"
+    dcp.save(sd, checkpoint_id=str(d))
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"embed.weight": "Shard(0)", "layers.7.*": "Shard(1)"}))
+    out = tmp_path / "r2.pt"
+    args = ["materialize", "--plan", plan, "--rank", "2", "--world", "4", d, "-o", out]
+    rc, _, err = run_ckptool(*args)
+    assert rc == 0, err
+    got = torch.load(out, weights_only=True)
+    assert sorted(got) == ["embed.weight", "layers.7.w"]
+    assert torch.equal(got["embed.weight"], sd["embed.weight"].chunk(4, dim=0)[2])
+    assert torch.equal(got["layers.7.w"], sd["layers.7.w"].chunk(4, dim=1)[2])
+
+    strace = shutil.which("strace")
+    if not strace:
+        pytest.skip("no strace to count system calls")
+    trace = tmp_path / "trace"
+    out.unlink()
+    p = subprocess.run([strace, "-f", "-y", "-e", "trace=pread64", "-o", str(trace), str(CKPTOOL), *map(str, args)],
+                       capture_output=True, timeout=120)
+    assert p.returncode == 0, p.stderr.decode()
+    on_data = [line for line in trace.read_text().splitlines() if "pread64(" in line and ".distcp>" in line]
+    # Two chunks opened (their archive's ends: a few reads each) and their slices read;
+    # opening all 201 would take hundreds.
+    assert len(on_data) <= 16, len(on_data)

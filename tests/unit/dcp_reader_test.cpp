@@ -3,6 +3,7 @@
 // lies, and a table of broken directories, each beside the intact one it was made from.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -13,6 +14,7 @@
 #include "ckpt/dcp.h"
 #include "ckpt/error.h"
 #include "ckpt/file_opener.h"
+#include "ckpt/slice.h"
 #include "model/read_plan.h"
 
 namespace {
@@ -153,6 +155,34 @@ TEST_CASE("dcp reader: from metadata alone, storages are archive ranges never re
     if (!s.offsets) value_bytes += s.length;
   REQUIRE(value_bytes > 0);
   CHECK(c.bytes_read() <= d.metadata.size() + 2 * value_bytes);
+  std::vector<bool> all(c.storages.size(), true);
+  CHECK_THROWS_AS(ckpt::detail::plan_reads(c, all, {}), ckpt::error);
+}
+
+TEST_CASE("dcp reader: open_chunk opens only the chunks it accepts") {
+  const dir_files d;
+  ckpt::open_options o;
+  // Rank 1 of 2 of Shard(0) meets w's second box (rows 3-4) only, and no rule matches b.
+  const ckpt::slice_selection sel = ckpt::parse_slice_plan(R"J({"w": "Shard(0)"})J", "plan", 1, 2);
+  std::vector<std::string> asked;
+  o.open_chunk = [&](const std::string& key, const ckpt::dim_list& shape, const ckpt::dim_list& offsets,
+                     const ckpt::dim_list& sizes) {
+    asked.push_back(key + "@" + std::to_string(offsets.empty() ? -1 : offsets[0]));
+    return ckpt::chunks_met_by(sel)(key, shape, offsets, sizes);
+  };
+  const ckpt::checkpoint c = ckpt::open_checkpoint("run", o, d.opener());
+  std::sort(asked.begin(), asked.end());
+  CHECK(asked == std::vector<std::string>{"b@0", "w@0", "w@3"});  // each chunk once
+  const size_t w = key_index(c, "w");
+  REQUIRE(c.keys.piece_count(w) == 2);
+  for (size_t p = 0; p < 2; ++p) {
+    const ckpt::tensor_piece piece = c.keys.piece(w, p);
+    const ckpt::storage_record& s = c.storages[*c.tensors[piece.tensor].storage];
+    CHECK(s.archive_range == (piece.offsets[0] == 0));
+    if (piece.offsets[0] == 3) CHECK(data_of<float>(c, piece.tensor).front() == 12.0f);
+  }
+  CHECK(c.storages[*c.tensors[c.keys.tensor(key_index(c, "b"))].storage].archive_range);
+  // A whole load refuses what was not opened; only a slice that avoids it can be read.
   std::vector<bool> all(c.storages.size(), true);
   CHECK_THROWS_AS(ckpt::detail::plan_reads(c, all, {}), ckpt::error);
 }

@@ -16,6 +16,8 @@
 
 #include "ckpt/checkpoint.h"
 #include "ckpt/load.h"
+#include "ckpt/load_slices.h"
+#include "ckpt/slice.h"
 #include "io/slice_source.h"
 #include "torch/loader/storage_loader.h"
 
@@ -67,4 +69,29 @@ TEST_CASE("every loader reads a checkpoint embedded in a file at an aligned or u
     }
   }
   std::remove(outer.c_str());
+}
+
+TEST_CASE("a rank opens the DCP chunks its slice meets; a slice meeting one not opened is refused") {
+  const std::string dir = std::string(CKPT_SOURCE_DIR) + "/tests/data/dcp/small";
+  // w: float32 arange(20).reshape(5, 4) in two boxes, rows 0-2 and 3-4 (tests/data/dcp/make.py).
+  const ckpt::slice_selection sel = ckpt::parse_slice_plan(R"J({"w": "Shard(0)"})J", "plan", 1, 2);
+  ckpt::open_options o;
+  o.open_chunk = ckpt::chunks_met_by(sel);
+  const ckpt::checkpoint c = ckpt::open_checkpoint(dir, o);
+  ckpt::slice_load_report r;
+  const auto got = ckpt::load_tensors(c, ckpt::load_options(), sel, &r);
+  REQUIRE(got.size() == 1);
+  CHECK(got[0].first == "w");
+  CHECK(at::equal(got[0].second, at::arange(12, 20, at::kFloat).reshape({2, 4})));
+  CHECK(r.bytes_read == 2 * 4 * 4);
+
+  // Rank 0's slice (rows 0-2) meets the box rank 1 did not open.
+  const ckpt::slice_selection rank0 = ckpt::parse_slice_plan(R"J({"w": "Shard(0)"})J", "plan", 0, 2);
+  try {
+    ckpt::load_tensors(c, ckpt::load_options(), rank0);
+    FAIL("a slice of a chunk not opened was read");
+  } catch (const ckpt::error& e) {
+    CHECK(e.kind() == ckpt::errc::unsupported);
+    CHECK(std::string(e.what()).find("its archive was not opened") != std::string::npos);
+  }
 }
