@@ -42,7 +42,7 @@ class ordered_object_builder {
   nlohmann::ordered_json take();
 
  private:
-  // Not the object itself: see parse_ordered_json's builder (ordered_json.cpp) for why.
+  // Not the object itself: see move_members (ordered_json.cpp) for why.
   std::vector<std::pair<std::string, nlohmann::ordered_json>> members_;
   std::unordered_map<std::string, size_t> at_;
 };

@@ -197,9 +197,8 @@ class slice_filler {
 
   // Bytes [offset, offset + n) of the job's file (its one span) into their place, as whole
   // pages. Items are cut at page boundaries of the slice (execute), so only the slice's
-  // own first and last pages are partial: they are assembled in a buffer with pread (an
-  // error, not SIGBUS, if the file shrank), the bytes outside the slice (its mapping's
-  // own, no tensor's) left zero.
+  // own first and last pages are partial: page_filler::fill_part reads them, the bytes
+  // outside the slice (its mapping's own, no tensor's) left zero.
   void fill(const slice_job& job, uint64_t offset, uint64_t n) {
     const slice_span& s = job.spans[0];
     const uintptr_t dst = reinterpret_cast<uintptr_t>(job.base) + (offset - s.src);
@@ -209,9 +208,8 @@ class slice_filler {
     const uintptr_t whole_from = std::min<uintptr_t>(page_ceil(dst), end);
     const uintptr_t whole_to = std::max<uintptr_t>(page_floor(end), whole_from);
     auto edge = [&](uintptr_t lo, uintptr_t hi) {  // [lo, hi) within one page
-      alignas(64) uint8_t page[kPageBytes] = {};
-      src.read_exact(offset + (lo - dst), page + lo % kPageBytes, size_t(hi - lo));
-      filler_->fill(reinterpret_cast<void*>(page_floor(lo)), page, size_t(kPageBytes));
+      filler_->fill_part(reinterpret_cast<void*>(page_floor(lo)), size_t(lo % kPageBytes), src, offset + (lo - dst),
+                         size_t(hi - lo));
     };
     if (whole_from > dst) edge(dst, whole_from);
     if (whole_to > whole_from) {

@@ -267,3 +267,21 @@ def test_rekey_collision_across_ranks_is_refused(dcp_dirs, tmp_path):
     rc, _, err = run_ckptool("rekey", d, "--rename", "^r[01]\\.=", "-o", tmp_path / "out", timeout=120)
     assert rc == 1 and "different ranks" in err and "'w'" in err, err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_slice_sees_only_the_replicas_it_reads(dcp_dirs, tmp_path):
+    """A tensor-parallel rank opens only the chunks its slice meets (formats.md §16.3): the
+    copies of `shared_name` (shape [1]) that differ are refused by the rank that reads its
+    element, and not seen by a rank whose slice of it is empty."""
+    d = need(dcp_dirs, "nocolldiff2")
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"*": "Shard(0)"}))
+    rc, _, err = run_ckptool("materialize", d, "--plan", plan, "--rank", "0", "--world", "3", "-o", tmp_path / "r0.pt",
+                             timeout=120)
+    assert rc == 3 and "'shared_name'" in err and "no single one" in err, err
+    assert not (tmp_path / "r0.pt").exists()
+    rc, _, err = run_ckptool("materialize", d, "--plan", plan, "--rank", "1", "--world", "3", "-o", tmp_path / "r1.pt",
+                             timeout=120)
+    assert rc == 0, err
+    got = torch.load(tmp_path / "r1.pt", weights_only=True)
+    assert got["shared_name"].numel() == 0

@@ -154,8 +154,7 @@ class cpu_loader {
   // reads tile a block, so every page is filled once, by one thread. A page inside the
   // block is copied whole from the file's mapping (the source need not be page-aligned);
   // the block's first and last pages hold bytes outside it, which may lie outside the
-  // source (before a slice, past the end of the file): those two are assembled in a
-  // buffer with pread, their outside bytes left zero.
+  // source: those two go through page_filler::fill_part, their outside bytes left zero.
   void fill_pages(const block& b, uint64_t begin, uint64_t size) {
     const uintptr_t data = reinterpret_cast<uintptr_t>(b.data);
     const uintptr_t dst = data + begin, end = dst + size, block_end = data + b.span;
@@ -166,10 +165,9 @@ class cpu_loader {
     const uintptr_t touched_from = std::max(page, data);
     while (page < stop) {
       if (page < data || page + kPageBytes > block_end) {
-        alignas(64) uint8_t buffer[kPageBytes] = {};
         const uintptr_t lo = std::max(page, data), hi = std::min<uintptr_t>(page + kPageBytes, block_end);
-        source.read_exact(b.offset + (lo - data), buffer + (lo - page), size_t(hi - lo));
-        filler_->fill(reinterpret_cast<void*>(page), buffer, size_t(kPageBytes));
+        filler_->fill_part(reinterpret_cast<void*>(page), size_t(lo - page), source, b.offset + (lo - data),
+                           size_t(hi - lo));
         page += kPageBytes;
         continue;
       }

@@ -19,6 +19,7 @@
 #include <string>
 
 #include "ckpt/error.h"
+#include "torch/loader/host_buffer.h"
 
 #ifndef UFFD_USER_MODE_ONLY
 #define UFFD_USER_MODE_ONLY 1
@@ -81,6 +82,12 @@ void page_filler::fill(void* dst, const void* src, size_t length) {
     from += uint64_t(done);
     length -= size_t(done);
   }
+}
+
+void page_filler::fill_part(void* page, size_t in_page, const byte_source& src, uint64_t offset, size_t n) {
+  alignas(64) uint8_t buffer[kPageBytes] = {};
+  src.read_exact(offset, buffer + in_page, n);
+  fill(page, buffer, sizeof buffer);
 }
 
 std::shared_ptr<uint8_t> map_whole_file(int fd, uint64_t size) {

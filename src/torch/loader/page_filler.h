@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <memory>
 
+#include "ckpt/byte_source.h"
+
 namespace ckpt::detail {
 
 class page_filler {
@@ -27,6 +29,12 @@ class page_filler {
   /// Copies `length` bytes (a page multiple) from `src` into claimed `dst` (page-aligned).
   /// Throws errc::io when the source cannot be read (a file shrunk under its mapping).
   void fill(void* dst, const void* src, size_t length);
+
+  /// Fills the claimed page `page` with `n` bytes read from `src` at `offset`, placed
+  /// `in_page` bytes into it; the rest of the page is zero. For a page that holds bytes
+  /// outside what is loaded (before a slice, past the end of the file), read with pread so
+  /// that a file shrunk meanwhile is an error, not SIGBUS.
+  void fill_part(void* page, size_t in_page, const byte_source& src, uint64_t offset, size_t n);
 
  private:
   explicit page_filler(int fd) : fd_(fd) {}
