@@ -93,6 +93,9 @@ struct program {
   std::string call;                 // rendered: "(idx, x) -> (add_1, {'logits': add_2})"; empty if unknown
   std::vector<std::string> submodules;  // the other module_call_graph entries' FQNs
   std::vector<node> nodes;
+  /// False when the nodes were not read (open_options::read_pt2_graph): `nodes` is empty
+  /// whatever the graph holds.
+  bool graph_read = true;
 };
 
 struct model {

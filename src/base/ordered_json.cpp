@@ -24,24 +24,32 @@ void move_members(std::vector<std::pair<std::string, json>>& from, json& object)
 // with one hash index per open object for its keys.
 class dom_builder {
  public:
-  dom_builder(size_t max_depth, const std::function<void(const json_failure&)>& fail)
-      : max_depth_(max_depth), fail_(fail) {}
+  dom_builder(size_t max_depth, const std::function<void(const json_failure&)>& fail,
+              const std::vector<std::string_view>& leave_out)
+      : max_depth_(max_depth), fail_(fail), leave_out_(leave_out) {}
   json take() { return std::move(root_); }
 
-  bool null() { return put(nullptr), true; }
-  bool boolean(bool v) { return put(v), true; }
-  bool number_integer(json::number_integer_t v) { return put(v), true; }
-  bool number_unsigned(json::number_unsigned_t v) { return put(v), true; }
-  bool number_float(json::number_float_t v, const json::string_t&) { return put(v), true; }
-  bool string(json::string_t& v) { return put(std::move(v)), true; }
-  bool binary(json::binary_t& v) { return put(json::binary(std::move(v))), true; }
-  bool start_object(std::size_t) { return open(json::object()); }
-  bool start_array(std::size_t) { return open(json::array()); }
-  bool end_object() { return close(); }
-  bool end_array() { return close(); }
+  bool null() { return skipped_scalar() || (put(nullptr), true); }
+  bool boolean(bool v) { return skipped_scalar() || (put(v), true); }
+  bool number_integer(json::number_integer_t v) { return skipped_scalar() || (put(v), true); }
+  bool number_unsigned(json::number_unsigned_t v) { return skipped_scalar() || (put(v), true); }
+  bool number_float(json::number_float_t v, const json::string_t&) { return skipped_scalar() || (put(v), true); }
+  bool string(json::string_t& v) { return skipped_scalar() || (put(std::move(v)), true); }
+  bool binary(json::binary_t& v) { return skipped_scalar() || (put(json::binary(std::move(v))), true); }
+  bool start_object(std::size_t) { return skipped_open() || open(json::object()); }
+  bool start_array(std::size_t) { return skipped_open() || open(json::array()); }
+  bool end_object() { return skipped_close() || close(); }
+  bool end_array() { return skipped_close() || close(); }
 
   bool key(json::string_t& k) {
+    if (skipping_ > 0) return true;
     frame& f = open_.back();
+    // The member leave_out names: nothing of it is kept, its value is skipped.
+    if (!leave_out_.empty() && f.on_path == leave_out_.size() - 1 && k == leave_out_.back()) {
+      skip_next_ = true;
+      return true;
+    }
+    path_key_ = f.on_path < leave_out_.size() && k == leave_out_[f.on_path];
     auto [at, fresh] = f.index.try_emplace(k, f.members.size());
     if (fresh) f.members.emplace_back(std::move(k), nullptr);
     member_ = &f.members[at->second].second;
@@ -61,7 +69,30 @@ class dom_builder {
     json* value;
     std::vector<std::pair<std::string, json>> members;  // objects only
     std::unordered_map<std::string, size_t> index;      // objects only: key -> member position
+    size_t on_path;  // how many of leave_out's keys lead here, or kOffPath
   };
+  static constexpr size_t kOffPath = SIZE_MAX;
+
+  // The value after a left-out key: a scalar is dropped, a container counted until it closes.
+  bool skipped_scalar() {
+    if (skipping_ > 0) return true;
+    if (!skip_next_) return false;
+    skip_next_ = false;
+    return true;
+  }
+  bool skipped_open() {
+    if (skipping_ > 0 || skip_next_) {
+      skip_next_ = false;
+      ++skipping_;
+      return true;
+    }
+    return false;
+  }
+  bool skipped_close() {
+    if (skipping_ == 0) return false;
+    --skipping_;
+    return true;
+  }
 
   // Where the next value goes: the root, the member whose key came last, or the end of the
   // open array. A pointer into a container is used only while that container is the
@@ -84,8 +115,15 @@ class dom_builder {
   // The depth counts the containers around the new one, as nlohmann's parser callback does.
   bool open(json&& container) {
     if (open_.size() > max_depth_) fail_({true, "nested deeper than " + std::to_string(max_depth_) + " levels"});
+    // Only an object reached through leave_out's keys, from the root, is on its path.
+    size_t on_path = kOffPath;
+    if (!leave_out_.empty() && container.is_object()) {
+      if (open_.empty()) on_path = 0;
+      else if (path_key_ && !open_.back().value->is_array()) on_path = open_.back().on_path + 1;
+    }
+    path_key_ = false;
     json* v = put(std::move(container));
-    open_.push_back({v, {}, {}});
+    open_.push_back({v, {}, {}, on_path});
     return true;
   }
 
@@ -98,6 +136,10 @@ class dom_builder {
 
   size_t max_depth_;
   const std::function<void(const json_failure&)>& fail_;
+  const std::vector<std::string_view>& leave_out_;
+  bool path_key_ = false;   // the last key continues leave_out's path
+  bool skip_next_ = false;  // the next value is the left-out member's
+  size_t skipping_ = 0;     // containers open inside a skipped value
   json root_;
   std::deque<frame> open_;  // never relocates a frame: member_ points into one
   json* member_ = nullptr;
@@ -105,8 +147,9 @@ class dom_builder {
 
 }  // namespace
 
-json parse_ordered_json(std::string_view text, size_t max_depth, const std::function<void(const json_failure&)>& fail) {
-  dom_builder builder(max_depth, fail);
+json parse_ordered_json(std::string_view text, size_t max_depth, const std::function<void(const json_failure&)>& fail,
+                        const std::vector<std::string_view>& leave_out) {
+  dom_builder builder(max_depth, fail, leave_out);
   // Strict: one value, then only whitespace.
   if (!json::sax_parse(text.data(), text.data() + text.size(), &builder)) fail({false, "not JSON"});
   return builder.take();

@@ -270,7 +270,7 @@ void read_pt2(checkpoint& c, uint32_t file, const open_options& opt) {
     const std::string_view n = pe->record.substr(7);
     m.name = std::string(n.substr(0, n.size() - 5));
     m.key_prefix = several ? m.name + "/" : std::string();
-    m.prog = parse_program(json_record(ar, *pe, opt), where_of(*pe));
+    m.prog = parse_program(json_record(ar, *pe, opt), where_of(*pe), opt.read_pt2_graph);
     // Minor versions add optional fields; another major may mean anything (formats.md §14.5).
     if (m.prog.schema_major != 8)
       c.warnings.push_back(std::string(pe->record) + ": schema version " + std::to_string(*m.prog.schema_major) + "." +

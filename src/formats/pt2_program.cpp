@@ -255,9 +255,11 @@ void owning_module(const std::string& stack, pt2::node& n) {
 
 }  // namespace
 
-pt2::program parse_program(std::string_view text, const where& w) {
-  const json doc = pt2s::parse(text, w);
+pt2::program parse_program(std::string_view text, const where& w, bool with_graph) {
+  static const std::vector<std::string_view> kNodes = {"graph_module", "graph", "nodes"};
+  const json doc = with_graph ? pt2s::parse(text, w) : pt2s::parse(text, w, kNodes);
   pt2::program p;
+  p.graph_read = with_graph;
   p.record = w.record;
   to_object(doc, w, "the program");
   const json& sv = member(doc, "schema_version", w, "the program");
@@ -291,7 +293,8 @@ pt2::program parse_program(std::string_view text, const where& w) {
   const json& outs = to_array(member(sig, "output_specs", w, "signature"), w, "output_specs");
   for (size_t i = 0; i < outs.size(); ++i) p.outputs.push_back(output_spec(r, outs[i], w, i));
 
-  const json& nodes = to_array(member(graph, "nodes", w, "graph"), w, "nodes");
+  static const json kNoNodes = json::array();
+  const json& nodes = with_graph ? to_array(member(graph, "nodes", w, "graph"), w, "nodes") : kNoNodes;
   p.nodes.reserve(nodes.size());
   for (size_t i = 0; i < nodes.size(); ++i) {
     const std::string what = "nodes[" + std::to_string(i) + "]";

@@ -30,8 +30,10 @@ struct payload_entry {
 std::vector<payload_entry> parse_payload_config(std::string_view text, const pt2s::where& w);
 
 /// Parses an ExportedProgram. Throws errc::corrupt naming `w.record` and what is wrong (an
-/// unknown union tag, a missing member, an unknown dtype).
-pt2::program parse_program(std::string_view text, const pt2s::where& w);
+/// unknown union tag, a missing member, an unknown dtype). Without `with_graph` the graph's
+/// nodes are checked as JSON only, never built or read (program::nodes stays empty,
+/// program::graph_read false): loading weights needs the signature alone.
+pt2::program parse_program(std::string_view text, const pt2s::where& w, bool with_graph = true);
 
 /// Renders a pytree TreeSpec JSON string (module_call_graph's in_spec/out_spec) with its
 /// leaves named by `leaves` in order ("*" past the end): "((idx, x), {})",

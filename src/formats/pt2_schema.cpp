@@ -10,7 +10,7 @@ namespace ckpt::detail::pt2s {
 
 void where::fail(errc kind, const std::string& what) const { throw error(kind, record + ": " + what, offset); }
 
-json parse(std::string_view text, const where& w) {
+json parse(std::string_view text, const where& w, const std::vector<std::string_view>& leave_out) {
   // The schema nests a dozen levels; a subgraph of a higher-order op adds a few per level of
   // nesting. nlohmann's parser is iterative, but its callers (dump, comparisons, our walks)
   // are not: a depth bound keeps a hostile "[[[[..." from reaching them.
@@ -19,7 +19,7 @@ json parse(std::string_view text, const where& w) {
     if (f.too_deep) w.fail(errc::corrupt, "JSON " + f.what);
     // nlohmann's message names the byte within the record; one line, no control bytes.
     w.fail(errc::corrupt, std::string("not valid JSON: ") + text::quote(f.what, 160));
-  });
+  }, leave_out);
 }
 
 std::pair<std::string, const json*> union_of(const json& j, const where& w, const std::string& what) {

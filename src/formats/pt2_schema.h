@@ -33,7 +33,8 @@ struct where {
 };
 
 /// Parses a JSON record: corrupt when it is not JSON, or nests deeper than 200 levels.
-json parse(std::string_view text, const where& w);
+/// `leave_out`: a member not to build (parse_ordered_json).
+json parse(std::string_view text, const where& w, const std::vector<std::string_view>& leave_out = {});
 
 /// The (tag, value) of a union: an object with exactly one member.
 std::pair<std::string, const json*> union_of(const json& j, const where& w, const std::string& what);

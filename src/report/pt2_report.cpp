@@ -102,7 +102,8 @@ nlohmann::json pt2_inspect_json(const checkpoint& c, bool graph) {
                   {"out_spec", p.out_spec},
                   {"signature", p.call}};
     jm["submodules"] = p.submodules;
-    jm["nodes"] = p.nodes.size();
+    // null, not 0, for a program opened without its graph (open_options::read_pt2_graph).
+    jm["nodes"] = p.graph_read ? nlohmann::json(p.nodes.size()) : nlohmann::json(nullptr);
     if (graph) {
       nlohmann::json nodes = nlohmann::json::array();
       for (const auto& n : p.nodes) {

@@ -456,3 +456,40 @@ def test_corrupt_refused(archives, tmp_path, case):
         lines = err.strip().splitlines()
         assert len(lines) == 1, err
         assert str(bad) in lines[0] and record in lines[0] and detail in lines[0], lines[0]
+
+
+def edit_program(program_edit):
+    def edit(record, data):
+        if record != "models/model.json":
+            return data
+        doc = json.loads(data)
+        program_edit(doc)
+        return json.dumps(doc).encode()
+    return edit
+
+
+def test_materialize_reads_no_graph_node_but_checks_the_json(archives, tmp_path):
+    """materialize needs the signature alone: a graph node it cannot read does not stop
+    the weights (verify and inspect refuse it), but the program must still be JSON."""
+    unknown = tmp_path / "unknown_node.pt2"
+    rewrite(archives["tied"], unknown,
+            edit_program(lambda d: d["graph_module"]["graph"]["nodes"][0]["outputs"].__setitem__(0, {"as_bogus": 1})))
+    rc, out, err = run_ckptool("inspect", unknown)
+    assert rc == 3 and "nodes[0]" in err and "unknown Argument variant 'as_bogus'" in err, (rc, out, err)
+    rc, out, err = run_ckptool("verify", unknown)
+    assert rc == 1 and "FAILED" in out and "unknown Argument variant 'as_bogus'" in out, (rc, out, err)
+    out = tmp_path / "out.pt"
+    rc, _, err = run_ckptool("materialize", unknown, "--device", "cpu", "-o", out)
+    assert rc == 0, err
+    got = torch.load(out, weights_only=True)
+    expect = expected_tensors(load(archives["tied"]))
+    assert list(got) == list(expect) and all(torch.equal(got[k], v) for k, v in expect.items())
+
+    broken = tmp_path / "broken_node.pt2"
+    rewrite(archives["tied"], broken,
+            lambda r, d: d.replace(b'"nodes": [', b'"nodes": [,', 1) if r == "models/model.json" else d)
+    for verb in (["inspect"], ["materialize", "--device", "cpu"]):
+        rc, out, err = run_ckptool(*verb, broken)
+        assert rc == 3 and "not valid JSON" in err and "models/model.json" in err, (verb, rc, out, err)
+    rc, out, err = run_ckptool("verify", broken)
+    assert rc == 1 and "not valid JSON" in out, (rc, out, err)

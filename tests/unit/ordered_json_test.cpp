@@ -87,6 +87,46 @@ TEST_CASE("ordered json: many members in order, and what is refused") {
   CHECK(failure("[1, 2").rfind("invalid: ", 0) == 0);
 }
 
+TEST_CASE("ordered json: a left-out member is skipped, checked as JSON, and nothing else is") {
+  auto without = [](const std::string& text, const std::vector<std::string_view>& path) {
+    return parse_ordered_json(text, 4, [](const json_failure& f) {
+      throw std::runtime_error((f.too_deep ? "deep: " : "invalid: ") + f.what);
+    }, path);
+  };
+  const std::vector<std::string_view> nodes = {"gm", "graph", "nodes"};
+  // The expected value: nlohmann's parse with the member erased where the path leads.
+  const std::string text =
+      R"({"nodes": 1, "gm": {"nodes": [2], "graph": {"x": [{"nodes": 3}], "nodes": [[[[[{"a": 1}]]]]], )"
+      R"("graph": {"nodes": 4}, "nodes": "again", "y": {"nodes": 5}}, "z": [{"graph": {"nodes": 6}}]}, "w": 7})";
+  json expected = json::parse(text);
+  expected["gm"]["graph"].erase("nodes");
+  const json got = without(text, nodes);
+  CHECK(got == expected);
+  CHECK(got.dump() == expected.dump());
+  CHECK(got["gm"]["graph"].find("nodes") == got["gm"]["graph"].end());
+  CHECK(got["gm"]["graph"]["graph"]["nodes"] == 4);  // the path is from the root only
+  CHECK(got["gm"]["nodes"] == json::array({2}));
+  // Scalars and containers alike; the skipped value's nesting is not counted (it is never walked).
+  CHECK(without(R"({"gm": {"graph": {"nodes": null, "k": 1}}})", nodes) == json::parse(R"({"gm": {"graph": {"k": 1}}})"));
+  CHECK(without(R"({"gm": {"graph": {"nodes": {"a": {"b": [[[1]]]}}}}})", nodes) == json::parse(R"({"gm": {"graph": {}}})"));
+  // The path through an array is not the path.
+  CHECK(without(R"({"gm": [{"graph": {"nodes": 1}}]})", nodes) == json::parse(R"({"gm": [{"graph": {"nodes": 1}}]})"));
+  // Invalid JSON inside the skipped value is still refused.
+  const std::string bad[] = {R"({"gm": {"graph": {"nodes": [1, }}})", R"({"gm": {"graph": {"nodes": "\x"}}})",
+                             "{\"gm\": {\"graph\": {\"nodes\": \"\xff\"}}}", R"({"gm": {"graph": {"nodes": [}}})"};
+  for (const std::string& b : bad) {
+    std::string what;
+    try {
+      without(b, nodes);
+    } catch (const std::runtime_error& e) {
+      what = e.what();
+    }
+    CHECK_MESSAGE(what.rfind("invalid: ", 0) == 0, b);
+  }
+  // No path: nothing is left out.
+  CHECK(without(R"({"gm": {"graph": {"nodes": 1}}})", {}) == json::parse(R"({"gm": {"graph": {"nodes": 1}}})"));
+}
+
 TEST_CASE("ordered json: the builder appends and replaces as operator[] does") {
   ordered_object_builder b;
   json reference = json::object();
