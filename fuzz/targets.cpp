@@ -1054,6 +1054,7 @@ int pt2_json_target(const uint8_t* data, size_t size) {
   } catch (const error& swallowed) {
     note(__func__, swallowed);
   }
+  std::optional<pt2::program> full;
   try {
     pt2::program p = detail::parse_program(text, w);
     stats().parsed++;
@@ -1062,7 +1063,23 @@ int pt2_json_target(const uint8_t* data, size_t size) {
       for (const auto& o : n.outputs)
         for (const auto& d : o.shape)
           if (!d.value && d.expr.empty()) fail(T, "a symbolic dim with no text");
+    full = std::move(p);
   } catch (const error& swallowed) {
+    note(__func__, swallowed);
+  }
+  // Without the graph (materialize): less is read, so whatever the full parse accepts it
+  // accepts too, with the same signature and no node.
+  try {
+    pt2::program p = detail::parse_program(text, w, false);
+    if (!p.nodes.empty() || p.graph_read) fail(T, "nodes read by a parse told to leave them out");
+    if (full && (p.inputs.size() != full->inputs.size() || p.outputs.size() != full->outputs.size() ||
+                 p.call != full->call || p.ranges.size() != full->ranges.size()))
+      fail(T, "the signature differs without the graph");
+    for (size_t i = 0; full && i < p.inputs.size(); ++i)
+      if (p.inputs[i].target != full->inputs[i].target || p.inputs[i].arg.shape.size() != full->inputs[i].arg.shape.size())
+        fail(T, "input " + std::to_string(i) + " differs without the graph");
+  } catch (const error& swallowed) {
+    if (full) fail(T, std::string("refused without the graph what the full parse accepted: ") + swallowed.what());
     note(__func__, swallowed);
   }
   // The renderers alone, on the raw text: they decline, never throw.
