@@ -10,6 +10,7 @@ set(CKPT_CORE_SOURCES
   ${CKPT_ROOT}/src/base/text.cpp
   ${CKPT_ROOT}/src/base/text_escape.cpp
   ${CKPT_ROOT}/src/io/byte_source.cpp
+  ${CKPT_ROOT}/src/io/commit_witness.cpp
   ${CKPT_ROOT}/src/io/file_opener.cpp
   ${CKPT_ROOT}/src/io/input_file.cpp
   ${CKPT_ROOT}/src/io/memory_opener.cpp
@@ -186,6 +187,7 @@ set(CKPT_SHARED_HEADERS
   ${CKPT_ROOT}/include/ckpt/load.h
   ${CKPT_ROOT}/include/ckpt/load_slices.h
   ${CKPT_ROOT}/include/ckpt/materialize.h
+  ${CKPT_ROOT}/include/ckpt/commit_witness.h
   ${CKPT_ROOT}/include/ckpt/output_dir.h
   ${CKPT_ROOT}/include/ckpt/output_set.h
   ${CKPT_ROOT}/include/ckpt/parallel_convert.h

@@ -105,9 +105,14 @@ void run_collectively(process_group& group, const std::string& step, const std::
 /// non-zero while rank 0 commits, and never 0 while it does not. A rank that gave up
 /// throws errc::io naming itself; rank 0, vetoed, throws errc::io naming the rank that gave
 /// up; a failed `ready` or `commit` is thrown on every rank as run_collectively throws it.
-/// One exception: rank 0 lost between its decision and its report (a SIGKILL in the
-/// rename) leaves the others errc::io saying that OUTDIR may or may not be committed.
+/// Rank 0 lost once it may have decided to commit (a SIGKILL in the rename; the store gone
+/// with it, so its decision cannot be read) is settled on the other ranks by `settled`,
+/// asked there only: true when the output is committed and stays so (the rank returns as
+/// if rank 0 had said so), false when it is not and never will be (errc::io, "nothing
+/// committed"), nullopt when it cannot tell (errc::io saying that the output may or may not
+/// be complete). Unset: nullopt.
+using commit_settler = std::function<std::optional<bool>()>;
 void commit_collectively(process_group& group, const std::string& step, const std::function<void()>& ready,
-                         const std::function<void()>& commit);
+                         const std::function<void()>& commit, const commit_settler& settled = {});
 
 }  // namespace ckpt

@@ -66,6 +66,11 @@ class output_dir {
   /// The staging directory itself (after open()), for a writer that fills a directory
   /// (the DCP re-writer): it must write exactly the names given to open(), flat.
   const std::string& staging_directory() const { return staging_; }
+  /// The real directory the commit moves the set into (absolute, symlinks resolved; when
+  /// absent, its real parent and its name), and whether it was absent at open(): then the
+  /// commit is one rename of the staging directory to it (commit_witness.h).
+  const std::string& target() const { return target_; }
+  bool new_directory() const { return !exists_; }
   /// Files of the previous set in OUTDIR that the commit replaces or removes.
   const std::vector<std::string>& previous_set() const { return previous_; }
   /// Files in OUTDIR that are not of the previous set (left alone; non-empty only with force).

@@ -30,6 +30,10 @@ void mark_next_fsync_as_directory();
 /// CKPTOOL_FAULT_INJECT="OP:N:ERRNO" is set (OP: open, write, fsync, rename, dirfsync,
 /// close; ERRNO: ENOSPC, EIO, EDQUOT, EPIPE, EINVAL, EINTR). Read once, at first use.
 void load_fault_injection_from_env();
+/// A point of a commit where a test kills the process (SIGKILL: no handler, no cleanup),
+/// to see what another process makes of it: CKPTOOL_TEST_KILL_AT=NAME names the point
+/// (output_dir's "before-commit-rename" and "after-commit-rename").
+void kill_point(const char* name);
 }  // namespace sys
 
 /// Writes `buf` fully to `fd` (retrying short writes and EINTR) or throws errc::io naming

@@ -7,11 +7,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <memory>
 #include <cerrno>
 #include <cstring>
 #include <numeric>
 #include <sstream>
 
+#include "ckpt/commit_witness.h"
 #include "ckpt/error.h"
 #include "convert/convert_writers.h"
 #include "convert/dcp_layout.h"
@@ -62,8 +64,19 @@ auto cleaning_up(process_group& group, const std::string& staging, F&& f) -> dec
   }
 }
 
+// The staging directory every rank writes into, and on the ranks other than 0 a witness of
+// rank 0's commit, for when rank 0 is lost before it says how that went.
+struct staging_dir {
+  std::string path;
+  std::unique_ptr<commit_witness> witness;
+  commit_settler settler() const {
+    if (!witness) return {};
+    return [w = witness.get()] { return w->committed(); };
+  }
+};
+
 // Rank 0 opens the output directory; every rank gets its staging directory's path.
-std::string open_staging(process_group& group, output_dir* out, const std::vector<std::string>& files) {
+staging_dir open_staging(process_group& group, output_dir* out, const std::vector<std::string>& files) {
   const int rank = group.rank();
   if (rank == 0 && !out) throw error(errc::usage, "internal error: rank 0 has no output directory");
   run_collectively(group, "convert/open", [&] {
@@ -77,7 +90,14 @@ std::string open_staging(process_group& group, output_dir* out, const std::vecto
   // leaves a directory every survivor can remove, not one a survivor still waiting for the
   // broadcast never heard of (that one only the next run for OUTDIR would remove).
   cleaning_up(group, staging, [&] { group.barrier("convert/staging/known"); });
-  return staging;
+  // "N" + OUTDIR's real path when the commit is one rename to it, else "E" + it.
+  const std::string target = group.broadcast(
+      "convert/target", rank == 0 ? (out->new_directory() ? "N" : "E") + out->target() : std::string());
+  staging_dir d;
+  d.path = staging;
+  if (rank != 0 && !target.empty())
+    d.witness = std::make_unique<commit_witness>(staging, target.substr(1), target[0] == 'N');
+  return d;
 }
 
 void check_visible(const std::string& staging) {
@@ -94,7 +114,8 @@ convert_result write_converted_hf_set(process_group& group, const checkpoint& c,
                                       output_dir* out, const std::vector<std::string>& files,
                                       const convert_request& request, const std::function<void()>& before_commit) {
   const int rank = group.rank();
-  const std::string staging = open_staging(group, out, files);
+  const staging_dir opened = open_staging(group, out, files);
+  const std::string& staging = opened.path;
 
   const std::vector<int> owner = assign_files(detail::hf_set_file_bytes(plan, request.max_shard_size), group.world());
   std::vector<bool> mine(owner.size());
@@ -113,7 +134,7 @@ convert_result write_converted_hf_set(process_group& group, const checkpoint& c,
         [&] {
           if (before_commit) before_commit();
         },
-        [&] { out->commit(); });
+        [&] { out->commit(); }, opened.settler());
     convert_result result;
     result.files = files;
     for (const auto& b : bytes) result.bytes_written += std::strtoull(b.c_str(), nullptr, 10);
@@ -127,7 +148,8 @@ namespace {
 convert_result write_dcp_share(process_group& group, const checkpoint& c, const convert_plan& plan,
                                const detail::dcp_layout& layout, output_dir* out, const std::vector<std::string>& files,
                                const convert_request& request, const std::function<void()>& before_commit,
-                               const std::string& staging, const std::vector<bool>& mine) {
+                               const std::string& staging, const std::vector<bool>& mine,
+                               const commit_settler& settler) {
   const int rank = group.rank();
   detail::dcp_written written;
   run_collectively(group, "convert/write", [&] {
@@ -174,7 +196,7 @@ convert_result write_dcp_share(process_group& group, const checkpoint& c, const 
     if (rank == 0) result.bytes_written += detail::write_dcp_metadata(c, plan, layout, all, staging, out->path());
     if (before_commit) before_commit();
   };
-  commit_collectively(group, "convert/commit", ready, [&] { out->commit(); });
+  commit_collectively(group, "convert/commit", ready, [&] { out->commit(); }, settler);
   return result;
 }
 
@@ -188,13 +210,15 @@ convert_result write_converted_dcp(process_group& group, const checkpoint& c, co
   // tensor lacks) is every rank's at once.
   detail::dcp_layout layout;
   run_collectively(group, "convert/layout", [&] { layout = detail::lay_out(plan, request); });
-  const std::string staging = open_staging(group, out, files);
+  const staging_dir opened = open_staging(group, out, files);
+  const std::string& staging = opened.path;
   // The rank files are divided; `.metadata`, last, is rank 0's.
   const std::vector<int> owner = assign_files(detail::dcp_file_bytes(layout, request.ranks), group.world());
   std::vector<bool> mine(request.ranks);
   for (size_t f = 0; f < mine.size(); ++f) mine[f] = owner[f] == rank;
   return cleaning_up(group, staging, [&] {
-    return write_dcp_share(group, c, plan, layout, out, files, request, before_commit, staging, mine);
+    return write_dcp_share(group, c, plan, layout, out, files, request, before_commit, staging, mine,
+                           opened.settler());
   });
 }
 

@@ -126,7 +126,7 @@ void run_collectively(process_group& group, const std::string& step, const std::
 // The decision key holds "commit" (rank 0's) or "veto R" (rank R gave up), whichever came
 // first; the outcome key, rank 0's status once it committed or failed.
 void commit_collectively(process_group& group, const std::string& step, const std::function<void()>& ready,
-                         const std::function<void()>& commit) {
+                         const std::function<void()>& commit, const commit_settler& settled) {
   if (group.world() == 1) {
     ready();
     commit();
@@ -167,34 +167,59 @@ void commit_collectively(process_group& group, const std::string& step, const st
     return;
   }
 
-  // A veto that came first: rank 0 will not commit, and this rank's error stands.
-  auto vetoed = [&] {
+  // This rank's veto: true when it came first (rank 0 will not commit), false when rank
+  // 0's "commit" did, nullopt when the store is gone and with it the decision (rank 0
+  // hosted it and is lost: it may have committed just before).
+  auto vetoed = [&]() -> std::optional<bool> {
     try {
       return group.decide(decision, veto) != "commit";
     } catch (const error&) {
-      return true;  // the store is gone with rank 0, which therefore never commits now
+      return std::nullopt;
     }
   };
   const std::string waited = "rank " + std::to_string(rank) + " gave up on '" + step +
                              "' waiting for rank 0 to commit (lost, or slower than --dist-timeout)";
-  if (failed && vetoed()) throw *failed;
+  // Rank 0 lost once it may have committed: what the file system says, else "may or may not".
+  auto settle = [&](const std::string& why) {
+    const std::optional<bool> on_disk = settled ? settled() : std::nullopt;
+    if (on_disk && *on_disk) return;  // committed: rank 0's outcome, had it been heard
+    if (on_disk) throw error(errc::io, waited + "; rank 0 is gone and nothing was committed" + why);
+    throw error(errc::io, waited + " after it may have decided to commit" + why +
+                              "; the output may or may not be complete, check it");
+  };
+  if (failed) {
+    const std::optional<bool> v = vetoed();
+    if (v && *v) throw *failed;
+    if (!v) {
+      // Rank 0 can have committed only if this rank's report reached it before the wait
+      // here ended (a timeout): then the output is complete.
+      const std::optional<bool> on_disk = settled ? settled() : std::nullopt;
+      if (on_disk && *on_disk) return;
+      if (on_disk) throw *failed;
+      settle(": " + failed->message());
+    }
+  }
   std::optional<std::string> said;
   try {
     said = group.wait_for(outcome);
   } catch (const error& e) {
-    if (vetoed()) throw error(errc::io, waited + "; nothing committed: " + e.message());
-    throw error(errc::io, waited + " after it had decided to commit: " + e.message() +
-                              "; the output may or may not be complete, check it");
+    const std::optional<bool> v = vetoed();
+    if (v && *v) throw error(errc::io, waited + "; nothing committed: " + e.message());
+    settle(": " + e.message());
+    return;
   }
   if (!said) {
-    if (vetoed()) throw error(errc::io, waited + "; nothing committed");
+    const std::optional<bool> v = vetoed();
+    if (v && *v) throw error(errc::io, waited + "; nothing committed");
     // Rank 0 decided to commit before this rank gave up: its outcome is this rank's.
     try {
       said = group.wait_for(outcome);
     } catch (const error&) {
     }
-    if (!said)
-      throw error(errc::io, waited + " after it had decided to commit; the output may or may not be complete, check it");
+    if (!said) {
+      settle("");
+      return;
+    }
   }
   const status s = decode(*said);
   if (!s.ok) throw error(s.kind, s.message);

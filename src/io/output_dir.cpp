@@ -430,6 +430,7 @@ void output_dir::commit() {
 }
 
 void output_dir::commit_new_directory() {
+  sys::kill_point("before-commit-rename");
   int rc = sys::rename(staging_.c_str(), target_.c_str(), RENAME_NOREPLACE);
   if (rc != 0 && (errno == EINVAL || errno == ENOSYS || errno == EOPNOTSUPP)) {
     // rename(2) would replace an empty directory that appeared meanwhile: look first.
@@ -444,6 +445,7 @@ void output_dir::commit_new_directory() {
   }
   staging_.clear();
   committed_ = true;
+  sys::kill_point("after-commit-rename");
   fsync_directory(parent_, path_);
 }
 

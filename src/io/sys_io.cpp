@@ -3,6 +3,7 @@
 #include "ckpt/sys_io.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <unistd.h>
 
@@ -72,6 +73,11 @@ void load_fault_injection_from_env() {
                : err == "EPIPE" ? EPIPE
                : err == "EINVAL" ? EINVAL
                                  : EIO;
+}
+
+void kill_point(const char* name) {
+  const char* at = std::getenv("CKPTOOL_TEST_KILL_AT");
+  if (at && std::strcmp(at, name) == 0) ::kill(::getpid(), SIGKILL);
 }
 
 int open(const char* path, int flags, mode_t mode) {

@@ -12,6 +12,11 @@ rank 0 leaves behind.
   the directory stays until the next run for that OUTDIR removes it, and nothing else:
   not a look-alike without an owner file, not one whose owner is alive, not another
   OUTDIR's. Launched by hand (rank 0 hosts the store), the surviving ranks remove it.
+* Rank 0 SIGKILLed in its commit of a new OUTDIR (the CKPTOOL_TEST_KILL_AT hook of
+  src/io/sys_io.cpp), just before or just after the one rename: launched by hand, rank 0
+  takes the store and its decision with it; the survivors read the outcome off the file
+  system (commit_witness): after the rename they exit 0 and the set is whole, before it
+  they exit 4 saying nothing was committed, and no staging directory remains either way.
 
 Multi-process runs are bounded (dcp_fixtures.run_bounded, or a timeout per rank), gloo-free:
 the ranks meet in a c10d TCPStore on 127.0.0.1.
@@ -20,6 +25,7 @@ the ranks meet in a c10d TCPStore on 127.0.0.1.
 from __future__ import annotations
 
 import fcntl
+import shutil
 import signal
 import sys
 from pathlib import Path
@@ -29,7 +35,8 @@ import pytest
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from conftest import TIME_SCALE, run_ckptool  # noqa: E402
-from test_distributed import SHARD, grid4, leftovers, ranks, torchrun  # noqa: E402,F401 (grid4: a fixture)
+from test_distributed import (SHARD, grid4, leftovers, ranks, same_but_save_id, torchrun,  # noqa: E402,F401 (grid4:
+                              tree)                                                    # a fixture)
 
 
 def convert_args(grid4: Path, out: Path, to: str) -> list:
@@ -140,3 +147,42 @@ def test_an_existing_outdir_holding_an_abandoned_staging_directory_is_not_refuse
     assert rc == 0, err
     assert not stale.exists()
     assert leftovers(out) == []
+
+
+@pytest.mark.parametrize("to", ["hf", "dcp"])
+def test_rank_0_killed_after_its_commit_rename_the_survivors_find_the_set_in_place(grid4, tmp_path, to):
+    out = tmp_path / "o"
+    seen = ranks(3, *convert_args(grid4, out, to), "--dist-timeout", 10,
+                 env={"CKPTOOL_TEST_KILL_AT": "after-commit-rename"}, timeout=60)
+    assert seen[0][0] == -signal.SIGKILL, seen
+    for rc, _, err, took in seen[1:]:
+        assert rc == 0, seen
+        assert took < 30 * TIME_SCALE, took
+    assert leftovers(tmp_path) == []
+    # The same set a run that nobody killed writes to the same path (a DCP `.metadata`
+    # records it), but for a DCP save's random save_id.
+    got = tree(out)
+    shutil.rmtree(out)
+    rc, _, err = run_ckptool(*convert_args(grid4, out, to), timeout=120)
+    assert rc == 0, err
+    if to == "dcp":
+        same_but_save_id(tree(out), got)
+    else:
+        assert got == tree(out)
+
+
+@pytest.mark.parametrize("to", ["hf", "dcp"])
+def test_rank_0_killed_before_its_commit_rename_the_survivors_say_nothing_was_committed(grid4, tmp_path, to):
+    out = tmp_path / "o"
+    seen = ranks(3, *convert_args(grid4, out, to), "--dist-timeout", 10,
+                 env={"CKPTOOL_TEST_KILL_AT": "before-commit-rename"}, timeout=60)
+    assert seen[0][0] == -signal.SIGKILL, seen
+    for r, (rc, stdout, err, took) in enumerate(seen[1:], start=1):
+        assert rc == 4 and stdout == "", seen
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("ckptool: io: "), (r, err)
+        assert f"rank {r} gave up on 'convert/commit'" in lines[0], lines[0]
+        assert "rank 0 is gone and nothing was committed" in lines[0], lines[0]
+        assert took < 30 * TIME_SCALE, took
+    assert not out.exists()
+    assert leftovers(tmp_path) == []

@@ -40,20 +40,34 @@ struct exchange {
 
   // The store's plain keys (decide, post, wait_for).
   std::map<std::string, std::string> keys;
+  // The store gone with the rank that hosted it (rank 0 launched by hand, killed): every
+  // key operation fails from then on.
+  bool gone = false;
+  void check_store() const {
+    if (gone) throw ckpt::error(ckpt::errc::io, "connection to the store lost");
+  }
+  void lose_store() {
+    std::lock_guard<std::mutex> lock(m);
+    gone = true;
+    cv.notify_all();
+  }
   std::string decide(const std::string& key, const std::string& proposal) {
     std::lock_guard<std::mutex> lock(m);
+    check_store();
     const std::string v = keys.emplace(key, proposal).first->second;
     cv.notify_all();
     return v;
   }
   void post(const std::string& key, const std::string& value) {
     std::lock_guard<std::mutex> lock(m);
+    check_store();
     keys[key] = value;
     cv.notify_all();
   }
   std::optional<std::string> wait_for(const std::string& key, std::chrono::milliseconds timeout) {
     std::unique_lock<std::mutex> lock(m);
-    if (!cv.wait_for(lock, timeout, [&] { return keys.count(key) > 0; })) return std::nullopt;
+    if (!cv.wait_for(lock, timeout, [&] { return gone || keys.count(key) > 0; })) return std::nullopt;
+    check_store();
     return keys[key];
   }
 };
@@ -296,4 +310,53 @@ TEST_CASE("commit_collectively: a veto that comes after rank 0's decision waits 
   CHECK(commits == 1);
   CHECK_FALSE(seen[0].threw);
   CHECK_FALSE(seen[1].threw);
+}
+
+namespace {
+
+// Rank 0 decides to commit and, in its commit, is lost with the store it hosted, before it
+// can say how the commit went; the other ranks ask `settler`. What ranks 1 and 2 saw.
+std::vector<outcome> lost_in_commit(const ckpt::commit_settler& settler) {
+  exchange x(3);
+  std::vector<outcome> seen(3);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 3; ++r)
+    threads.emplace_back([&, r] {
+      thread_group g(x, r);
+      try {
+        ckpt::commit_collectively(g, "c", [] {}, [&] { x.lose_store(); }, settler);
+      } catch (const ckpt::error& e) {
+        seen[size_t(r)] = {true, e.kind(), e.one_line()};
+      }
+    });
+  for (auto& t : threads) t.join();
+  return {seen[1], seen[2]};
+}
+
+}  // namespace
+
+TEST_CASE("commit_collectively: rank 0 lost with the store in its commit: the others ask the file system") {
+  SUBCASE("committed: they return as rank 0 would have told them") {
+    for (const auto& o : lost_in_commit([] { return std::optional<bool>(true); })) CHECK_FALSE(o.threw);
+  }
+  SUBCASE("not committed, for good: nothing committed") {
+    const auto seen = lost_in_commit([] { return std::optional<bool>(false); });
+    for (size_t i = 0; i < seen.size(); ++i) {
+      CHECK(seen[i].threw);
+      CHECK(seen[i].kind == ckpt::errc::io);
+      CHECK(seen[i].message.find("rank " + std::to_string(i + 1) + " gave up on 'c'") == 0);
+      CHECK(seen[i].message.find("rank 0 is gone and nothing was committed") != std::string::npos);
+    }
+  }
+  SUBCASE("no way to tell (no settler, or it cannot): may or may not, never 'nothing committed'") {
+    for (const ckpt::commit_settler& settler :
+         {ckpt::commit_settler(), ckpt::commit_settler([] { return std::optional<bool>(); })}) {
+      for (const auto& o : lost_in_commit(settler)) {
+        CHECK(o.threw);
+        CHECK(o.kind == ckpt::errc::io);
+        CHECK(o.message.find("may or may not be complete") != std::string::npos);
+        CHECK(o.message.find("nothing committed") == std::string::npos);
+      }
+    }
+  }
 }
