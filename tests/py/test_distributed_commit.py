@@ -149,15 +149,21 @@ def test_an_existing_outdir_holding_an_abandoned_staging_directory_is_not_refuse
     assert leftovers(out) == []
 
 
+def killed_in_commit(grid4: Path, out: Path, to: str, point: str) -> list:
+    """3 ranks launched by hand, rank 0 SIGKILLed at `point` of its commit; what the
+    survivors (ranks 1 and 2) saw, each within the time bound."""
+    seen = ranks(3, *convert_args(grid4, out, to), "--dist-timeout", 10,
+                 env={"CKPTOOL_TEST_KILL_AT": point}, timeout=60)
+    assert seen[0][0] == -signal.SIGKILL, seen
+    assert all(took < 30 * TIME_SCALE for *_, took in seen[1:]), seen
+    return seen[1:]
+
+
 @pytest.mark.parametrize("to", ["hf", "dcp"])
 def test_rank_0_killed_after_its_commit_rename_the_survivors_find_the_set_in_place(grid4, tmp_path, to):
     out = tmp_path / "o"
-    seen = ranks(3, *convert_args(grid4, out, to), "--dist-timeout", 10,
-                 env={"CKPTOOL_TEST_KILL_AT": "after-commit-rename"}, timeout=60)
-    assert seen[0][0] == -signal.SIGKILL, seen
-    for rc, _, err, took in seen[1:]:
-        assert rc == 0, seen
-        assert took < 30 * TIME_SCALE, took
+    for rc, _, err, _ in killed_in_commit(grid4, out, to, "after-commit-rename"):
+        assert rc == 0, err
     assert leftovers(tmp_path) == []
     # The same set a run that nobody killed writes to the same path (a DCP `.metadata`
     # records it), but for a DCP save's random save_id.
@@ -174,15 +180,11 @@ def test_rank_0_killed_after_its_commit_rename_the_survivors_find_the_set_in_pla
 @pytest.mark.parametrize("to", ["hf", "dcp"])
 def test_rank_0_killed_before_its_commit_rename_the_survivors_say_nothing_was_committed(grid4, tmp_path, to):
     out = tmp_path / "o"
-    seen = ranks(3, *convert_args(grid4, out, to), "--dist-timeout", 10,
-                 env={"CKPTOOL_TEST_KILL_AT": "before-commit-rename"}, timeout=60)
-    assert seen[0][0] == -signal.SIGKILL, seen
-    for r, (rc, stdout, err, took) in enumerate(seen[1:], start=1):
-        assert rc == 4 and stdout == "", seen
+    for r, (rc, stdout, err, _) in enumerate(killed_in_commit(grid4, out, to, "before-commit-rename"), start=1):
+        assert rc == 4 and stdout == "", (r, rc, stdout, err)
         lines = err.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("ckptool: io: "), (r, err)
         assert f"rank {r} gave up on 'convert/commit'" in lines[0], lines[0]
         assert "rank 0 is gone and nothing was committed" in lines[0], lines[0]
-        assert took < 30 * TIME_SCALE, took
     assert not out.exists()
     assert leftovers(tmp_path) == []
