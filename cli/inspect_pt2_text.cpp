@@ -68,8 +68,7 @@ void print_pt2_text(std::ostream& out, const ckpt::checkpoint& c, const text_opt
     if (!p.torch_version.empty()) out << ", torch " << escape_controls(p.torch_version);
     for (const auto& v : p.verifiers) out << ", " << escape_controls(v) << " IR";
     out << "\n";
-    out << "  " << m.weights << " weights, " << m.constants << " constants, "
-        << (p.graph_read ? std::to_string(p.nodes.size()) + " graph nodes" : std::string("graph not read"))
+    out << "  " << m.weights << " weights, " << m.constants << " constants, " << p.nodes.size() << " graph nodes"
         << (m.sample_inputs ? ", sample inputs" : ", NO sample inputs (torch.export.load needs them)") << "\n";
     if (!p.call.empty()) out << "  call: forward" << escape_controls(p.call) << "\n";
     if (!p.forward_arg_names.empty()) {

@@ -47,6 +47,9 @@ std::string join_names(const std::vector<std::string>& names, size_t max_shown =
 /// The last element of a '/'-separated path: "a/b/c.pt" -> "c.pt".
 std::string base_name(const std::string& path);
 
+/// The directory holding `path`: "a/b/c.pt" -> "a/b", "/c.pt" -> "/", "c.pt" -> ".".
+std::string parent_directory(const std::string& path);
+
 /// `name` inside directory `dir`: "" is the current directory, "/" the root.
 std::string file_in(const std::string& dir, const std::string& name);
 

@@ -179,10 +179,13 @@ void commit_collectively(process_group& group, const std::string& step, const st
   };
   const std::string waited = "rank " + std::to_string(rank) + " gave up on '" + step +
                              "' waiting for rank 0 to commit (lost, or slower than --dist-timeout)";
-  // Rank 0 lost once it may have committed: what the file system says, else "may or may not".
-  auto settle = [&](const std::string& why) {
+  // Rank 0 lost once it may have committed: returns when the file system says the output
+  // is in place (rank 0's outcome, had it been heard); else throws `own` (this rank's
+  // error) or "nothing committed" when it is not, "may or may not" when it cannot tell.
+  auto settle = [&](const std::string& why, const std::optional<error>& own = std::nullopt) {
     const std::optional<bool> on_disk = settled ? settled() : std::nullopt;
-    if (on_disk && *on_disk) return;  // committed: rank 0's outcome, had it been heard
+    if (on_disk && *on_disk) return;
+    if (on_disk && own) throw *own;
     if (on_disk) throw error(errc::io, waited + "; rank 0 is gone and nothing was committed" + why);
     throw error(errc::io, waited + " after it may have decided to commit" + why +
                               "; the output may or may not be complete, check it");
@@ -190,14 +193,9 @@ void commit_collectively(process_group& group, const std::string& step, const st
   if (failed) {
     const std::optional<bool> v = vetoed();
     if (v && *v) throw *failed;
-    if (!v) {
-      // Rank 0 can have committed only if this rank's report reached it before the wait
-      // here ended (a timeout): then the output is complete.
-      const std::optional<bool> on_disk = settled ? settled() : std::nullopt;
-      if (on_disk && *on_disk) return;
-      if (on_disk) throw *failed;
-      settle(": " + failed->message());
-    }
+    // Rank 0 can have committed only if this rank's report reached it before the wait
+    // here ended (a timeout): then the output is complete.
+    if (!v) return settle(": " + failed->message(), failed);
   }
   std::optional<std::string> said;
   try {
@@ -205,8 +203,7 @@ void commit_collectively(process_group& group, const std::string& step, const st
   } catch (const error& e) {
     const std::optional<bool> v = vetoed();
     if (v && *v) throw error(errc::io, waited + "; nothing committed: " + e.message());
-    settle(": " + e.message());
-    return;
+    return settle(": " + e.message());
   }
   if (!said) {
     const std::optional<bool> v = vetoed();
@@ -216,10 +213,7 @@ void commit_collectively(process_group& group, const std::string& step, const st
       said = group.wait_for(outcome);
     } catch (const error&) {
     }
-    if (!said) {
-      settle("");
-      return;
-    }
+    if (!said) return settle("");
   }
   const status s = decode(*said);
   if (!s.ok) throw error(s.kind, s.message);

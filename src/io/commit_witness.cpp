@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <utility>
 
+#include "base/text.h"
 #include "ckpt/output_dir.h"
 #include "io/temp_registry.h"
 
@@ -47,10 +48,7 @@ std::optional<bool> commit_witness::committed() noexcept {
   struct stat st;
   if (::lstat(target_.c_str(), &st) == 0 && st.st_dev == dev_ && st.st_ino == ino_) {
     // Renamed: in place. The committer syncs the parent next; it may not have.
-    // target_ is absolute and real (output_dir::target()): its parent is up to the last '/'.
-    const size_t slash = target_.rfind('/');
-    const std::string parent = slash == 0 || slash == std::string::npos ? std::string("/") : target_.substr(0, slash);
-    const int dfd = ::open(parent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    const int dfd = ::open(text::parent_directory(target_).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (dfd >= 0) {
       ::fsync(dfd);
       ::close(dfd);

@@ -40,13 +40,6 @@ std::string real_path(const std::string& path) {
   return out;
 }
 
-std::string parent_of(const std::string& path) {
-  size_t slash = path.rfind('/');
-  if (slash == std::string::npos) return ".";
-  if (slash == 0) return "/";
-  return path.substr(0, slash);
-}
-
 struct identity {
   dev_t dev;
   ino_t ino;
@@ -62,7 +55,7 @@ std::vector<identity> chain_of(const std::string& real) {
     struct stat st;
     if (::stat(prefix.c_str(), &st) == 0) out.push_back({st.st_dev, st.st_ino});
     if (prefix == "/" || prefix.empty()) break;
-    prefix = parent_of(prefix);
+    prefix = text::parent_directory(prefix);
   }
   return out;
 }
@@ -216,7 +209,7 @@ void output_dir::add_input(const std::string& path) {
   file_fingerprint fp;
   ::close(open_regular_input(path, &fp));
   inputs_.push_back({path, fp});
-  input_dirs_.push_back(parent_of(real_path(path)));
+  input_dirs_.push_back(text::parent_directory(real_path(path)));
 }
 
 mode_t output_dir::add_input_dir(const std::string& path) {
@@ -246,12 +239,12 @@ void output_dir::check_identity() {
             path_);
     exists_ = true;
     target_ = real_path(given);
-    parent_ = parent_of(target_);
+    parent_ = text::parent_directory(target_);
   } else {
     if (errno != ENOENT) detail::fail_io("cannot use the output directory", path_, errno);
     std::string name = text::base_name(given);
     if (name == "." || name == "..") detail::fail_usage("the output directory names no directory", path_);
-    const std::string parent = parent_of(given);
+    const std::string parent = text::parent_directory(given);
     if (::stat(parent.c_str(), &st) != 0) detail::fail_io("cannot use the output directory's parent " + text::in_quotes(parent), path_, errno);
     if (!S_ISDIR(st.st_mode)) detail::fail_usage("the output directory's parent is not a directory", path_);
     parent_ = real_path(parent);

@@ -22,13 +22,6 @@
 namespace ckpt {
 namespace {
 
-std::string directory_of(const std::string& path) {
-  size_t slash = path.rfind('/');
-  if (slash == std::string::npos) return ".";
-  if (slash == 0) return "/";
-  return path.substr(0, slash);
-}
-
 // Every name a temporary file of this process takes: `.NAME.ckptool-RANDOM`, next to its
 // destination, so the rename never crosses a file system.
 std::string temp_name(const std::string& directory, const std::string& target_base) {
@@ -117,7 +110,7 @@ output_file& output_set::add_output(const std::string& path, mode_t mode, const 
       ssize_t n = ::readlink(target.c_str(), link, sizeof link - 1);
       if (n < 0) detail::fail_io("cannot read the output's symlink", path, errno);
       link[n] = 0;
-      target = link[0] == '/' ? std::string(link) : directory_of(target) + "/" + link;
+      target = link[0] == '/' ? std::string(link) : text::parent_directory(target) + "/" + link;
     }
     if (exists) {
       if (S_ISDIR(st.st_mode)) detail::fail_usage("output is a directory", path);
@@ -129,7 +122,7 @@ output_file& output_set::add_output(const std::string& path, mode_t mode, const 
       o.ino_ = st.st_ino;
     }
     o.target_ = target;
-    o.directory_ = directory_of(target);
+    o.directory_ = text::parent_directory(target);
     std::string base = text::base_name(target);
     char* real = ::realpath(o.directory_.c_str(), nullptr);
     if (!real) detail::fail_io("cannot use the output's directory " + text::in_quotes(o.directory_), path, errno);

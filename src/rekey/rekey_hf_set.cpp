@@ -23,13 +23,6 @@
 namespace ckpt {
 namespace {
 
-std::string parent_of(const std::string& path) {
-  const size_t slash = path.rfind('/');
-  if (slash == std::string::npos) return ".";
-  if (slash == 0) return "/";
-  return path.substr(0, slash);
-}
-
 // Python's json.dumps(sort_keys=True) orders keys by code point, which is UTF-8 byte order.
 bool sorted_everywhere(const nlohmann::ordered_json& j) {
   if (j.is_array()) {
@@ -100,7 +93,7 @@ hf::index read_index(const std::string& index_path, std::string* text_out) {
 
 std::vector<keyed_tensor> hf_set_keyed_tensors(const std::string& index_path, const open_options& reader) {
   const hf::index idx = read_index(index_path, nullptr);
-  const std::string dir = parent_of(index_path);
+  const std::string dir = text::parent_directory(index_path);
   std::vector<keyed_tensor> out;
   for (const std::string& name : idx.shards) {
     checkpoint c = open_checkpoint(dir + "/" + name, reader);
@@ -114,7 +107,7 @@ rekey_set_result rekey_hf_set(const std::string& index_path, output_dir* out, co
   rekey_set_result result;
   std::string text;
   const hf::index idx = read_index(index_path, &text);
-  const std::string dir = parent_of(index_path);
+  const std::string dir = text::parent_directory(index_path);
   result.index = text::base_name(index_path);
 
   // Every shard's keys, one shard open at a time; then the index is checked against them.

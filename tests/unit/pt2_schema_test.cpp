@@ -2,8 +2,11 @@
 // the srepr and TreeSpec renderers, and what the config and program readers refuse.
 #include <doctest/doctest.h>
 
+#include <memory>
+
 #include "ckpt/error.h"
 #include "formats/pt2_program.h"
+#include "report/pt2_report.h"
 
 using namespace ckpt;
 using namespace ckpt::detail;
@@ -105,4 +108,41 @@ TEST_CASE("pt2: program union tags are checked") {
                        doctest::Contains("unknown InputSpec variant 'user_inpt'"), error);
   CHECK_THROWS_WITH_AS(parse_program(head + R"({"user_input": {"arg": {"as_tensr": {"name": "x"}}}})" + tail, kWhere),
                        doctest::Contains("unknown Argument variant 'as_tensr'"), error);
+}
+
+TEST_CASE("pt2: a program read without its graph has the same signature, no node, and says so") {
+  const std::string text = R"({"schema_version": {"major": 8, "minor": 17}, "graph_module": {"graph": {"inputs": [],
+      "outputs": [], "nodes": [{"target": "torch.ops.aten.relu.default", "name": "relu", "inputs": [],
+      "outputs": [{"as_tensor": {"name": "x"}}], "metadata": {}}], "tensor_values": {"x": )" + meta("7") +
+                           R"(}}, "signature": {"input_specs": [{"user_input": {"arg": {"as_tensor": {"name": "x"}}}}],
+      "output_specs": []}, "module_call_graph": []}})";
+  const pt2::program full = parse_program(text, kWhere);
+  const pt2::program light = parse_program(text, kWhere, false);
+  CHECK(full.graph_read);
+  CHECK(full.nodes.size() == 1);
+  CHECK_FALSE(light.graph_read);
+  CHECK(light.nodes.empty());
+  REQUIRE(light.inputs.size() == 1);
+  CHECK(light.inputs[0].arg.dtype == full.inputs[0].arg.dtype);
+  CHECK(light.inputs[0].arg.shape.size() == full.inputs[0].arg.shape.size());
+  // A node the full reader refuses is not read at all; text that is not JSON still is.
+  std::string unknown = text;
+  const std::string node_output = R"("outputs": [{"as_tensor": {"name": "x"}}], "metadata")";
+  unknown.replace(unknown.find(node_output), node_output.size(), R"("outputs": [{"as_bogus": 1}], "metadata")");
+  CHECK_THROWS_WITH_AS(parse_program(unknown, kWhere), doctest::Contains("as_bogus"), error);
+  CHECK(parse_program(unknown, kWhere, false).inputs.size() == 1);
+  std::string broken = text;
+  broken.replace(broken.find("\"nodes\": ["), 10, "\"nodes\": [,");
+  CHECK_THROWS_WITH_AS(parse_program(broken, kWhere, false), doctest::Contains("not valid JSON"), error);
+
+  // The report: a count of nodes only where they were read.
+  auto archive = std::make_shared<pt2::archive_info>();
+  archive->models.resize(2);
+  archive->models[0].prog = full;
+  archive->models[1].prog = light;
+  checkpoint c;
+  c.pt2 = archive;
+  const nlohmann::json j = pt2_inspect_json(c, false);
+  CHECK(j["models"][0]["nodes"] == 1);
+  CHECK(j["models"][1]["nodes"].is_null());
 }
