@@ -67,13 +67,32 @@ auto cleaning_up(process_group& group, const std::string& staging, F&& f) -> dec
 // The staging directory every rank writes into, and on the ranks other than 0 a witness of
 // rank 0's commit, for when rank 0 is lost before it says how that went.
 struct staging_dir {
-  std::string path;
+  std::string path, target;
+  bool new_directory = false;
   std::unique_ptr<commit_witness> witness;
   commit_settler settler() const {
     if (!witness) return {};
     return [w = witness.get()] { return w->committed(); };
   }
 };
+
+// Paths may hold any byte but NUL; the staging path goes first with its length.
+std::string encode_staging(const std::string& staging, bool new_directory, const std::string& target) {
+  return std::to_string(staging.size()) + ":" + staging + (new_directory ? "N" : "E") + target;
+}
+
+staging_dir decode_staging(const std::string& said) {
+  const size_t colon = said.find(':');
+  const unsigned long long n = colon == std::string::npos ? 0 : std::strtoull(said.c_str(), nullptr, 10);
+  if (colon == std::string::npos || n + 1 >= said.size() - colon)
+    throw error(errc::io, "rank 0 sent a malformed staging directory message");
+  staging_dir d;
+  d.path = said.substr(colon + 1, size_t(n));
+  const size_t kind = colon + 1 + size_t(n);
+  d.new_directory = said[kind] == 'N';
+  d.target = said.substr(kind + 1);
+  return d;
+}
 
 // Rank 0 opens the output directory; every rank gets its staging directory's path.
 staging_dir open_staging(process_group& group, output_dir* out, const std::vector<std::string>& files) {
@@ -83,20 +102,19 @@ staging_dir open_staging(process_group& group, output_dir* out, const std::vecto
     if (rank == 0) out->open(files, files.back());
   });
   // The staging directory is rank 0's: only it creates, commits or removes it. The others
-  // write their files into it by name.
-  const std::string staging =
-      group.broadcast("convert/staging", rank == 0 ? out->staging_directory() : std::string());
+  // write their files into it by name. One broadcast carries its path and what its commit
+  // is ("N" + OUTDIR's real path when one rename to it, else "E" + it), so a rank that holds
+  // the one holds the other.
+  std::string said;
+  if (rank == 0) said = encode_staging(out->staging_directory(), out->new_directory(), out->target());
+  said = group.broadcast("convert/staging", said);
+  staging_dir d = decode_staging(said);
   // Rank 0 writes nothing until every rank holds the path: a rank 0 killed once it writes
   // leaves a directory every survivor can remove, not one a survivor still waiting for the
   // broadcast never heard of (that one only the next run for OUTDIR would remove).
-  cleaning_up(group, staging, [&] { group.barrier("convert/staging/known"); });
-  // "N" + OUTDIR's real path when the commit is one rename to it, else "E" + it.
-  const std::string target = group.broadcast(
-      "convert/target", rank == 0 ? (out->new_directory() ? "N" : "E") + out->target() : std::string());
-  staging_dir d;
-  d.path = staging;
-  if (rank != 0 && !target.empty())
-    d.witness = std::make_unique<commit_witness>(staging, target.substr(1), target[0] == 'N');
+  cleaning_up(group, d.path, [&] { group.barrier("convert/staging/known"); });
+  if (rank != 0 && !d.target.empty())
+    d.witness = std::make_unique<commit_witness>(d.path, d.target, d.new_directory);
   return d;
 }
 
