@@ -1068,7 +1068,7 @@ int pt2_json_target(const uint8_t* data, size_t size) {
     note(__func__, swallowed);
   }
   // Without the graph (materialize): less is read, so whatever the full parse accepts it
-  // accepts too, with the same signature and no node.
+  // accepts too, with the same signature names, no node and no value metadata.
   try {
     pt2::program p = detail::parse_program(text, w, false);
     if (!p.nodes.empty() || p.graph_read) fail(T, "nodes read by a parse told to leave them out");
@@ -1076,7 +1076,8 @@ int pt2_json_target(const uint8_t* data, size_t size) {
                  p.call != full->call || p.ranges.size() != full->ranges.size()))
       fail(T, "the signature differs without the graph");
     for (size_t i = 0; full && i < p.inputs.size(); ++i)
-      if (p.inputs[i].target != full->inputs[i].target || p.inputs[i].arg.shape.size() != full->inputs[i].arg.shape.size())
+      if (p.inputs[i].target != full->inputs[i].target || p.inputs[i].role != full->inputs[i].role ||
+          p.inputs[i].arg.name != full->inputs[i].arg.name || p.inputs[i].arg.has_meta)
         fail(T, "input " + std::to_string(i) + " differs without the graph");
   } catch (const error& swallowed) {
     if (full) fail(T, std::string("refused without the graph what the full parse accepted: ") + swallowed.what());

@@ -170,9 +170,10 @@ struct open_options {
   uint64_t max_json_bytes = 512ull << 20;
   /// Verify the CRC-32 of every zip record (reads all the data).
   bool verify_crc = false;
-  /// torch.export archives: read each program's graph nodes (inspect, verify). False checks
-  /// them as JSON only and leaves pt2::program::nodes empty (graph_read false): loading the
-  /// weights needs the signature alone, and the nodes are most of a program's JSON.
+  /// torch.export archives: read each program's graph nodes and the metadata of its values
+  /// (inspect, verify). False checks them as JSON only, leaves pt2::program::nodes empty and
+  /// the signature's values without metadata (graph_read false): loading the weights needs
+  /// the signature's names alone, and those two are most of a program's JSON.
   bool read_pt2_graph = true;
   /// torch.distributed.checkpoint directories: open every chunk's embedded torch.save
   /// archive, check it against `.metadata`, and point storages at the chunk's raw data.

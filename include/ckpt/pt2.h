@@ -93,8 +93,8 @@ struct program {
   std::string call;                 // rendered: "(idx, x) -> (add_1, {'logits': add_2})"; empty if unknown
   std::vector<std::string> submodules;  // the other module_call_graph entries' FQNs
   std::vector<node> nodes;
-  /// False when the nodes were not read (open_options::read_pt2_graph): `nodes` is empty
-  /// whatever the graph holds.
+  /// False when the graph was not read (open_options::read_pt2_graph): `nodes` is empty
+  /// whatever the graph holds, and no value of `inputs` or `outputs` has_meta.
   bool graph_read = true;
 };
 

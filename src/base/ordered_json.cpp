@@ -1,5 +1,6 @@
 #include "base/ordered_json.h"
 
+#include <algorithm>
 #include <deque>
 #include <utility>
 #include <vector>
@@ -25,7 +26,7 @@ void move_members(std::vector<std::pair<std::string, json>>& from, json& object)
 class dom_builder {
  public:
   dom_builder(size_t max_depth, const std::function<void(const json_failure&)>& fail,
-              const std::vector<std::string_view>& leave_out)
+              const left_out_members& leave_out)
       : max_depth_(max_depth), fail_(fail), leave_out_(leave_out) {}
   json take() { return std::move(root_); }
 
@@ -44,15 +45,14 @@ class dom_builder {
   bool key(json::string_t& k) {
     if (skipping_ > 0) return true;
     frame& f = open_.back();
-    // The member leave_out names: nothing of it is kept, its value is skipped.
-    if (!leave_out_.empty() && f.on_path == leave_out_.size() - 1 && k == leave_out_.back()) {
+    // A member leave_out names: nothing of it is kept, its value is skipped.
+    const std::vector<std::string_view>& parent = leave_out_.parent;
+    if (f.on_path == parent.size() && std::find(leave_out_.names.begin(), leave_out_.names.end(), k) != leave_out_.names.end()) {
       skip_next_ = true;
       return true;
     }
-    path_key_ = f.on_path < leave_out_.size() && k == leave_out_[f.on_path];
-    auto [at, fresh] = f.index.try_emplace(k, f.members.size());
-    if (fresh) f.members.emplace_back(std::move(k), nullptr);
-    member_ = &f.members[at->second].second;
+    path_key_ = f.on_path < parent.size() && k == parent[f.on_path];
+    member_ = &f.member(std::move(k));
     return true;
   }
 
@@ -68,9 +68,26 @@ class dom_builder {
   struct frame {
     json* value;
     std::vector<std::pair<std::string, json>> members;  // objects only
-    std::unordered_map<std::string, size_t> index;      // objects only: key -> member position
-    size_t on_path;  // how many of leave_out's keys lead here, or kOffPath
+    // Key -> member position, made only once an object outgrows a scan: most objects of a
+    // program JSON have a few members, and a hash table each cost more than its scans.
+    std::unordered_map<std::string, size_t> index;
+    size_t on_path;  // how many of leave_out's parent keys lead here, or kOffPath
+
+    json& member(std::string&& k) {
+      if (index.empty() && members.size() < kScanMembers) {
+        for (auto& m : members)
+          if (m.first == k) return m.second;
+      } else {
+        if (index.empty())
+          for (size_t i = 0; i < members.size(); ++i) index.try_emplace(members[i].first, i);
+        auto [at, fresh] = index.try_emplace(k, members.size());
+        if (!fresh) return members[at->second].second;
+      }
+      members.emplace_back(std::move(k), nullptr);
+      return members.back().second;
+    }
   };
+  static constexpr size_t kScanMembers = 16;
   static constexpr size_t kOffPath = SIZE_MAX;
 
   // The value after a left-out key: a scalar is dropped, a container counted until it closes.
@@ -115,9 +132,9 @@ class dom_builder {
   // The depth counts the containers around the new one, as nlohmann's parser callback does.
   bool open(json&& container) {
     if (open_.size() > max_depth_) fail_({true, "nested deeper than " + std::to_string(max_depth_) + " levels"});
-    // Only an object reached through leave_out's keys, from the root, is on its path.
+    // Only an object reached through leave_out's parent keys, from the root, is on its path.
     size_t on_path = kOffPath;
-    if (!leave_out_.empty() && container.is_object()) {
+    if (!leave_out_.names.empty() && container.is_object()) {
       if (open_.empty()) on_path = 0;
       else if (path_key_ && !open_.back().value->is_array()) on_path = open_.back().on_path + 1;
     }
@@ -136,8 +153,8 @@ class dom_builder {
 
   size_t max_depth_;
   const std::function<void(const json_failure&)>& fail_;
-  const std::vector<std::string_view>& leave_out_;
-  bool path_key_ = false;   // the last key continues leave_out's path
+  const left_out_members& leave_out_;
+  bool path_key_ = false;   // the last key continues leave_out's parent path
   bool skip_next_ = false;  // the next value is the left-out member's
   size_t skipping_ = 0;     // containers open inside a skipped value
   json root_;
@@ -148,7 +165,7 @@ class dom_builder {
 }  // namespace
 
 json parse_ordered_json(std::string_view text, size_t max_depth, const std::function<void(const json_failure&)>& fail,
-                        const std::vector<std::string_view>& leave_out) {
+                        const left_out_members& leave_out) {
   dom_builder builder(max_depth, fail, leave_out);
   // Strict: one value, then only whitespace.
   if (!json::sax_parse(text.data(), text.data() + text.size(), &builder)) fail({false, "not JSON"});

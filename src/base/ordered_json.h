@@ -32,13 +32,19 @@ struct json_failure {
 /// Containers nested inside more than `max_depth` others are refused, so that recursive
 /// walks of the result stay bounded. On failure calls `fail`, which must throw.
 ///
-/// `leave_out`, when not empty, is a path of object keys from the root: the member it names
-/// is left out of the result (a repeated one too), its value still checked as JSON but
-/// never built. A caller that does not need a large part of a document (a program's graph
-/// nodes, 70% of it) then pays for reading its text only.
+/// Members left out of parse_ordered_json's result: those named in `names`, of the object
+/// reached from the root through `parent`'s keys (a repeated one too). Their values are
+/// still checked as JSON but never built. A caller that does not need a large part of a
+/// document (a program's graph nodes and the metadata of every value they make, 94% of it)
+/// then pays for reading its text only.
+struct left_out_members {
+  std::vector<std::string_view> parent;
+  std::vector<std::string_view> names;
+};
+
 nlohmann::ordered_json parse_ordered_json(std::string_view text, size_t max_depth,
                                           const std::function<void(const json_failure&)>& fail,
-                                          const std::vector<std::string_view>& leave_out = {});
+                                          const left_out_members& leave_out = {});
 
 /// An ordered_json object built member by member: set() appends a new key, or replaces
 /// the value of one already set, in its place (as operator[] would), without a scan.

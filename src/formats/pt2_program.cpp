@@ -256,8 +256,10 @@ void owning_module(const std::string& stack, pt2::node& n) {
 }  // namespace
 
 pt2::program parse_program(std::string_view text, const where& w, bool with_graph) {
-  static const std::vector<std::string_view> kNodes = {"graph_module", "graph", "nodes"};
-  const json doc = with_graph ? pt2s::parse(text, w) : pt2s::parse(text, w, kNodes);
+  // Without the graph, the metadata of the values its nodes make goes too: the signature's
+  // values are then shown without theirs.
+  static const detail::left_out_members kGraph = {{"graph_module", "graph"}, {"nodes", "tensor_values"}};
+  const json doc = with_graph ? pt2s::parse(text, w) : pt2s::parse(text, w, kGraph);
   pt2::program p;
   p.graph_read = with_graph;
   p.record = w.record;

@@ -31,8 +31,9 @@ std::vector<payload_entry> parse_payload_config(std::string_view text, const pt2
 
 /// Parses an ExportedProgram. Throws errc::corrupt naming `w.record` and what is wrong (an
 /// unknown union tag, a missing member, an unknown dtype). Without `with_graph` the graph's
-/// nodes are checked as JSON only, never built or read (program::nodes stays empty,
-/// program::graph_read false): loading weights needs the signature alone.
+/// nodes and its values' metadata (tensor_values) are checked as JSON only, never built or
+/// read (program::nodes stays empty, no signature value has_meta, program::graph_read
+/// false): loading weights needs the signature's names alone.
 pt2::program parse_program(std::string_view text, const pt2s::where& w, bool with_graph = true);
 
 /// Renders a pytree TreeSpec JSON string (module_call_graph's in_spec/out_spec) with its

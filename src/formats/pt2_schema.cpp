@@ -10,7 +10,7 @@ namespace ckpt::detail::pt2s {
 
 void where::fail(errc kind, const std::string& what) const { throw error(kind, record + ": " + what, offset); }
 
-json parse(std::string_view text, const where& w, const std::vector<std::string_view>& leave_out) {
+json parse(std::string_view text, const where& w, const detail::left_out_members& leave_out) {
   // The schema nests a dozen levels; a subgraph of a higher-order op adds a few per level of
   // nesting. nlohmann's parser is iterative, but its callers (dump, comparisons, our walks)
   // are not: a depth bound keeps a hostile "[[[[..." from reaching them.

@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "base/ordered_json.h"
 #include "ckpt/dtype.h"
 #include "ckpt/error.h"
 #include "ckpt/pt2.h"
@@ -33,8 +34,8 @@ struct where {
 };
 
 /// Parses a JSON record: corrupt when it is not JSON, or nests deeper than 200 levels.
-/// `leave_out`: a member not to build (parse_ordered_json).
-json parse(std::string_view text, const where& w, const std::vector<std::string_view>& leave_out = {});
+/// `leave_out`: members not to build (parse_ordered_json).
+json parse(std::string_view text, const where& w, const detail::left_out_members& leave_out = {});
 
 /// The (tag, value) of a union: an object with exactly one member.
 std::pair<std::string, const json*> union_of(const json& j, const where& w, const std::string& what);

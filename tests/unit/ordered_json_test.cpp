@@ -11,6 +11,7 @@
 
 using ckpt::detail::json_failure;
 using ckpt::detail::ordered_object_builder;
+using ckpt::detail::left_out_members;
 using ckpt::detail::parse_ordered_json;
 using json = nlohmann::ordered_json;
 
@@ -88,12 +89,12 @@ TEST_CASE("ordered json: many members in order, and what is refused") {
 }
 
 TEST_CASE("ordered json: a left-out member is skipped, checked as JSON, and nothing else is") {
-  auto without = [](const std::string& text, const std::vector<std::string_view>& path) {
+  auto without = [](const std::string& text, const left_out_members& members) {
     return parse_ordered_json(text, 4, [](const json_failure& f) {
       throw std::runtime_error((f.too_deep ? "deep: " : "invalid: ") + f.what);
-    }, path);
+    }, members);
   };
-  const std::vector<std::string_view> nodes = {"gm", "graph", "nodes"};
+  const left_out_members nodes = {{"gm", "graph"}, {"nodes"}};
   // The expected value: nlohmann's parse with the member erased where the path leads.
   const std::string text =
       R"({"nodes": 1, "gm": {"nodes": [2], "graph": {"x": [{"nodes": 3}], "nodes": [[[[[{"a": 1}]]]]], )"
@@ -123,8 +124,15 @@ TEST_CASE("ordered json: a left-out member is skipped, checked as JSON, and noth
     }
     CHECK_MESSAGE(what.rfind("invalid: ", 0) == 0, b);
   }
-  // No path: nothing is left out.
+  // No name: nothing is left out.
   CHECK(without(R"({"gm": {"graph": {"nodes": 1}}})", {}) == json::parse(R"({"gm": {"graph": {"nodes": 1}}})"));
+  CHECK(without(R"({"gm": {"graph": {"nodes": 1}}})", {{"gm", "graph"}, {}}) ==
+        json::parse(R"({"gm": {"graph": {"nodes": 1}}})"));
+  // Several names under one parent, in any order, each a repeated key too; at the root.
+  const left_out_members two = {{"gm", "graph"}, {"nodes", "values"}};
+  CHECK(without(R"({"gm": {"graph": {"values": {"a": 1}, "k": 2, "nodes": [3], "values": 4, "v": {"nodes": 5}}}})", two) ==
+        json::parse(R"({"gm": {"graph": {"k": 2, "v": {"nodes": 5}}}})"));
+  CHECK(without(R"({"nodes": [1], "gm": 2, "values": {}})", {{}, {"nodes", "values"}}) == json::parse(R"({"gm": 2})"));
 }
 
 TEST_CASE("ordered json: the builder appends and replaces as operator[] does") {

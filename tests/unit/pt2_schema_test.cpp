@@ -110,7 +110,7 @@ TEST_CASE("pt2: program union tags are checked") {
                        doctest::Contains("unknown Argument variant 'as_tensr'"), error);
 }
 
-TEST_CASE("pt2: a program read without its graph has the same signature, no node, and says so") {
+TEST_CASE("pt2: a program read without its graph has the same signature names, no node, no value metadata, and says so") {
   const std::string text = R"({"schema_version": {"major": 8, "minor": 17}, "graph_module": {"graph": {"inputs": [],
       "outputs": [], "nodes": [{"target": "torch.ops.aten.relu.default", "name": "relu", "inputs": [],
       "outputs": [{"as_tensor": {"name": "x"}}], "metadata": {}}], "tensor_values": {"x": )" + meta("7") +
@@ -123,8 +123,17 @@ TEST_CASE("pt2: a program read without its graph has the same signature, no node
   CHECK_FALSE(light.graph_read);
   CHECK(light.nodes.empty());
   REQUIRE(light.inputs.size() == 1);
-  CHECK(light.inputs[0].arg.dtype == full.inputs[0].arg.dtype);
-  CHECK(light.inputs[0].arg.shape.size() == full.inputs[0].arg.shape.size());
+  CHECK(light.inputs[0].role == full.inputs[0].role);
+  CHECK(light.inputs[0].arg.name == full.inputs[0].arg.name);
+  CHECK(full.inputs[0].arg.has_meta);
+  CHECK(full.inputs[0].arg.dtype == "float32");
+  CHECK_FALSE(light.inputs[0].arg.has_meta);
+  CHECK(light.inputs[0].arg.dtype.empty());
+  // Metadata the full reader refuses is not read either; it is still JSON.
+  std::string bad_meta = text;
+  bad_meta.replace(bad_meta.find("\"tensor_values\": {\"x\": "), 22, "\"tensor_values\": {\"x\": 5, \"y\": ");
+  CHECK_THROWS_AS(parse_program(bad_meta, kWhere), error);
+  CHECK(parse_program(bad_meta, kWhere, false).inputs.size() == 1);
   // A node the full reader refuses is not read at all; text that is not JSON still is.
   std::string unknown = text;
   const std::string node_output = R"("outputs": [{"as_tensor": {"name": "x"}}], "metadata")";
