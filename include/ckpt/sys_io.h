@@ -32,7 +32,8 @@ void mark_next_fsync_as_directory();
 void load_fault_injection_from_env();
 /// A point of a commit where a test kills the process (SIGKILL: no handler, no cleanup),
 /// to see what another process makes of it: CKPTOOL_TEST_KILL_AT=NAME names the point
-/// (output_dir's "before-commit-rename" and "after-commit-rename").
+/// (output_dir's "before-commit-rename" and "after-commit-rename"; parallel convert's
+/// "rank-0-staging-known", the first moment rank 0 may write).
 void kill_point(const char* name);
 }  // namespace sys
 

@@ -15,6 +15,7 @@
 
 #include "ckpt/commit_witness.h"
 #include "ckpt/error.h"
+#include "ckpt/sys_io.h"
 #include "convert/convert_writers.h"
 #include "convert/dcp_layout.h"
 
@@ -113,6 +114,7 @@ staging_dir open_staging(process_group& group, output_dir* out, const std::vecto
   // leaves a directory every survivor can remove, not one a survivor still waiting for the
   // broadcast never heard of (that one only the next run for OUTDIR would remove).
   cleaning_up(group, d.path, [&] { group.barrier("convert/staging/known"); });
+  if (rank == 0) sys::kill_point("rank-0-staging-known");
   if (rank != 0 && !d.target.empty())
     d.witness = std::make_unique<commit_witness>(d.path, d.target, d.new_directory);
   return d;

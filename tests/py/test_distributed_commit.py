@@ -12,6 +12,8 @@ rank 0 leaves behind.
   the directory stays until the next run for that OUTDIR removes it, and nothing else:
   not a look-alike without an owner file, not one whose owner is alive, not another
   OUTDIR's. Launched by hand (rank 0 hosts the store), the surviving ranks remove it.
+* Rank 0 SIGKILLed the moment every rank knows its staging directory (CKPTOOL_TEST_KILL_AT=
+  rank-0-staging-known): the survivors remove it.
 * Rank 0 SIGKILLed in its commit of a new OUTDIR (the CKPTOOL_TEST_KILL_AT hook of
   src/io/sys_io.cpp), just before or just after the one rename: launched by hand, rank 0
   takes the store and its decision with it; the survivors read the outcome off the file
@@ -131,6 +133,21 @@ def test_rank_0_killed_the_survivors_remove_its_staging_directory(grid4, tmp_pat
     assert seen[0][0] == -signal.SIGKILL, seen
     for rc, _, err, took in seen[1:]:
         assert rc == 4, seen
+        assert took < 30 * TIME_SCALE, took
+    assert not out.exists()
+    assert leftovers(tmp_path) == []
+
+
+def test_rank_0_killed_as_soon_as_every_rank_knows_its_staging_directory(grid4, tmp_path):
+    # The first moment rank 0 may write: every survivor holds the path by then, and no later
+    # exchange stands between it and the cleanup (a broadcast there once left a survivor
+    # that had not received it unable to remove the directory).
+    out = tmp_path / "hf"
+    seen = ranks(3, *convert_args(grid4, out, "hf"), "--dist-timeout", 10,
+                 env={"CKPTOOL_TEST_KILL_AT": "rank-0-staging-known"}, timeout=60)
+    assert seen[0][0] == -signal.SIGKILL, seen
+    for rc, stdout, err, took in seen[1:]:
+        assert rc == 4 and stdout == "", seen
         assert took < 30 * TIME_SCALE, took
     assert not out.exists()
     assert leftovers(tmp_path) == []
