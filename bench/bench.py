@@ -171,6 +171,23 @@ def make_warm(path, tries: int = 3) -> float:
     return r
 
 
+def settle_cache(path) -> None:
+    """Drops the fixture's pages (written back first) and reads them in once, sequentially.
+
+    A file's cached pages keep the shape of how they came there: pages left by its writer
+    (small folios, for a writer of small chunks) take longer to map than pages read in by
+    readahead (large folios). Two fixtures compared in one block, each as its writer left
+    it, differed by 13% in the same load (S11's .pt2 against its .pt); settled, by none."""
+    for f in files_of(path):
+        fd = os.open(f, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+        read_file(f)
+
+
 def make_cold(path, tries: int = 3) -> float:
     r = 1.0
     for _ in range(tries):
@@ -559,6 +576,9 @@ def run_cases(cases: list, repeats: int, ctx: Ctx, title: str) -> None:
     for key, fx in ctx.manifest.items():
         if key not in used and os.path.exists(fx["path"]):
             drop_cache(fx["path"])
+    # Every warm input's pages cached the same way (settle_cache), whoever wrote it.
+    for key in sorted({c.fixture for c in cases if c.cache == "warm"}):
+        settle_cache(ctx.manifest[key]["path"])
     mem0 = meminfo()
     t_start = time.perf_counter()
     c0, load0 = cpu_busy(), load_now()
@@ -1739,7 +1759,9 @@ Columns:
 - Cold rows: the fixture was dropped from the page cache with posix_fadvise(DONTNEED) and
   checked with mincore before each sample; warm rows: checked 100% resident. Before each block
   the fixtures it does not use are dropped from the page cache, so no sample pays for reclaiming
-  them. Each run lists the share of the CPUs other processes took while each block ran.
+  them, and those its warm rows read are dropped and read back once, sequentially, so that
+  every input's pages are cached alike (as its writer left them, S11's two inputs loaded 13%
+  apart). Each run lists the share of the CPUs other processes took while each block ran.
 - Neither cp, torch.save nor safetensors' save_file fsync their output; ckptool rekey does
   (atomic replace), hence the extra "cp + sync FILE" row.
 """
