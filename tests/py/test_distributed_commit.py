@@ -124,29 +124,21 @@ def test_rank_0_killed_under_torchrun_leaves_a_staging_directory_the_next_run_re
         assert (d / "part.safetensors").read_bytes() == b"x" * 10
 
 
-def test_rank_0_killed_the_survivors_remove_its_staging_directory(grid4, tmp_path):
+@pytest.mark.parametrize("killed", [
+    # Mid-write (its first bytes).
+    {"CKPTOOL_TEST_KILL_RANK": "0"},
+    # The first moment it may write: every survivor holds the path by then, and no later
+    # exchange stands between that and the cleanup (a broadcast there once left a survivor
+    # that had not received it unable to remove the directory).
+    {"CKPTOOL_TEST_KILL_AT": "rank-0-staging-known"},
+], ids=["mid-write", "staging-known"])
+def test_rank_0_killed_the_survivors_remove_its_staging_directory(grid4, tmp_path, killed):
     # Rank 0 hosts the store: the others lose their connection as it dies, find its
     # staging directory's owner file unlocked, and remove it.
     out = tmp_path / "hf"
-    seen = ranks(3, *convert_args(grid4, out, "hf"), "--dist-timeout", 10,
-                 env={"CKPTOOL_TEST_KILL_RANK": "0"}, timeout=60)
+    seen = ranks(3, *convert_args(grid4, out, "hf"), "--dist-timeout", 10, env=killed, timeout=60)
     assert seen[0][0] == -signal.SIGKILL, seen
-    for rc, _, err, took in seen[1:]:
-        assert rc == 4, seen
-        assert took < 30 * TIME_SCALE, took
-    assert not out.exists()
-    assert leftovers(tmp_path) == []
-
-
-def test_rank_0_killed_as_soon_as_every_rank_knows_its_staging_directory(grid4, tmp_path):
-    # The first moment rank 0 may write: every survivor holds the path by then, and no later
-    # exchange stands between it and the cleanup (a broadcast there once left a survivor
-    # that had not received it unable to remove the directory).
-    out = tmp_path / "hf"
-    seen = ranks(3, *convert_args(grid4, out, "hf"), "--dist-timeout", 10,
-                 env={"CKPTOOL_TEST_KILL_AT": "rank-0-staging-known"}, timeout=60)
-    assert seen[0][0] == -signal.SIGKILL, seen
-    for rc, stdout, err, took in seen[1:]:
+    for rc, stdout, _, took in seen[1:]:
         assert rc == 4 and stdout == "", seen
         assert took < 30 * TIME_SCALE, took
     assert not out.exists()
