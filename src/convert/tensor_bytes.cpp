@@ -93,6 +93,35 @@ std::optional<file_range> tensor_bytes::straight_range(const convert_tensor& t) 
   return out;
 }
 
+std::optional<std::vector<file_range>> tensor_bytes::straight_pieces(const convert_tensor& t) const {
+  if (!t.assembled || t.type != t.source_type) return std::nullopt;
+  const assembled_tensor& a = assembly_.tensors.at(assembled_of_key_.at(*t.assembled));
+  std::vector<std::pair<uint64_t, file_range>> landed;
+  for (size_t s : a.storages) {
+    const box_landing* l = assembly_.landing(s);
+    const storage_record& st = c_.storages[s];
+    if (!l || !l->contiguous() || !st.file_offset) return std::nullopt;
+    const file_extent extent = c_.files[st.file].source->in_file();
+    if (!extent.file) return std::nullopt;  // a transformed chunk (zstd): only read() gives its bytes
+    file_range r;
+    r.fd = extent.file->fd();
+    r.name = &extent.file->name();
+    r.offset = extent.offset + *st.file_offset;
+    r.nbytes = l->nbytes;
+    landed.emplace_back(l->offset, r);
+  }
+  std::sort(landed.begin(), landed.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
+  std::vector<file_range> out;
+  uint64_t next = 0;
+  for (const auto& [at, r] : landed) {
+    if (at != next) return std::nullopt;  // a gap or an overlap: the layout's checks are gather's
+    next += r.nbytes;
+    if (r.nbytes) out.push_back(r);
+  }
+  if (next != t.source_nbytes) return std::nullopt;
+  return out;
+}
+
 tensor_buffer tensor_bytes::gather(const convert_tensor& t) const {
   tensor_buffer in = t.assembled ? gather_assembled(*t.assembled, t.source_nbytes)
                                  : gather_view(c_.tensors[*t.record], t.source_nbytes);

@@ -57,6 +57,11 @@ class tensor_bytes {
   /// The file range tensor t is, when it is one (a contiguous view of a storage in a file
   /// on disk); nullopt when it must be gathered.
   std::optional<file_range> straight_range(const convert_tensor& t) const;
+  /// The file ranges an assembled tensor is, in order, when each of its pieces lands as one
+  /// contiguous range of it and no cast is asked (a DCP tensor split in rows of dimension
+  /// 0, FSDP's and `--ranks`' default): copied one after another, they are its bytes, and
+  /// no buffer of the tensor is needed. nullopt when it must be gathered.
+  std::optional<std::vector<file_range>> straight_pieces(const convert_tensor& t) const;
   /// Tensor t's bytes, contiguous and cast, in a buffer of their own. Throws errc::corrupt or io
   /// (naming the file) when the input ends early or cannot be read.
   tensor_buffer gather(const convert_tensor& t) const;

@@ -30,6 +30,8 @@ uint64_t write_safetensors_file(const checkpoint& c, const convert_plan& plan, c
     const convert_tensor& t = plan.tensors[indices[k]];
     if (auto range = source.straight_range(t)) {
       sink.copy(range->fd, *range->name, range->offset, range->nbytes);
+    } else if (auto pieces = source.straight_pieces(t)) {
+      for (const file_range& p : *pieces) sink.copy(p.fd, *p.name, p.offset, p.nbytes);
     } else {
       const tensor_buffer b = source.gather(t);
       sink.write(b.bytes.get(), size_t(b.nbytes));
