@@ -1,9 +1,9 @@
 // `ckptool convert`: the state dict of any checkpoint ckptool reads (one file, a Hugging
 // Face shard set, a DCP directory) written as one torch.save zip, one safetensors file, a
 // Hugging Face shard set or a DCP directory laid out for K ranks (formats.md §13, §9.9). Tensor by tensor: bytes that need no change
-// are copied straight from the input file (copy_file_range where the kernel can); a
-// strided view or a tensor assembled from DCP pieces is gathered in a buffer of its own
-// size, freed before the next. Values are never converted, except by an explicit --dtype
+// are copied straight from the input file (copy_file_range where the kernel can), a DCP
+// tensor split in rows piece by piece; a strided view or another tensor assembled from
+// DCP pieces is gathered in a buffer of its own size, freed before the next. Values are never converted, except by an explicit --dtype
 // cast: every other output byte is an input byte.
 //
 // plan_convert decides everything (names, which tensors, what is dropped and why) before
