@@ -17,6 +17,7 @@
 #include "common.h"
 #include "key_edits.h"
 #include "progress.h"
+#include "validators.h"
 
 namespace cli {
 namespace {
@@ -248,9 +249,9 @@ verb setup_diff(CLI::App& app) {
   cmd->add_option("A", o->a, "A checkpoint: file, shard set (its index or directory) or DCP directory")->required();
   cmd->add_option("B", o->b, "The checkpoint to compare it with (the reference of --rtol)")->required();
   cmd->add_option("--atol", o->diff.atol, "Absolute tolerance, as torch.allclose's (default 0: values must be equal)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(tolerance());
   cmd->add_option("--rtol", o->diff.rtol, "Relative tolerance, of |B|, as torch.allclose's (default 0)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(tolerance());
   cmd->add_flag("--equal-nan", o->diff.equal_nan, "NaN compares equal to NaN (bit-identical values always do)");
   cmd->add_flag("--metadata-only", o->diff.metadata_only, "Compare keys, dtypes, shapes and entries; read no tensor data");
   cmd->add_flag("--ignore-entries", o->diff.ignore_entries, "Do not compare non-tensor entries (epoch, hyper-parameters, optimizer state)");

@@ -1,6 +1,7 @@
 #include "validators.h"
 
 #include <cerrno>
+#include <cmath>
 #include <cstdlib>
 #include <string>
 
@@ -62,6 +63,19 @@ CLI::Validator floating_dtype() {
         return "expected a floating dtype (" + valid + "), got " + shown(s);
       },
       "");
+}
+
+CLI::Validator tolerance() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        char* end = nullptr;
+        errno = 0;
+        const double v = std::strtod(s.c_str(), &end);
+        if (s.empty() || *end != '\0' || errno == ERANGE || !std::isfinite(v) || v < 0)
+          return "expected a finite number >= 0, got '" + s + "'";
+        return "";
+      },
+      "TOL");
 }
 
 CLI::Validator non_empty_path() {

@@ -16,6 +16,8 @@ CLI::Validator thread_count();
 CLI::Validator device_name();
 /// --dtype: a floating dtype name (the valid ones are listed when it is not).
 CLI::Validator floating_dtype();
+/// --atol, --rtol: a finite number >= 0 (torch refuses NaN and negative tolerances).
+CLI::Validator tolerance();
 /// A path that is not the empty string.
 CLI::Validator non_empty_path();
 

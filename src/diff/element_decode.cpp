@@ -98,4 +98,32 @@ element_value decode_element(dtype t, const uint8_t* p) {
   }
 }
 
+namespace {
+exact_integer signed_integer(int64_t v) {
+  // The magnitude of INT64_MIN is 2^63: negated in uint64_t, never in int64_t.
+  return v < 0 ? exact_integer{true, 0 - uint64_t(v)} : exact_integer{false, uint64_t(v)};
+}
+}  // namespace
+
+exact_integer decode_integer(dtype t, const uint8_t* p) {
+  switch (t) {
+    case dtype::boolean: return {false, p[0] ? 1u : 0u};
+    case dtype::uint8: return {false, p[0]};
+    case dtype::int8: return signed_integer(int8_t(p[0]));
+    case dtype::int16: return signed_integer(load<int16_t>(p));
+    case dtype::int32: return signed_integer(load<int32_t>(p));
+    case dtype::int64: return signed_integer(load<int64_t>(p));
+    case dtype::uint16: return {false, load<uint16_t>(p)};
+    case dtype::uint32: return {false, load<uint32_t>(p)};
+    case dtype::uint64: return {false, load<uint64_t>(p)};
+    default: return {};  // not an integer dtype: never called
+  }
+}
+
+double integer_distance(const exact_integer& a, const exact_integer& b) {
+  if (a.negative == b.negative)
+    return double(a.magnitude > b.magnitude ? a.magnitude - b.magnitude : b.magnitude - a.magnitude);
+  return double(a.magnitude) + double(b.magnitude);  // opposite signs: past 2^64 only in a double
+}
+
 }  // namespace ckpt::detail

@@ -30,7 +30,8 @@ class judge {
   judge(const diff_options& o, dtype a, dtype b, tensor_diff& d)
       : o_(o), d_(d), ta_(a), tb_(b), float32_(in_float32(a, b)), same_type_(a == b),
         numeric_(number_kind_of(a) != number_kind::none && number_kind_of(b) != number_kind::none),
-        complex_(number_kind_of(a) == number_kind::complex || number_kind_of(b) == number_kind::complex) {}
+        complex_(number_kind_of(a) == number_kind::complex || number_kind_of(b) == number_kind::complex),
+        integers_(number_kind_of(a) == number_kind::integer && number_kind_of(b) == number_kind::integer) {}
 
   bool numeric() const { return numeric_; }
 
@@ -48,13 +49,29 @@ class judge {
         outside(first + i);
         continue;
       }
-      element(decode_element(ta_, xa), decode_element(tb_, xb), first + i);
+      if (integers_)
+        integer_element(decode_integer(ta_, xa), decode_integer(tb_, xb), first + i);
+      else
+        element(decode_element(ta_, xa), decode_element(tb_, xb), first + i);
     }
   }
 
  private:
   void outside(uint64_t index) {
     if (!d_.outside++) d_.first_outside = index;
+  }
+
+  // Two integer dtypes compare as integers, as torch's == does: as doubles, int64 values
+  // 2^62 and 2^62 + 1 would be one value.
+  void integer_element(const exact_integer& a, const exact_integer& b, uint64_t index) {
+    if (a == b) return;
+    if (!same_type_) ++d_.bits_differ;
+    ++d_.not_equal;
+    const double error = integer_distance(a, b), magnitude = double(b.magnitude);
+    const double allowed = o_.atol + o_.rtol * magnitude;
+    d_.max_abs_error = std::max(d_.max_abs_error, error);
+    d_.max_rel_error = std::max(d_.max_rel_error, magnitude > 0 ? error / magnitude : std::numeric_limits<double>::infinity());
+    if ((o_.atol == 0 && o_.rtol == 0) || !(error <= allowed)) outside(index);
   }
 
   void element(element_value a, element_value b, uint64_t index) {
@@ -103,7 +120,7 @@ class judge {
   const diff_options& o_;
   tensor_diff& d_;
   dtype ta_, tb_;
-  bool float32_, same_type_, numeric_, complex_;
+  bool float32_, same_type_, numeric_, complex_, integers_;
 };
 
 }  // namespace

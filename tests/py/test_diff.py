@@ -319,6 +319,26 @@ def test_tolerance_boundaries_match_torch_isclose(tmp_path, dtype):
     assert rc == 0
 
 
+@pytest.mark.parametrize("dtype,big", [(torch.int64, 2**62), (torch.int64, -2**63 + 1), (torch.uint64, 2**63)],
+                         ids=["int64", "int64-min", "uint64"])
+def test_64_bit_integers_past_2_53_are_compared_exactly(tmp_path, dtype, big):
+    # As doubles, 2^62 and 2^62 + 1 are one value: torch.equal still tells them apart.
+    a, b = torch.tensor([big, 5], dtype=dtype), torch.tensor([big + 1, 5], dtype=dtype)
+    assert not torch.equal(a, b)
+    rc, doc = diff_json(*pair_files(tmp_path, a, b))
+    t = tensor_entry(doc, "t")
+    assert rc == 1 and t["not_equal"] == 1 and t["outside_tolerance"] == 1 and t["max_abs_error"] == 1.0
+    # A tolerance of 0.5 still rules out a difference of one.
+    rc, doc = diff_json(*pair_files(tmp_path, a, b), "--atol", "0.5")
+    assert rc == 1 and tensor_entry(doc, "t")["outside_tolerance"] == 1
+    rc, _ = diff_json(*pair_files(tmp_path, a, b), "--atol", "1")
+    assert rc == 0
+    # Across integer dtypes too (int32 against int64): the values decide, exactly.
+    if dtype == torch.int64 and big > 0:
+        rc, doc = diff_json(*pair_files(tmp_path, torch.tensor([7, 5], dtype=torch.int32), a))
+        assert rc == 1 and tensor_entry(doc, "t")["not_equal"] == 1
+
+
 # --- every element as torch reads it ---------------------------------------------------
 
 
@@ -474,8 +494,10 @@ def test_unreadable_input_is_exit_3_naming_the_file(formats, tmp_path):
 def test_usage(formats):
     rc, _, err = run_ckptool("diff", formats["st"])
     assert rc == 2 and err.startswith("ckptool: usage: ") and "(see 'ckptool diff --help')" in err
-    rc, _, err = run_ckptool("diff", "--atol", "-1", formats["st"], formats["pt"])
-    assert rc == 2
+    # torch refuses a negative or NaN tolerance; an infinite one would admit every value.
+    for flag, value in [("--atol", "-1"), ("--atol", "nan"), ("--rtol", "nan"), ("--atol", "inf"), ("--rtol", "1e400")]:
+        rc, _, err = run_ckptool("diff", flag, value, formats["st"], formats["pt"])
+        assert rc == 2 and f"{flag}: expected a finite number >= 0, got '{value}'" in err, (flag, value, err)
 
 
 def test_hostile_key_is_escaped(tmp_path):
