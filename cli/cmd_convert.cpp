@@ -46,20 +46,6 @@ struct convert_options {
   distributed_flags dist;
 };
 
-// "state_dict" or "a/b": string keys from the root.
-ckpt::value_path parse_state_dict_path(const std::string& text) {
-  ckpt::value_path path;
-  size_t start = 0;
-  while (true) {
-    const size_t slash = text.find('/', start);
-    std::string part = text.substr(start, slash == std::string::npos ? std::string::npos : slash - start);
-    if (part.empty()) throw ckpt::error(ckpt::errc::usage, "--state-dict '" + text + "': an empty path element");
-    path.emplace_back(std::move(part));
-    if (slash == std::string::npos) return path;
-    start = slash + 1;
-  }
-}
-
 ckpt::convert_request make_request(const convert_options& o) {
   ckpt::convert_request req;
   const auto target = ckpt::convert_target_named(o.to);
@@ -102,7 +88,11 @@ ckpt::convert_request make_request(const convert_options& o) {
     };
   }
   req.select = o.select;
-  if (!o.state_dict.empty()) req.state_dict = parse_state_dict_path(o.state_dict);
+  if (!o.state_dict.empty()) {
+    // Checked for empty elements here; which dict it names is resolved once IN is open.
+    if (o.state_dict.front() == '/' || o.state_dict.back() == '/' || o.state_dict.find("//") != std::string::npos)
+      throw ckpt::error(ckpt::errc::usage, "--state-dict '" + o.state_dict + "': an empty path element");
+  }
   req.drop_other = o.drop_other;
   return req;
 }
@@ -233,6 +223,7 @@ int run_convert(const convert_options& o) {
     if (set.writes_stdout()) text = &std::cerr;
 
     c = ckpt::open_checkpoint(o.input, o.reader);
+    if (!o.state_dict.empty()) req.state_dict = ckpt::state_dict_path_named(c, o.state_dict);
     req.ops = key_ops_in_order(o.edits, {[&c] { return ckpt::keyed_tensors(c); }, c.path}, o.reader, o.code);
     plan = ckpt::plan_convert(c, req);
     if (to_dcp) {

@@ -136,7 +136,8 @@ struct tensor_alias {
   size_t tensor;                       // index into checkpoint::tensors
 };
 
-/// A non-tensor entry worth showing: top-level values, Lightning's hyper-parameters.
+/// A non-tensor entry worth showing: top-level values, the values of a state dict below
+/// the root that are not tensors (a module's _extra_state), Lightning's hyper-parameters.
 struct entry_summary {
   value_path path;
   std::string type;                    // "int", "str", "dict", "list", "object", ...

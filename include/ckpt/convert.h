@@ -75,10 +75,12 @@ struct convert_tensor {
   std::vector<int64_t> shape;
   uint64_t nbytes = 0;     // contiguous bytes written
   uint64_t source_nbytes = 0;  // contiguous bytes read
-  /// Another tensor of the plan (an earlier index) holding the same values from the same
-  /// bytes: a tie. torch writes it as the same object; safetensors cannot, so it is
-  /// written once (under the earlier name) and listed in convert_plan::ties. DCP saves
-  /// each key as an item of its own, as dcp.save does for a tied parameter: never set.
+  /// Another tensor of the plan holding the same values from the same bytes: a tie. torch
+  /// writes it as the same object (tie_of: the earliest key of the tie); safetensors
+  /// cannot, so it is written once, under the tie's name that sorts first (tie_of: that
+  /// key, earlier or later), as huggingface_hub's save_torch_state_dict keeps it, and
+  /// listed in convert_plan::ties. DCP saves each key as an item of its own, as dcp.save
+  /// does for a tied parameter: never set.
   std::optional<size_t> tie_of;
 };
 
@@ -120,6 +122,14 @@ struct convert_plan {
 /// for unsafe globals without drop_other; check_failed when two keys get one name; usage
 /// for a --select glob matching nothing or a --state-dict path that holds no tensor.
 convert_plan plan_convert(const checkpoint& c, const convert_request& request);
+
+/// The state dict that `text` (--state-dict: string keys from the root joined by '/',
+/// "state_dict", "model/sd") names in `c`: the dict holding tensors whose path, so joined,
+/// is `text`. A key may hold '/' itself ({"a/b": {...}} and {"a": {"b": {...}}} both read
+/// "a/b"): when two such dicts exist the name is ambiguous, an errc::usage error naming
+/// both. When none does, `text` split at every '/' (plan_convert then says it holds no
+/// tensor).
+value_path state_dict_path_named(const checkpoint& c, const std::string& text);
 
 /// Casts `count` elements of `from` at `src` to `to` at `dst` exactly as torch's Tensor.to
 /// does. Defined in libckpt_torch (src/torch/cast_values.cpp); the CLI reaches it through

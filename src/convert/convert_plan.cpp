@@ -16,6 +16,7 @@
 #include "model/assembly.h"
 #include "model/plain_tensor.h"
 #include "model/row_major.h"
+#include "pickle/pickle_accessors.h"
 
 namespace ckpt {
 namespace {
@@ -133,13 +134,61 @@ void carry_byte_items(const checkpoint& c, const convert_request& r, convert_pla
   }
 }
 
+bool is_prefix(const value_path& prefix, const value_path& path) {
+  return prefix.size() <= path.size() && std::equal(prefix.begin(), prefix.end(), path.begin());
+}
+
+// --state-dict P below entry `e` (e is P or holds it): what is left out of e is what lies
+// beside the way down to P, and P's own values that are not tensors. The model lists
+// top-level entries only, so those are found in e's value.
+void left_out_around(const entry_summary& e, const value_path& state_dict, const std::vector<std::string>& keys,
+                     std::vector<std::string>& other) {
+  const pickle::value* v = e.node;
+  value_path at = e.path;
+  for (size_t depth = e.path.size();; ++depth) {
+    if (!v || v->type != pickle::kind::dict) {
+      // Not a dict the way down (or a value decoded elsewhere): named whole, with what was taken.
+      other.push_back(path_to_string(at) + " (" + (v ? detail::python_type_of(v) : e.type) + ", all but " +
+                      path_to_string(state_dict) + ")");
+      return;
+    }
+    const pickle::value* next = nullptr;
+    for (size_t i = 0; i < v->dict_size(); ++i) {
+      const pickle::value* k = v->dict_key(i);
+      const pickle::value* x = v->dict_value(i);
+      const bool str = k->type == pickle::kind::str;
+      if (depth < state_dict.size() && str && path_element(k->text) == state_dict[depth]) {
+        next = x;
+        continue;
+      }
+      if (depth == state_dict.size() && str && std::find(keys.begin(), keys.end(), k->text) != keys.end()) continue;
+      value_path p = at;
+      if (k->type == pickle::kind::integer)
+        p.emplace_back(k->integer);
+      else
+        p.emplace_back(str ? k->text : pickle::repr(k, 80));
+      other.push_back(path_to_string(p) + " (" + detail::python_type_of(x) + ")");
+    }
+    if (depth == state_dict.size()) return;
+    at.push_back(state_dict[depth]);
+    v = next;
+  }
+}
+
 // The entries the output cannot hold, unless the request says to drop them.
 void check_other_entries(const checkpoint& c, const convert_request& r, convert_plan& plan) {
   std::vector<std::string> other;
+  std::vector<std::string> key_names;  // every tensor key below --state-dict, selected or not
+  if (r.state_dict)
+    for (const source_key& k : keys_below(c, *r.state_dict)) key_names.push_back(k.key);
   for (const entry_summary& e : c.entries) {
     const bool carried = std::any_of(plan.byte_items.begin(), plan.byte_items.end(),
                                      [&](const convert_byte_item& b) { return b.path == e.path; });
-    if (!carried) other.push_back(path_to_string(e.path) + " (" + e.type + ")");
+    if (carried) continue;
+    if (r.state_dict && is_prefix(e.path, *r.state_dict))
+      left_out_around(e, *r.state_dict, key_names, other);
+    else
+      other.push_back(path_to_string(e.path) + " (" + e.type + ")");
   }
   if (c.pt2) {
     // A torch.export archive's constants (lifted tensors, non-persistent buffers) are no
@@ -157,6 +206,15 @@ void check_other_entries(const checkpoint& c, const convert_request& r, convert_
           .with_file(c.path);
     for (const auto& g : c.unsafe_globals) plan.dropped.push_back("unsafe global " + g);
   }
+  // A torch file could hold the state dict's _metadata (module versions, which
+  // load_state_dict passes to each module's _load_from_state_dict), but convert writes a
+  // plain dict of tensors: said, never refused (rekey keeps it). safetensors and DCP have
+  // no place for it, as for every writer of theirs.
+  if (r.to == convert_target::torch && c.state_dict_node && (!r.state_dict || *r.state_dict == *c.state_dict) &&
+      c.state_dict_node->type == pickle::kind::dict && c.state_dict_node->state &&
+      detail::str_key(c.state_dict_node->state, "_metadata"))
+    plan.dropped.push_back(path_to_string(*c.state_dict) + (c.state_dict->empty() ? "" : "/") +
+                           "_metadata (module versions; rekey keeps them)");
   // --state-dict and --select name what is converted: everything else is left on purpose.
   if (other.empty()) return;
   if (r.drop_other || r.state_dict || !r.select.empty()) {
@@ -199,6 +257,35 @@ void choose_metadata(const checkpoint& c, const convert_request& r, convert_plan
   plan.metadata = std::move(user);
 }
 
+// A safetensors file holds a tie once, under the name that sorts first, the others
+// recorded as __metadata__[alias] = kept: huggingface_hub's and safetensors'
+// _remove_duplicate_names (sorted(complete_names)[0]), groups in the order their first
+// key comes, each group's aliases sorted. (torch keeps every name, on one object.)
+void keep_first_sorted_names(convert_plan& plan) {
+  std::map<size_t, std::vector<size_t>> groups;  // first key's index -> every key of the tie
+  for (size_t i = 0; i < plan.tensors.size(); ++i)
+    if (const auto first = plan.tensors[i].tie_of) {
+      auto& g = groups[*first];
+      if (g.empty()) g.push_back(*first);
+      g.push_back(i);
+    }
+  for (auto& [first, keys] : groups) {
+    std::sort(keys.begin(), keys.end(),
+              [&](size_t a, size_t b) { return plan.tensors[a].name < plan.tensors[b].name; });
+    const size_t kept = keys.front();
+    plan.tensors[kept].tie_of.reset();
+    for (size_t k = 1; k < keys.size(); ++k) {
+      convert_tensor& alias = plan.tensors[keys[k]];
+      alias.tie_of = kept;
+      plan.ties.emplace_back(alias.name, plan.tensors[kept].name);
+      // As save_model: the user's own metadata under that name wins.
+      if (std::none_of(plan.metadata.begin(), plan.metadata.end(),
+                       [&](const auto& kv) { return kv.first == alias.name; }))
+        plan.metadata.emplace_back(alias.name, plan.tensors[kept].name);
+    }
+  }
+}
+
 }  // namespace
 
 std::optional<convert_target> convert_target_named(const std::string& name) {
@@ -207,6 +294,39 @@ std::optional<convert_target> convert_target_named(const std::string& name) {
   if (name == "hf") return convert_target::hf;
   if (name == "dcp") return convert_target::dcp;
   return std::nullopt;
+}
+
+value_path state_dict_path_named(const checkpoint& c, const std::string& text) {
+  std::vector<value_path> named;
+  auto consider = [&](const value_path& p) {
+    if (p.empty()) return;
+    const value_path parent(p.begin(), p.end() - 1);
+    if (parent.empty() || !std::all_of(parent.begin(), parent.end(),
+                                       [](const path_element& e) { return std::holds_alternative<std::string>(e); }))
+      return;
+    if (path_to_string(parent) == text && std::find(named.begin(), named.end(), parent) == named.end())
+      named.push_back(parent);
+  };
+  for (const tensor_record& t : c.tensors) consider(t.path);
+  for (const tensor_alias& a : c.aliases) consider(a.path);
+  if (named.size() > 1) {
+    auto shown = [](const value_path& p) {
+      std::string out = "[";
+      for (size_t i = 0; i < p.size(); ++i) out += (i ? ", " : "") + text::quote(std::get<std::string>(p[i]), 80);
+      return out + "]";
+    };
+    throw error(errc::usage, "--state-dict " + text::quote(text) + " is ambiguous: it names two dicts of tensors, " +
+                                 shown(named[0]) + " and " + shown(named[1]) + " (a key holds '/')")
+        .with_file(c.path);
+  }
+  if (named.size() == 1) return named.front();
+  value_path split;
+  for (size_t start = 0;;) {
+    const size_t slash = text.find('/', start);
+    split.emplace_back(text.substr(start, slash == std::string::npos ? std::string::npos : slash - start));
+    if (slash == std::string::npos) return split;
+    start = slash + 1;
+  }
 }
 
 convert_plan plan_convert(const checkpoint& c, const convert_request& r) {
@@ -261,9 +381,10 @@ convert_plan plan_convert(const checkpoint& c, const convert_request& r) {
         .with_file(c.path);
   if (!plan.keys.collisions.empty()) {
     std::vector<std::string> lines;
-    for (const auto& [to, from] : plan.keys.collisions) lines.push_back(to + " <- " + listed(from, 3));
+    for (const auto& [to, from] : plan.keys.collisions) lines.push_back(text::in_quotes(to) + " <- " + text::join_names(from, 4));
     throw error(errc::check_failed, std::to_string(lines.size()) +
-                                        " new key(s) would be claimed by several keys; nothing written: " + listed(lines))
+                                        " new key(s) would be claimed by several keys; nothing written: " +
+                                        text::join_names(lines, 5))
         .with_file(c.path);
   }
 
@@ -302,15 +423,11 @@ convert_plan plan_convert(const checkpoint& c, const convert_request& r) {
           .with_file(c.path);
     t.nbytes = contiguous_bytes(t.type, t.shape);
     t.source_nbytes = contiguous_bytes(t.source_type, t.shape);
-    if (t.tie_of && r.to != convert_target::torch) {
-      plan.ties.emplace_back(t.name, plan.tensors[*t.tie_of].name);
-      // As save_model: the user's own metadata under that name wins.
-      if (std::none_of(plan.metadata.begin(), plan.metadata.end(), [&](const auto& kv) { return kv.first == t.name; }))
-        plan.metadata.emplace_back(t.name, plan.tensors[*t.tie_of].name);
-    } else
-      plan.data_bytes += t.nbytes;
     plan.tensors.push_back(std::move(t));
   }
+  if (r.to == convert_target::safetensors || r.to == convert_target::hf) keep_first_sorted_names(plan);
+  for (const convert_tensor& t : plan.tensors)
+    if (!t.tie_of) plan.data_bytes += t.nbytes;
   // Pieces that overlap, leave holes or lie outside their tensor are refused now, before
   // any output exists.
   if (!assembled.empty()) detail::plan_assembly(c, assembled);

@@ -543,6 +543,7 @@ tensor_collector::binder zip_storage_binder(checkpoint& ckpt, uint32_t file, std
     std::string id;  // reused: one allocation for every lookup
     std::vector<size_t> storage_of_entry;
     std::vector<dtype> type_of_entry;  // without records
+    std::vector<bool> untyped_entry;   // first bound by an UntypedStorage reference
     size_t next_entry = 0;  // the entry after the last one found
     size_t next_index = 0;  // without records: the index the next storage's record would have
   };
@@ -550,6 +551,7 @@ tensor_collector::binder zip_storage_binder(checkpoint& ckpt, uint32_t file, std
   st->record_dir = std::move(record_dir);
   const zip::archive& ar = *ckpt.files.at(file).zip;
   st->storage_of_entry.assign(ar.entries().size(), kNone);
+  st->untyped_entry.assign(ar.entries().size(), false);
   if (!records) st->type_of_entry.assign(ar.entries().size(), dtype::uint8);
   st->next_index = first_index;
   return [&ckpt, &ar, file, st, records](const storage_ref& ref, dtype element_type) -> bound_storage {
@@ -572,7 +574,15 @@ tensor_collector::binder zip_storage_binder(checkpoint& ckpt, uint32_t file, std
     if (bound != kNone) {
       const dtype bound_type = records ? ckpt.storages[bound].type : st->type_of_entry[entry];
       const uint64_t bound_bytes = records ? ckpt.storages[bound].nbytes : e->uncompressed_size;
-      if (bound_type != storage_type || bound_bytes != nbytes)
+      // torch.load hands every later reference the storage loaded first (formats.md §2.2).
+      // An UntypedStorage one (_rebuild_tensor_v3, which gives the tensor its own dtype:
+      // torch.save writes a float8 view of uint8 bytes so) needs only the same bytes; a
+      // typed one (_rebuild_tensor_v2, whose tensor takes the storage's dtype) the same
+      // type too, and after an untyped first reference that type is torch's for it, uint8.
+      const bool agrees =
+          bound_bytes == nbytes &&
+          (!ref.typed || (st->untyped_entry[entry] ? storage_type == dtype::uint8 : bound_type == storage_type));
+      if (!agrees)
         throw_corrupt("storage '" + ref.key + "' reused as " + name(storage_type) + " x " +
                           std::to_string(ref.numel) + " after " + name(bound_type) + " (" +
                           std::to_string(bound_bytes) + " bytes)",
@@ -586,6 +596,7 @@ tensor_collector::binder zip_storage_binder(checkpoint& ckpt, uint32_t file, std
       throw_corrupt("record " + std::string(e->name) + " holds " + std::to_string(e->uncompressed_size) +
                         " bytes but its storage declares " + std::to_string(nbytes),
                     e->local_header_offset);
+    st->untyped_entry[entry] = !ref.typed;
     if (!records) {
       bound = st->next_index++;
       st->type_of_entry[entry] = storage_type;

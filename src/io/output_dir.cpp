@@ -268,12 +268,18 @@ void output_dir::check_identity() {
   }
 }
 
+// A Hugging Face set of one shard has no index: save_torch_state_dict writes it under this
+// name alone (its default pattern model{suffix}.safetensors, with no suffix), and so does
+// convert --to hf. Loaders read it before any index.
+constexpr const char* kSingleShardName = "model.safetensors";
+
 void output_dir::find_previous_set(const std::vector<std::string>& listing) {
   std::vector<std::string> indexes;
-  bool dcp = false;
+  bool dcp = false, single_shard = false;
   for (const auto& n : listing) {
     if (detail::is_shard_index_name(n) && is_regular_or_link(text::file_in(target_, n))) indexes.push_back(n);
     if (n == ".metadata" && is_regular_or_link(text::file_in(target_, n))) dcp = true;
+    if (n == kSingleShardName && is_regular_or_link(text::file_in(target_, n))) single_shard = true;
   }
   // Another layout, or two sets: writing beside them would leave a directory no loader
   // reads as one checkpoint, and which files to replace would be a guess.
@@ -281,11 +287,13 @@ void output_dir::find_previous_set(const std::vector<std::string>& listing) {
     detail::fail_usage("the output directory holds a torch.distributed.checkpoint (.metadata); a shard set beside it would "
           "make a directory no loader reads as one checkpoint; nothing written",
           path_);
-  if (layout_ == set_layout::dcp && !indexes.empty())
-    detail::fail_usage("the output directory holds a Hugging Face shard index " + text::in_quotes(indexes.front()) +
-              "; a torch.distributed.checkpoint beside it would make a directory no loader reads as one checkpoint; "
-              "nothing written",
-          path_);
+  if (layout_ == set_layout::dcp && (!indexes.empty() || single_shard))
+    detail::fail_usage("the output directory holds a Hugging Face " +
+                           (indexes.empty() ? "set of one shard " + text::in_quotes(kSingleShardName)
+                                            : "shard index " + text::in_quotes(indexes.front())) +
+                           "; a torch.distributed.checkpoint beside it would make a directory no loader reads as one "
+                           "checkpoint; nothing written",
+                       path_);
   if (indexes.size() > 1)
     detail::fail_usage("the output directory holds " + std::to_string(indexes.size()) + " shard indexes (" + listed_in_quotes(indexes) +
               "): which set to replace would be a guess; nothing written",
@@ -310,6 +318,10 @@ void output_dir::find_previous_set(const std::vector<std::string>& listing) {
       if (shard.find('/') != std::string::npos || shard.find('\\') != std::string::npos) continue;
       if (is_regular_or_link(text::file_in(target_, shard))) prev.insert(shard);
     }
+  } else if (layout_ == set_layout::hf_index && single_shard && indexes.empty()) {
+    // No index to move aside: the new set's files are renamed in, then it is removed
+    // unless the new set took its name.
+    prev.insert(kSingleShardName);
   } else if (layout_ == set_layout::dcp && dcp) {
     // Hook for the DCP writer: the set is `.metadata` and the `*.distcp` files beside it.
     previous_last_ = ".metadata";

@@ -186,15 +186,6 @@ void collect_globals(checkpoint& c, const pickle::document& doc, bool torchscrip
 
 // The Python type of an entry, as inspect reports it: an OrderedDict is named as such, and
 // an object by the class that made it.
-std::string type_name(const value* v) {
-  if (v->type == kind::dict && v->flag) return "OrderedDict";
-  if (v->type == kind::object) {
-    const value* g = v->callable_global();
-    return g ? g->global_name() : "object";
-  }
-  return text::python_type_name(v->type);
-}
-
 // A bit per node of `doc` (tensors of another document, TorchScript's constants, fall back to
 // a hash set): for a million tensors a pointer_map here was 32 MB at open's peak.
 detail::node_marks tensor_node_set(const checkpoint& c, const pickle::document& doc) {
@@ -255,7 +246,7 @@ std::string entry_value(const value* v, const detail::node_marks& tensor_nodes) 
   if (tensors == 0) return pickle::repr(v, 120);
   size_t n = v->type == kind::dict ? v->dict_size() : v->items.size();
   const char* noun = v->type == kind::dict ? (n == 1 ? "entry" : "entries") : (n == 1 ? "item" : "items");
-  std::string out = type_name(v);
+  std::string out = detail::python_type_of(v);
   if (v->type != kind::object) out += ", " + std::to_string(n) + " " + noun;
   return out + ", " + std::to_string(tensors) + (tensors == 1 ? " tensor" : " tensors") + " inside";
 }
@@ -272,10 +263,14 @@ void summarize_entries(checkpoint& c, const value* root, const detail::node_mark
         p.push_back(k->integer);
       else
         p.push_back(k->type == kind::str ? k->text : pickle::repr(k, 80));
-      c.entries.push_back({p, type_name(v), entry_value(v, tensor_nodes), v});
+      c.entries.push_back({p, detail::python_type_of(v), entry_value(v, tensor_nodes), v});
     }
   };
   add_entries(root, {});
+  // The values of a state dict below the root that are not tensors (a module's
+  // _extra_state, a stray int): entries too, or no verb would show them.
+  if (c.state_dict && !c.state_dict->empty() && c.state_dict_node && c.state_dict_node->type == kind::dict)
+    add_entries(c.state_dict_node, *c.state_dict);
   if (c.lightning) {
     for (size_t i = 0; i < root->dict_size(); ++i) {
       const value* k = root->dict_key(i);

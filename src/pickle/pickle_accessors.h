@@ -11,6 +11,7 @@
 
 #include "ckpt/error.h"
 #include "ckpt/pickle.h"
+#include "base/text.h"
 
 namespace ckpt::detail {
 
@@ -25,6 +26,17 @@ inline const pickle::value* str_key(const pickle::value* d, std::string_view key
   for (size_t i = 0; i < d->dict_size(); ++i)
     if (d->dict_key(i)->type == pickle::kind::str && d->dict_key(i)->text == key) return d->dict_value(i);
   return nullptr;
+}
+
+/// What Python would call the value's type: "int", "dict", "OrderedDict", or for an
+/// object the global that makes it ("argparse.Namespace").
+inline std::string python_type_of(const pickle::value* v) {
+  if (v->type == pickle::kind::dict && v->flag) return "OrderedDict";
+  if (v->type == pickle::kind::object) {
+    const pickle::value* g = v->callable_global();
+    return g ? g->global_name() : "object";
+  }
+  return text::python_type_name(v->type);
 }
 
 inline const pickle::value* arg(const pickle::value* args, size_t i) { return args->items[i]; }

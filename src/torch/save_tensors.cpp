@@ -105,7 +105,11 @@ void save_tensors(const std::vector<std::pair<std::string, at::Tensor>>& tensors
     auto [it, fresh] = index_of.emplace(id, storages.size());
     if (fresh) storages.push_back({t.storage(), dt, std::to_string(storages.size())});
     const storage_out& s = storages[it->second];
-    if (s.type != dt)
+    // torch.save's rule (formats.md §3.2): views of one storage agree on the dtype the
+    // storage is pickled as, uint8 for a dtype without a legacy storage class (pickled
+    // untyped). A float8 view of uint8 bytes is fine; an int32 view of int16 is not.
+    const auto pickled_as = [](dtype d) { return info(d).legacy_storage ? d : dtype::uint8; };
+    if (pickled_as(s.type) != pickled_as(dt))
       throw error(errc::unsupported, "tensors " + name + " and another share a storage with different dtypes; torch.save refuses that too");
     bool typed = di.legacy_storage != nullptr;
     uint64_t nbytes = s.storage.nbytes();

@@ -19,6 +19,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import warnings
@@ -183,6 +184,7 @@ def test_key_edits_and_select(work):
     # Two keys renamed to one: refused before anything is written.
     rc, _, err = convert(src, work / "clash.pt", "--to", "torch", "--rename", r"(weight|bias)=x", ok=False)
     assert rc == 1 and not (work / "clash.pt").exists(), err
+    assert "nothing written: '_orig_mod.enc.x' <- _orig_mod.enc.weight, _orig_mod.enc.bias" in err, err
 
 
 def test_lightning_style_needs_state_dict_or_drop(work):
@@ -200,6 +202,36 @@ def test_lightning_style_needs_state_dict_or_drop(work):
     assert "left out epoch" in err
     assert_same(load_file(out2), sd)
 
+
+def test_state_dict_path_names_what_is_left_out_and_refuses_ambiguity(work):
+    w = torch.randn(3)
+    # Non-tensor values inside a state dict below the root (a module's _extra_state, a
+    # counter) are entries too: never dropped without being named.
+    src = work / "nested_entry.pt"
+    torch.save({"state_dict": {"w": w, "n": 5}, "epoch": 1}, src)
+    out = work / "nested_entry.safetensors"
+    rc, _, err = convert(src, out, "--to", "safetensors", ok=False)
+    assert rc == 3 and "'state_dict/n (int)'" in err and not out.exists(), err
+    _, _, err = convert(src, out, "--to", "safetensors", "--drop-other")
+    assert "left out state_dict/n (int)" in err and "left out epoch (int)" in err
+    assert_same(load_file(out), {"w": w})
+    # --state-dict deeper than an entry: what lies beside the way down is named, not the
+    # entry that holds the converted dict.
+    src = work / "deep.pt"
+    torch.save({"m": {"sd": {"w": w, "n": 2}, "extra": 5}, "other": 1}, src)
+    _, _, err = convert(src, work / "deep.safetensors", "--to", "safetensors", "--state-dict", "m/sd")
+    left = sorted(line.split("left out ")[1] for line in err.splitlines() if "left out " in line)
+    assert left == ["m/extra (int)", "m/sd/n (int)", "other (int)"], err
+    assert_same(load_file(work / "deep.safetensors"), {"w": w})
+    # A key holding '/': the path is matched against the file's keys, and two matches refused.
+    src = work / "slash.pt"
+    torch.save({"a/b": {"w": torch.ones(2)}, "c": 1}, src)
+    convert(src, work / "slash.safetensors", "--to", "safetensors", "--state-dict", "a/b")
+    assert_same(load_file(work / "slash.safetensors"), {"w": torch.ones(2)})
+    src = work / "slash2.pt"
+    torch.save({"a/b": {"w": torch.ones(2)}, "a": {"b": {"w": torch.zeros(2)}}}, src)
+    rc, _, err = convert(src, work / "slash2.safetensors", "--to", "safetensors", "--state-dict", "a/b", ok=False)
+    assert rc == 2 and "ambiguous" in err and not (work / "slash2.safetensors").exists(), err
 
 @pytest.mark.parametrize("target", ["bfloat16", "float16", "float8_e4m3fn"])
 def test_dtype_cast_equals_torch_to(work, target):
@@ -298,6 +330,31 @@ def test_hf_equals_huggingface_hub(work):
                     assert sorted(a.keys()) == sorted(b.keys()), (size, name)
                     assert a.metadata() == b.metadata() == {"format": "pt"}
                 assert_same(load_file(out / name), load_file(ref / name))
+
+
+def test_hf_ties_keep_the_name_huggingface_hub_keeps(work):
+    # The tie's first key (in dict order) is not the one that sorts first: the Hub keeps
+    # lm_head.weight, at its own place, and records the embedding as its alias. Two ties,
+    # so the aliases' order in the index is checked too.
+    emb, head2 = torch.arange(12.0).reshape(3, 4), torch.arange(8.0).reshape(2, 4)
+    sd = {"model.embed_tokens.weight": emb, "z.proj": head2, "model.norm.weight": torch.ones(4),
+          "lm_head.weight": emb, "b.proj": head2, "a.unused": torch.zeros(3)}
+    torch.save(sd, work / "ties.pt")
+    for size in ["5GB", "100"]:
+        out, ref = work / f"ties_hf_{size}", work / f"ties_hub_{size}"
+        _, _, err = convert(work / "ties.pt", out, "--to", "hf", "--max-shard-size", size)
+        assert "model.embed_tokens.weight is tied to lm_head.weight" in err, err
+        hub_reference(dict(sd), ref, int(size) if size.isdigit() else size)
+        names = sorted(p.name for p in ref.iterdir())
+        assert sorted(p.name for p in out.iterdir()) == names, size
+        for name in names:
+            if name.endswith(".json"):
+                assert (out / name).read_text() == (ref / name).read_text(), size
+                continue
+            with safe_open(out / name, "pt") as a, safe_open(ref / name, "pt") as b:
+                assert list(a.keys()) == list(b.keys()), (size, name)
+                assert a.metadata() == b.metadata(), (size, name)
+            assert_same(load_file(out / name), load_file(ref / name))
 
 
 def test_hf_set_to_hf_loads_in_transformers(work):
@@ -410,3 +467,17 @@ def test_memory_bounded_by_largest_tensor(tmp_path):
         assert peak <= 96, f"--to {to}: peak RSS {peak:.0f} MiB"
     got = load_file(tmp_path / "big.safetensors")
     assert all(float(got[f"w{i}"][5, 7]) == float(i) for i in range(8))
+
+
+def test_module_versions_left_out_of_a_torch_output_are_named(work):
+    # model.state_dict() carries _metadata (module versions); a torch output is a plain dict.
+    src = work / "versions.pt"
+    torch.save(torch.nn.BatchNorm1d(3).state_dict(), src)
+    _, stdout, err = convert(src, work / "versions_out.pt", "--to", "torch", "--json")
+    assert "left out _metadata (module versions; rekey keeps them)" in err, err
+    assert any("_metadata" in d for d in json.loads(stdout)["dropped"])
+    got = torch.load(work / "versions_out.pt", weights_only=True)
+    assert_same(got, torch.load(src, weights_only=True))
+    # safetensors never holds it: nothing to say.
+    _, _, err = convert(src, work / "versions.safetensors", "--to", "safetensors")
+    assert "_metadata" not in err, err

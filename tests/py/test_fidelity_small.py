@@ -253,3 +253,27 @@ def test_inspect_torchscript_totals_match_the_filtered_listing(tmp_path):
     assert rc == 0, err
     assert _totals_line(out).startswith(
         f"totals of the tensors matching --filter: {len(shown)} tensors, {sum(v.numel() for v in shown.values())} elements"), out
+
+
+def test_dtype_views_of_one_storage_read_as_torch_reads_them(tmp_path):
+    # fp8 packing code keeps raw bytes and typed views of them: torch.save pickles the uint8
+    # tensor with a ByteStorage, the float8 and uint16 views with UntypedStorage references
+    # to the same key, and torch.load gives each view its own dtype (formats.md §3.2).
+    raw = torch.arange(24, dtype=torch.uint8)
+    sd = {"raw": raw, "f8": raw.view(torch.float8_e4m3fn), "u16": raw[4:].view(torch.uint16)}
+    src = tmp_path / "views.pt"
+    torch.save(sd, src)
+    want = torch.load(src, weights_only=True)
+    doc = inspect_json(src)
+    got = {t["path"][-1]: (t["dtype"], t["shape"], t["storage"]) for t in doc["tensors"]}
+    assert got == {"raw": ("uint8", [24], "0"), "f8": ("float8_e4m3fn", [24], "0"), "u16": ("uint16", [10], "0")}
+    # Every verb reads it: its values, bit for bit, through convert (safetensors, then torch).
+    from safetensors.torch import load_file
+    for to, name in [("safetensors", "views.safetensors"), ("torch", "views_out.pt")]:
+        rc, _, err = run_ckptool("convert", src, "-o", tmp_path / name, "--to", to)
+        assert rc == 0, err
+        out = load_file(tmp_path / name) if to == "safetensors" else torch.load(tmp_path / name, weights_only=True)
+        for k, v in want.items():
+            assert out[k].dtype == v.dtype and torch.equal(out[k].view(torch.uint8), v.view(torch.uint8)), (to, k)
+    rc, out, err = run_ckptool("diff", src, tmp_path / "views.safetensors")
+    assert rc == 0, out + err
