@@ -17,6 +17,9 @@
 
 #include "ckpt/error.h"
 #include "ckpt/sys_io.h"
+#include "ckpt/byte_source.h"
+#include "ckpt/dcp.h"
+#include "formats/format_detect.h"
 #include "formats/hf_index.h"
 #include "io/temp_registry.h"
 #include "model/layout.h"
@@ -131,6 +134,22 @@ bool is_regular_or_link(const std::string& path, identity* id = nullptr) {
   if (::lstat(path.c_str(), &st) != 0) return false;
   if (id) *id = {st.st_dev, st.st_ino};
   return S_ISREG(st.st_mode) || S_ISLNK(st.st_mode);
+}
+
+// Whether `path` is a regular file (through a link) whose content is a checkpoint file
+// ckptool or a loader writes into a set: a torch.save zip (a .bin shard, a .distcp file,
+// meta.pt) or safetensors. An index or .metadata is trusted to name such files only, never
+// any file of OUTDIR: a planted index naming notes.txt must not make it a shard to remove.
+bool holds_checkpoint_data(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return false;  // never opens a FIFO
+  try {
+    file_source src(path);
+    const detail::sniffed kind = detail::sniff_format(src);
+    return kind == detail::sniffed::zip || kind == detail::sniffed::safetensors;
+  } catch (const error&) {
+    return false;
+  }
 }
 
 }  // namespace
@@ -316,19 +335,51 @@ void output_dir::find_previous_set(const std::vector<std::string>& listing) {
       // Only plain names directly in OUTDIR are ever removed: a name with a directory in
       // it could lead through a symlink to files outside.
       if (shard.find('/') != std::string::npos || shard.find('\\') != std::string::npos) continue;
-      if (is_regular_or_link(text::file_in(target_, shard))) prev.insert(shard);
+      if (!is_regular_or_link(text::file_in(target_, shard))) continue;
+      if (!holds_checkpoint_data(text::file_in(target_, shard)))
+        detail::fail_usage("the output directory's index " + text::in_quotes(previous_last_) + " names " +
+                               text::in_quotes(shard) +
+                               ", which is not a safetensors or torch file: it is no previous set ckptool may "
+                               "replace; remove it yourself; nothing written",
+                           index_path);
+      prev.insert(shard);
     }
   } else if (layout_ == set_layout::hf_index && single_shard && indexes.empty()) {
     // No index to move aside: the new set's files are renamed in, then it is removed
     // unless the new set took its name.
     prev.insert(kSingleShardName);
   } else if (layout_ == set_layout::dcp && dcp) {
-    // Hook for the DCP writer: the set is `.metadata` and the `*.distcp` files beside it.
+    // The set is `.metadata` and the files its storage_data names (not every *.distcp
+    // beside it: a file it does not name is not of the set), and a Lightning checkpoint's
+    // meta.pt (formats.md §9.6), which rekey and convert copy beside it.
     previous_last_ = ".metadata";
+    const std::string metadata_path = text::file_in(target_, previous_last_);
+    dcp::metadata md;
+    try {
+      struct stat st;
+      if (::stat(metadata_path.c_str(), &st) != 0 || !S_ISREG(st.st_mode))
+        throw error(errc::unsupported, "not a regular file");
+      md = dcp::decode_metadata(file_source(metadata_path));
+    } catch (const error& e) {
+      detail::fail_usage("the output directory holds a .metadata that cannot be read (" + e.message() +
+                             "), so which files are its set is unknown: remove it yourself; nothing written",
+                         metadata_path);
+    }
     prev.insert(previous_last_);
-    for (const auto& n : listing)
-      if (n.size() > 7 && n.compare(n.size() - 7, 7, ".distcp") == 0 && is_regular_or_link(text::file_in(target_, n)))
-        prev.insert(n);
+    for (const dcp::storage_item& item : md.storage_data) {
+      const std::string& n = item.relative_path;
+      if (n.empty() || n.find('/') != std::string::npos || n == "." || n == ".." || prev.count(n) ||
+          !is_regular_or_link(text::file_in(target_, n)))
+        continue;
+      if (!holds_checkpoint_data(text::file_in(target_, n)))
+        detail::fail_usage("the output directory's .metadata names " + text::in_quotes(n) +
+                               ", which is not a torch.save or safetensors file: it is no previous set ckptool may "
+                               "replace; remove it yourself; nothing written",
+                           metadata_path);
+      prev.insert(n);
+    }
+    const std::string meta_pt = text::file_in(target_, "meta.pt");
+    if (is_regular_or_link(meta_pt) && holds_checkpoint_data(meta_pt)) prev.insert("meta.pt");
   }
   previous_.assign(prev.begin(), prev.end());
   for (const auto& n : listing)

@@ -67,3 +67,15 @@ def test_materialize_equals_what_fabric_load_gives(lightning_dir, tmp_path):
         assert torch.equal(g.view(torch.uint8), v.view(torch.uint8)), k
     rc, out, err = run_ckptool("verify", lightning_dir, timeout=120)
     assert rc == 0, out + err
+
+
+def test_rekey_output_replaced_with_its_meta_pt(lightning_dir, tmp_path):
+    # meta.pt is part of a Lightning DCP set: a second run into the same OUTDIR replaces the
+    # set ckptool wrote, meta.pt included, without --force.
+    out = tmp_path / "out"
+    for prefix in ("x.", "y."):
+        rc, _, err = run_ckptool("rekey", "--add-prefix", prefix, lightning_dir, "-o", out)
+        assert rc == 0, err
+    assert (out / "meta.pt").read_bytes() == (lightning_dir / "meta.pt").read_bytes()
+    keys = FileSystemReader(str(out)).read_metadata().state_dict_metadata
+    assert keys and all(k.startswith("y.") for k in keys)

@@ -537,6 +537,31 @@ def test_cli_output_directory_policy(dcp_dirs, tmp_path):
     assert all(k.startswith("m.") for k in md.state_dict_metadata)
     assert not [x for x in out.iterdir() if x.name.startswith(".out.ckptool")]
     assert tree_hashes(src) == before
+    # A .distcp file .metadata does not name is not of the previous set: never removed.
+    (out / "backup.distcp").write_bytes(b"mine")
+    p = ck_rekey("--strip-compiled", src, "-o", out)
+    assert p.returncode == 2 and "'backup.distcp'" in p.stderr, p.stderr
+    p = ck_rekey("--strip-compiled", "--force", src, "-o", out)
+    assert p.returncode == 0 and (out / "backup.distcp").read_bytes() == b"mine", p.stderr
+    # A .metadata that cannot be read names no set: refused even with --force, nothing touched.
+    junk = tmp_path / "junk"
+    junk.mkdir()
+    (junk / ".metadata").write_bytes(b"junk")
+    (junk / "__0_0.distcp").write_bytes(b"mine")
+    (junk / "notes.distcp").write_bytes(b"mine too")
+    p = ck_rekey("--strip-compiled", "--force", src, "-o", junk)
+    assert p.returncode == 2 and "cannot be read" in p.stderr, p.stderr
+    assert sorted(x.name for x in junk.iterdir()) == [".metadata", "__0_0.distcp", "notes.distcp"]
+    assert (junk / "__0_0.distcp").read_bytes() == b"mine"
+    # A .metadata naming a file that is no checkpoint data: refused, the file kept.
+    named = tmp_path / "named"
+    shutil.copytree(out, named)
+    (named / "backup.distcp").unlink()
+    first = sorted(x.name for x in named.iterdir() if x.name.endswith(".distcp"))[0]
+    (named / first).write_text("not a torch.save archive")
+    p = ck_rekey("--strip-compiled", "--force", src, "-o", named)
+    assert p.returncode == 2 and "is not a torch.save or safetensors file" in p.stderr, p.stderr
+    assert (named / first).read_text() == "not a torch.save archive"
 
 
 def test_cli_unsafe_flags_refused(dcp_dirs, tmp_path):

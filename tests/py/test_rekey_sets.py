@@ -281,6 +281,14 @@ def _refusal_cases(tmp_path: Path, src: Path):
         (tmp_path / "o").mkdir()
         (tmp_path / "o" / "model.safetensors.index.json").write_text("{not json")
 
+    def planted_index():
+        # An index ckptool did not write, naming the user's files: they are no shards.
+        (tmp_path / "o").mkdir()
+        (tmp_path / "o" / "notes.txt").write_text("mine")
+        (tmp_path / "o" / "config.json").write_text("{}")
+        (tmp_path / "o" / "model.safetensors.index.json").write_text(
+            json.dumps({"weight_map": {"a": "config.json", "b": "notes.txt"}}))
+
     def hard_linked_input():
         (tmp_path / "o").mkdir()
         first = shards_of(hf_fixtures._index_in(src))[0]
@@ -303,6 +311,8 @@ def _refusal_cases(tmp_path: Path, src: Path):
         ("holds a torch.distributed.checkpoint", tmp_path / "o", ["--force"], dcp_there),
         ("holds 2 shard indexes", tmp_path / "o", ["--force"], two_indexes),
         ("cannot be read", tmp_path / "o", ["--force"], bad_index),
+        ("which is not a safetensors or torch file", tmp_path / "o", [], planted_index),
+        ("which is not a safetensors or torch file", tmp_path / "o", ["--force"], planted_index),
         ("is the input", tmp_path / "o", ["--force"], hard_linked_input),
     ]
 
