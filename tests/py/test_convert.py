@@ -481,3 +481,17 @@ def test_module_versions_left_out_of_a_torch_output_are_named(work):
     # safetensors never holds it: nothing to say.
     _, _, err = convert(src, work / "versions.safetensors", "--to", "safetensors")
     assert "_metadata" not in err, err
+
+
+def test_one_shard_hf_output_is_a_previous_set(work):
+    # A set of one shard is model.safetensors alone: a second run replaces it, and a DCP
+    # is never written beside it.
+    src = work / "one_shard.pt"
+    torch.save({"w": torch.ones(4)}, src)
+    out = work / "one_shard_hf"
+    for _ in range(2):
+        convert(src, out, "--to", "hf")
+    assert sorted(p.name for p in out.iterdir()) == ["model.safetensors"]
+    rc, _, err = convert(src, out, "--to", "dcp", "--force", ok=False)
+    assert rc == 2 and "set of one shard 'model.safetensors'" in err, err
+    assert sorted(p.name for p in out.iterdir()) == ["model.safetensors"]
