@@ -96,10 +96,12 @@ dim_range chunk_range(int64_t size, int64_t rank, int64_t world) {
   // torch.chunk: every chunk but the last has ceil(size / world) elements, so fewer than
   // `world` chunks may exist (chunk(5, 4) is 2, 2, 1); DTensor gives the ranks past them
   // empty shards that start at the end of the dimension.
-  const int64_t full = world > 0 ? (size + world - 1) / world : size;
-  const int64_t start = full * rank;
+  // ceil(size / world) and its multiples in 128 bits: size + world - 1 and full * rank
+  // overflow int64 for a world near 2^63.
+  const int64_t full = world > 0 ? size / world + (size % world != 0) : size;
+  const __int128 start = __int128(full) * rank;
   if (start >= size) return {size, 0};
-  return {start, std::min(size, start + full) - start};
+  return {int64_t(start), std::min<int64_t>(size - int64_t(start), full)};
 }
 
 std::vector<dim_range> slice_box(const placement& p, const std::vector<int64_t>& shape, int64_t rank, int64_t world,
@@ -156,6 +158,10 @@ namespace {
 
 void check_rank(int64_t rank, int64_t world) {
   if (world < 1) throw error(errc::usage, "--world " + std::to_string(world) + ": expected at least 1");
+  // torch.distributed's world size is a C int.
+  if (world > std::numeric_limits<int32_t>::max())
+    throw error(errc::usage, "--world " + std::to_string(world) + ": expected at most " +
+                                 std::to_string(std::numeric_limits<int32_t>::max()));
   if (rank < 0 || rank >= world)
     throw error(errc::usage, "--rank " + std::to_string(rank) + ": expected 0 to " + std::to_string(world - 1) +
                                  " for a world of " + std::to_string(world));

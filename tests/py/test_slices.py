@@ -157,6 +157,11 @@ def test_rank_and_world_from_the_launcher(cases, tmp_path):
     got = torch.load(tmp_path / "r.pt", weights_only=True)
     ref = torch.load(ref_dir / "rank1.pt", weights_only=True)
     assert all(same(got[k], ref[k]) for k in ref)
+    # A world past torch's C int is a usage error, never an empty slice from an overflow.
+    for world in ("2147483648", "9223372036854775807"):
+        rc, _, err = run_ckptool("materialize", ckpt, "--plan", plan, "--rank", "0", "--world", world,
+                                 "-o", tmp_path / "w.pt")
+        assert rc == 2 and "expected at most 2147483647" in err and not (tmp_path / "w.pt").exists(), err
 
 
 def test_range_and_unmatched_keys(tmp_path):

@@ -9,6 +9,7 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <limits>
 #include <vector>
 
 #include "ckpt/error.h"
@@ -52,6 +53,12 @@ TEST_CASE("chunk_range splits as torch.chunk and DTensor's Shard do, empty ranks
   for (int r = 0; r < 4; ++r) CHECK(ckpt::chunk_range(2, r, 4) == two[r]);
   CHECK(ckpt::chunk_range(0, 2, 3) == dim_range{0, 0});
   CHECK(ckpt::chunk_range(7, 0, 1) == dim_range{0, 7});
+  // A world near 2^63: size + world - 1 and full * rank would overflow int64.
+  const int64_t huge = std::numeric_limits<int64_t>::max();
+  CHECK(ckpt::chunk_range(5, 0, huge) == dim_range{0, 1});
+  CHECK(ckpt::chunk_range(5, 4, huge) == dim_range{4, 1});
+  CHECK(ckpt::chunk_range(5, huge - 1, huge) == dim_range{5, 0});
+  CHECK(ckpt::chunk_range(huge, 1, 2) == dim_range{huge / 2 + 1, huge / 2});
 }
 
 TEST_CASE("placements parse in DTensor's spelling and print back") {
