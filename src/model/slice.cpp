@@ -40,9 +40,11 @@ std::vector<int64_t> parse_args(std::string_view body, const std::vector<std::st
     if (i == arg.size()) bad_placement(text, what);
     int64_t v = 0;
     for (; i < arg.size(); ++i) {
-      if (!std::isdigit(static_cast<unsigned char>(arg[i])) || v > (std::numeric_limits<int64_t>::max() - 9) / 10)
-        bad_placement(text, what);
-      v = v * 10 + (arg[i] - '0');
+      if (!std::isdigit(static_cast<unsigned char>(arg[i]))) bad_placement(text, what);
+      const int digit = arg[i] - '0';
+      if (v > (std::numeric_limits<int64_t>::max() - digit) / 10)
+        throw error(errc::usage, what + ": '" + std::string(text) + "' holds a number past 2^63 - 1");
+      v = v * 10 + digit;
     }
     out.push_back(negative ? -v : v);
     if (comma == std::string_view::npos) break;

@@ -70,6 +70,10 @@ TEST_CASE("placements parse in DTensor's spelling and print back") {
   CHECK(ckpt::placement_text(ckpt::parse_placement("Shard(1)")) == "Shard(1)");
   p = ckpt::parse_placement("Range(dim=1, start=2, length=3)");
   CHECK(ckpt::placement_text(p) == "Range(1, 2, 3)");
+  // Every int64 is read, to the last one (a conservative bound refused 2^63 - 2).
+  p = ckpt::parse_placement("Range(0, 9223372036854775806, 9223372036854775807)");
+  CHECK(p.start == std::numeric_limits<int64_t>::max() - 1);
+  CHECK(p.length == std::numeric_limits<int64_t>::max());
   for (const char* bad : {"Shard", "Shard()", "Shard(x)", "Shard(1,2)", "Partial()", "Range(0,1)", "Range(0,-1,2)",
                           "Shard(start=1)", "Shard(99999999999999999999)", ""})
     CHECK_MESSAGE(kind_of([&] { ckpt::parse_placement(bad); }) == ckpt::errc::usage, bad);
