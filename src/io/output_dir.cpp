@@ -138,7 +138,7 @@ bool is_regular_or_link(const std::string& path, identity* id = nullptr) {
 
 // Whether `path` is a regular file (through a link) whose content is a checkpoint file
 // ckptool or a loader writes into a set: a torch.save zip (a .bin shard, a .distcp file,
-// meta.pt) or safetensors. An index or .metadata is trusted to name such files only, never
+// meta.pt), a legacy torch.save stream, or safetensors. An index or .metadata is trusted to name such files only, never
 // any file of OUTDIR: a planted index naming notes.txt must not make it a shard to remove.
 bool holds_checkpoint_data(const std::string& path) {
   struct stat st;
@@ -146,7 +146,8 @@ bool holds_checkpoint_data(const std::string& path) {
   try {
     file_source src(path);
     const detail::sniffed kind = detail::sniff_format(src);
-    return kind == detail::sniffed::zip || kind == detail::sniffed::safetensors;
+    return kind == detail::sniffed::zip || kind == detail::sniffed::safetensors ||
+           kind == detail::sniffed::legacy_pickle;  // a .bin shard of a torch older than 1.6
   } catch (const error&) {
     return false;
   }
