@@ -373,6 +373,15 @@ def test_previous_set_replaced_other_files_kept(tmp_path, small_set):
     assert oct(os.stat(out / "notes.txt").st_mode & 0o777) == oct(0o600)
     assert temps(tmp_path) == []
 
+    # A previous set of legacy (torch < 1.6) .bin shards is a set too: replaced.
+    legacy = tmp_path / "legacy_out"
+    legacy.mkdir()
+    torch.save({"w": torch.ones(3)}, legacy / "pytorch_model-00001-of-00001.bin", _use_new_zipfile_serialization=False)
+    (legacy / "pytorch_model.bin.index.json").write_text(
+        json.dumps({"metadata": {}, "weight_map": {"w": "pytorch_model-00001-of-00001.bin"}}))
+    ck("rekey", src, "-o", legacy, "--strip-compiled")
+    assert "pytorch_model-00001-of-00001.bin" not in {p.name for p in legacy.iterdir()}
+
 
 def test_outputs_keep_the_input_modes(tmp_path, small_set):
     src = small_set
