@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <map>
+#include <string>
 #include <tuple>
+#include <unordered_set>
 
 #include "ckpt/convert.h"
 #include "ckpt/dcp.h"
@@ -141,8 +143,8 @@ bool is_prefix(const value_path& prefix, const value_path& path) {
 // --state-dict P below entry `e` (e is P or holds it): what is left out of e is what lies
 // beside the way down to P, and P's own values that are not tensors. The model lists
 // top-level entries only, so those are found in e's value.
-void left_out_around(const entry_summary& e, const value_path& state_dict, const std::vector<std::string>& keys,
-                     std::vector<std::string>& other) {
+void left_out_around(const entry_summary& e, const value_path& state_dict,
+                     const std::unordered_set<std::string>& keys, std::vector<std::string>& other) {
   const pickle::value* v = e.node;
   value_path at = e.path;
   for (size_t depth = e.path.size();; ++depth) {
@@ -161,7 +163,7 @@ void left_out_around(const entry_summary& e, const value_path& state_dict, const
         next = x;
         continue;
       }
-      if (depth == state_dict.size() && str && std::find(keys.begin(), keys.end(), k->text) != keys.end()) continue;
+      if (depth == state_dict.size() && str && keys.count(k->text)) continue;
       value_path p = at;
       if (k->type == pickle::kind::integer)
         p.emplace_back(k->integer);
@@ -176,17 +178,16 @@ void left_out_around(const entry_summary& e, const value_path& state_dict, const
 }
 
 // The entries the output cannot hold, unless the request says to drop them.
-void check_other_entries(const checkpoint& c, const convert_request& r, convert_plan& plan) {
+// `state_dict_keys`: with --state-dict, every key below it, selected or not.
+void check_other_entries(const checkpoint& c, const convert_request& r,
+                         const std::unordered_set<std::string>& state_dict_keys, convert_plan& plan) {
   std::vector<std::string> other;
-  std::vector<std::string> key_names;  // every tensor key below --state-dict, selected or not
-  if (r.state_dict)
-    for (const source_key& k : keys_below(c, *r.state_dict)) key_names.push_back(k.key);
   for (const entry_summary& e : c.entries) {
     const bool carried = std::any_of(plan.byte_items.begin(), plan.byte_items.end(),
                                      [&](const convert_byte_item& b) { return b.path == e.path; });
     if (carried) continue;
     if (r.state_dict && is_prefix(e.path, *r.state_dict))
-      left_out_around(e, *r.state_dict, key_names, other);
+      left_out_around(e, *r.state_dict, state_dict_keys, other);
     else
       other.push_back(path_to_string(e.path) + " (" + e.type + ")");
   }
@@ -353,6 +354,10 @@ convert_plan plan_convert(const checkpoint& c, const convert_request& r) {
           .with_file(c.path);
     keys = found_keys(c);
   }
+  // What --state-dict leaves out is named against all its keys, selected or not.
+  std::unordered_set<std::string> state_dict_keys;
+  if (r.state_dict)
+    for (const source_key& k : keys) state_dict_keys.insert(k.key);
   if (!r.select.empty()) {
     std::vector<source_key> chosen;
     std::vector<bool> used(r.select.size(), false);
@@ -368,7 +373,7 @@ convert_plan plan_convert(const checkpoint& c, const convert_request& r) {
     keys = std::move(chosen);
   }
   carry_byte_items(c, r, plan);
-  check_other_entries(c, r, plan);
+  check_other_entries(c, r, state_dict_keys, plan);
   choose_metadata(c, r, plan);
 
   std::vector<std::string> names;

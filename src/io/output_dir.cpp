@@ -138,8 +138,9 @@ bool is_regular_or_link(const std::string& path, identity* id = nullptr) {
 
 // Whether `path` is a regular file (through a link) whose content is a checkpoint file
 // ckptool or a loader writes into a set: a torch.save zip (a .bin shard, a .distcp file,
-// meta.pt), a legacy torch.save stream, or safetensors. An index or .metadata is trusted to name such files only, never
-// any file of OUTDIR: a planted index naming notes.txt must not make it a shard to remove.
+// meta.pt), a legacy torch.save stream, or safetensors. An index or .metadata is trusted
+// to name such files only, never any file of OUTDIR: a planted index naming notes.txt
+// must not make it a shard to remove.
 bool holds_checkpoint_data(const std::string& path) {
   struct stat st;
   if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return false;  // never opens a FIFO

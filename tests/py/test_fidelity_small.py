@@ -277,3 +277,10 @@ def test_dtype_views_of_one_storage_read_as_torch_reads_them(tmp_path):
             assert out[k].dtype == v.dtype and torch.equal(out[k].view(torch.uint8), v.view(torch.uint8)), (to, k)
     rc, out, err = run_ckptool("diff", src, tmp_path / "views.safetensors")
     assert rc == 0, out + err
+    # materialize -o writes them back as torch.save does: one storage, each view its dtype.
+    rc, _, err = run_ckptool("materialize", src, "--device", "cpu", "-o", tmp_path / "views_mat.pt")
+    assert rc == 0, err
+    got = torch.load(tmp_path / "views_mat.pt", weights_only=True)
+    for k, v in want.items():
+        assert got[k].dtype == v.dtype and torch.equal(got[k].view(torch.uint8), v.view(torch.uint8)), k
+        assert got[k].untyped_storage().data_ptr() == got["raw"].untyped_storage().data_ptr(), k
