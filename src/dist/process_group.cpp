@@ -136,14 +136,27 @@ void commit_collectively(process_group& group, const std::string& step, const st
   const std::string decision = step + "/decision";
   const std::string outcome = step + "/outcome";
   const std::string veto = "veto " + std::to_string(rank);
+  // `failed`: a rank's `ready` failed, so rank 0 does not commit. `cut_off`: every `ready`
+  // this rank heard of succeeded but the exchange itself broke; rank 0, if it heard every
+  // rank, may have gone on to commit and been lost after.
   std::optional<error> failed;
+  std::optional<error> cut_off;
+  const status mine = attempt(ready);
   try {
-    run_collectively(group, step + "/ready", ready);
+    const std::vector<std::string> all = group.all_gather(step + "/ready", encode(mine));
+    for (size_t r = 0; r < all.size() && !failed; ++r) {
+      const status s = int(r) == rank ? mine : decode(all[r]);
+      if (!s.ok) failed = error(s.kind, "rank " + std::to_string(r) + ": " + s.message);
+    }
   } catch (const error& e) {
-    failed = e;
+    if (mine.ok)
+      cut_off = e;
+    else
+      failed = error(mine.kind, "rank " + std::to_string(rank) + ": " + mine.message);
   }
 
   if (rank == 0) {
+    if (cut_off && !failed) failed = cut_off;
     status result;
     if (failed) {
       result = {false, failed->kind(), failed->message()};
@@ -196,6 +209,12 @@ void commit_collectively(process_group& group, const std::string& step, const st
     // Rank 0 can have committed only if this rank's report reached it before the wait
     // here ended (a timeout): then the output is complete.
     if (!v) return settle(": " + failed->message(), failed);
+  }
+  if (cut_off) {
+    const std::optional<bool> v = vetoed();
+    if (v && *v) throw *cut_off;
+    if (!v) return settle(": " + cut_off->message());
+    // Rank 0 decided to commit: it heard every rank, and its outcome is this rank's.
   }
   std::optional<std::string> said;
   try {
