@@ -28,6 +28,20 @@ bool starts_like_protocol0_pickle(const uint8_t* p, size_t n) {
   return n > 0 && p[0] != 0 && std::strchr(kFirstOpcodes, p[0]) != nullptr;
 }
 
+bool looks_like_html(const uint8_t* p, size_t n) {
+  size_t i = 0;
+  if (n >= 3 && p[0] == 0xEF && p[1] == 0xBB && p[2] == 0xBF) i = 3;  // a UTF-8 byte order mark
+  while (i < n && std::isspace(p[i])) ++i;
+  auto starts = [&](const char* word) {
+    const size_t m = std::strlen(word);
+    if (n - i < m) return false;
+    for (size_t k = 0; k < m; ++k)
+      if (std::tolower(p[i + k]) != word[k]) return false;
+    return true;
+  };
+  return starts("<!doctype html") || starts("<html");
+}
+
 }  // namespace
 
 sniffed sniff_format(const byte_source& src) {
@@ -62,6 +76,13 @@ sniffed sniff_format(const byte_source& src) {
     throw error(errc::unsupported, "GGUF file (llama.cpp), not a PyTorch checkpoint", 0);
   if (starts_with(head, n, "\x93NUMPY", 6))
     throw error(errc::unsupported, "NumPy .npy array, not a PyTorch checkpoint", 0);
+  // What a clone without git-lfs, or a download that hit an error page, leaves in place of
+  // the weights: common enough to say so rather than "unrecognized".
+  if (starts_with(head, n, "version https://git-lfs.github.com/spec/", 40))
+    throw error(errc::unsupported,
+                "a Git LFS pointer file, not the checkpoint it stands for: fetch the content (git lfs pull)", 0);
+  if (looks_like_html(head, n))
+    throw error(errc::unsupported, "an HTML page, not a checkpoint (a download that got an error or login page?)", 0);
   if (head[0] == 0x80 && n >= 2 && head[1] <= 5) return sniffed::bare_pickle;
   if (starts_like_protocol0_pickle(head, n)) return sniffed::maybe_pickle;
   throw_unrecognized(src);

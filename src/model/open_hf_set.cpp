@@ -54,21 +54,25 @@ read_index_result read_index(const file_opener& fs, const std::string& index, bo
 // theirs: transformers and huggingface_hub pick the reader by the shard's name
 // (safe_load_file for ".safetensors", else torch.load(weights_only=True)) and take the
 // whole of what it returns as state-dict entries.
+// A shard the loaders fail on makes the set corrupt (verify lists it as a problem); one
+// they would read, but not as ckptool can vouch for, is unsupported.
 void check_shard(const checkpoint& s, const std::string& name, const std::string& shown) {
+  auto broken = [&](const std::string& why) { throw error(errc::corrupt, why).with_file(shown); };
   auto refuse = [&](const std::string& why) { throw error(errc::unsupported, why).with_file(shown); };
   if (s.format == file_format::torchscript)
-    refuse("a TorchScript archive as a shard of a Hugging Face set: no loader of shard sets reads one");
+    broken("a TorchScript archive as a shard of a Hugging Face set: no loader of shard sets reads one");
   if (s.format == file_format::pt2)
-    refuse("a torch.export archive as a shard of a Hugging Face set: no loader of shard sets reads one");
+    broken("a torch.export archive as a shard of a Hugging Face set: no loader of shard sets reads one");
   if (s.format == file_format::torch_legacy)
     refuse("a legacy (pre-1.6) torch.save stream as a shard of a Hugging Face set: no shard writer writes one, "
            "so it is not read as one");
   const bool named_safetensors = text::ends_with(name, ".safetensors");
   if (named_safetensors != (s.format == file_format::safetensors))
-    refuse(std::string("a ") + format_name(s.format) + " file under a name the loaders read as " +
+    broken(std::string("a ") + format_name(s.format) + " file under a name the loaders read as " +
            (named_safetensors ? "safetensors" : "a torch.save file") + " (they choose the reader by the name)");
   if (s.format == file_format::torch_zip) {
-    if (!s.module_class.empty()) refuse("a pickled nn.Module as a shard, not a {key: tensor} dict");
+    // torch.load(weights_only=True), as the loaders call it, refuses the module's class.
+    if (!s.module_class.empty()) broken("a pickled nn.Module as a shard, not a {key: tensor} dict");
     if (!s.state_dict || !s.state_dict->empty())
       refuse("a shard that is not a flat {key: tensor} dict: the loaders would take its top-level entries as keys");
     if (!s.entries.empty())
@@ -290,7 +294,25 @@ checkpoint open_hf_set(const file_opener& fs, const std::string& index, const op
       e.with_file(fs.display(relative));
       throw;
     }
-    return open_checkpoint(std::move(src), options);
+    try {
+      return open_checkpoint(std::move(src), options);
+    } catch (error& e) {
+      // Content no reader claims (a Git LFS pointer, an HTML error page, junk) where the
+      // index promises a shard: the set is broken, not of a kind ckptool does not read.
+      // A bare pickle too: torch.load, as the loaders call it, wants a zip or a legacy stream.
+      if (e.kind() != errc::unsupported) throw;
+      std::string why = e.message();
+      bool claimed = false;
+      try {
+        const sniffed k = sniff_format(*fs.open(relative));
+        claimed = k != sniffed::bare_pickle && k != sniffed::maybe_pickle;
+      } catch (const error& unclaimed) {
+        why = unclaimed.message();
+      }
+      if (claimed) throw;
+      throw error(errc::corrupt, "the index names it as a shard, but it is no checkpoint: " + why, 0)
+          .with_file(fs.display(relative));
+    }
   };
   std::vector<ahead_shard> ahead = read_ahead(fs, dir, idx.shards, options.max_tensors, open_shard);
   std::vector<checkpoint> shards;

@@ -209,6 +209,76 @@ def test_a_corrupt_shard_is_named_with_its_byte(sets, tmp_path):
     assert rc == 3 and err.startswith(f"ckptool: corrupt: {shard}: "), err
 
 
+def _replace_shard(sets, tmp_path, name, content):
+    """A copy of set `name` whose second shard holds `content` (bytes, or a function of the
+    shard's path that writes it); the shard's path."""
+    d = tmp_path / "set"
+    shutil.copytree(sets[name].directory, d)
+    shard = d / shard_names(sets[name])[1]
+    if callable(content):
+        content(shard)
+    else:
+        shard.write_bytes(content)
+    return d, shard
+
+
+def _torchscript(path):
+    torch.jit.save(torch.jit.script(torch.nn.Linear(2, 2)), path)
+
+
+def _other_shard(sets, name):
+    return lambda path: shutil.copyfile(sets[name].directory / shard_names(sets[name])[0], path)
+
+
+def _legacy(path):
+    torch.save({"w": torch.ones(2)}, path, _use_new_zipfile_serialization=False)
+
+
+# What stands where the index promises a shard. The loaders fail on all but the last (a
+# legacy stream torch.load reads, which no shard writer writes): the set is corrupt, and
+# verify says FAILED (exit 1) naming the shard; ckptool refuses only the last as unsupported.
+BROKEN_SHARDS = {
+    "junk": ("gpt2_pretrained", bytes(range(99, 256)) * 8, "corrupt", "it is no checkpoint: unrecognized format"),
+    "lfs_pointer": ("gpt2_pretrained", b"version https://git-lfs.github.com/spec/v1\noid sha256:4d7a\nsize 1234\n",
+                    "corrupt", "a Git LFS pointer file"),
+    "html_page": ("llama_hub_bin", b"\n<!DOCTYPE html><html><body>Access denied</body></html>\n", "corrupt",
+                  "an HTML page, not a checkpoint"),
+    "zip_named_safetensors": ("gpt2_pretrained", _other_shard, "corrupt",
+                              "a torch-zip file under a name the loaders read as safetensors"),
+    "safetensors_named_bin": ("llama_hub_bin", _other_shard, "corrupt",
+                              "a safetensors file under a name the loaders read as a torch.save file"),
+    "torchscript": ("llama_hub_bin", _torchscript, "corrupt", "a TorchScript archive as a shard"),
+    "legacy_stream": ("llama_hub_bin", _legacy, "unsupported", "a legacy (pre-1.6) torch.save stream"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BROKEN_SHARDS))
+def test_what_stands_in_for_a_shard(sets, tmp_path, case):
+    name, content, kind, says = BROKEN_SHARDS[case]
+    if content is _other_shard:
+        content = _other_shard(sets, "llama_hub_bin" if name == "gpt2_pretrained" else "gpt2_pretrained")
+    d, shard = _replace_shard(sets, tmp_path, name, content)
+    before = {p.name: p.read_bytes() for p in d.iterdir()}
+    # The loaders' own reader of the shard, judging whether the set is broken.
+    try:
+        loaded = (torch.load(shard, weights_only=True) if shard.suffix == ".bin" else real_shard(shard))
+    except Exception:
+        loaded = None
+    assert isinstance(loaded, dict) == (kind == "unsupported"), (case, type(loaded))
+    rc, out, err = run_ckptool("inspect", d)
+    assert rc == 3 and out == "" and err.startswith(f"ckptool: {kind}: {shard}: ") and says in err, err
+    assert err.count("\n") == 1
+    rc, out, err = run_ckptool("verify", "--json", d)
+    if kind == "unsupported":
+        assert rc == 3 and out == "" and err.startswith(f"ckptool: unsupported: {shard}: "), (out, err)
+    else:
+        assert rc == 1 and err == "", (out, err)
+        doc = json.loads(out)
+        assert not doc["ok"] and len(doc["problems"]) == 1, doc
+        assert doc["problems"][0].startswith(f"corrupt: {shard}: ") and says in doc["problems"][0], doc
+    assert {p.name: p.read_bytes() for p in d.iterdir()} == before  # nothing touched
+
+
 # --- verify ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", ["gpt2_pretrained", "llama_hub_bin"])
