@@ -276,14 +276,28 @@ void output_dir::check_identity() {
   const std::vector<identity> out_chain = chain_of(exists_ ? target_ : parent_);
   identity out_id{};
   if (exists_) out_id = out_chain.front();
+  // An input file whose directory is `in` only once its symlinks are followed: the user
+  // named no such directory, so the refusal names the file and where it leads.
+  auto through_symlink = [&](const std::string& in) -> std::string {
+    for (const auto& file : inputs_) {
+      const std::string real = real_path(file.path);
+      if (text::parent_directory(real) == in && real_path(text::parent_directory(file.path)) != in)
+        return "the input file " + text::in_quotes(file.path) + " is a symlink to " + text::in_quotes(real) + ", so ";
+    }
+    return std::string();
+  };
   for (const std::string& in : input_dirs_) {
     struct stat ist;
     if (::stat(in.c_str(), &ist) != 0) continue;
     const identity in_id{ist.st_dev, ist.st_ino};
     if (exists_ && in_id == out_id)
-      detail::fail_usage("the output directory is the input directory " + text::in_quotes(in) + "; nothing written", path_);
+      detail::fail_usage(through_symlink(in) + "the output directory is the input directory " + text::in_quotes(in) +
+                             "; nothing written",
+                         path_);
     if (contains(out_chain, in_id))
-      detail::fail_usage("the output directory lies inside the input directory " + text::in_quotes(in) + "; nothing written", path_);
+      detail::fail_usage(through_symlink(in) + "the output directory lies inside the input directory " +
+                             text::in_quotes(in) + "; nothing written",
+                         path_);
     if (exists_ && contains(chain_of(in), out_id))
       detail::fail_usage("the output directory contains the input directory " + text::in_quotes(in) + "; nothing written", path_);
   }

@@ -622,3 +622,20 @@ def test_match_aligns_the_whole_set_to_a_checkpoint(compiled_sets, tmp_path):
     assert set(got) == set(want)
     for k in want:
         assert torch.equal(got[k], want[k]), k
+
+
+def test_an_input_shard_symlinked_into_outdir_is_named(tmp_path, small_set):
+    """The shard lives in OUTDIR and IN holds a symlink to it: OUTDIR is where an input
+    is, so refused, and the one line says which input file leads there (the user named
+    no such directory)."""
+    first = shards_of(hf_fixtures._index_in(small_set))[0]
+    out = tmp_path / "o"
+    out.mkdir()
+    shutil.move(small_set / first, out / first)
+    (small_set / first).symlink_to(out / first)
+    before = snapshot(tmp_path)
+    rc, so, se = run_ckptool("rekey", small_set, "-o", out, "--strip-compiled", "--force", timeout=LIMIT)
+    assert rc == 2 and so == "" and se.count("\n") == 1, se
+    assert se.startswith(f"ckptool: usage: {out}: the input file '{small_set / first}' is a symlink to "
+                         f"'{out / first}', so the output directory is the input directory '{out}'"), se
+    assert snapshot(tmp_path) == before
