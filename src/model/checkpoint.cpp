@@ -44,7 +44,11 @@ std::string read_small_record(const zip::archive& ar, const zip::entry& e) {
 void check_version_record(const zip::archive& ar) {
   const zip::entry* e = ar.find(".data/version");
   if (!e) e = ar.find("version");
-  if (!e) return;  // torch tolerates its absence in torch.save files written by old writers
+  // PyTorchStreamReader, which torch.load and torch.jit.load open every archive with,
+  // requires one of the two (caffe2/serialize/inline_container.cc, its constructor).
+  if (!e)
+    throw_corrupt("no version record (neither 'version' nor '.data/version'): torch.load refuses such an archive",
+                  0);
   std::string text = read_small_record(ar, *e);
   if (!text.empty() && text.back() == '\n') text.pop_back();
   if (text.empty() || text.size() > 4 || !std::all_of(text.begin(), text.end(), ::isdigit))

@@ -94,3 +94,26 @@ def test_corrupt_structure_is_a_failed_check_not_a_crash(tmp_path, fixture_set):
 def test_missing_file_is_an_io_error(tmp_path):
     rc, out, err = run_ckptool("verify", tmp_path / "absent.pt")
     assert rc == 4 and out == "" and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("fmt", ["torch_save", "torchscript"])
+def test_an_archive_without_a_version_record_fails_as_torch_refuses_it(tmp_path, fmt):
+    good = tmp_path / "good.pt"
+    if fmt == "torch_save":
+        torch.save({"w": torch.tensor([1.0, 2.0, 3.0])}, good)
+    else:
+        torch.jit.save(torch.jit.script(torch.nn.Linear(2, 2)), good)
+    bad = tmp_path / "noversion.pt"
+    with zipfile.ZipFile(good) as zi, zipfile.ZipFile(bad, "w", zipfile.ZIP_STORED) as zo:
+        for info in zi.infolist():
+            if info.filename.split("/", 1)[1] not in ("version", ".data/version"):
+                zo.writestr(info.filename, zi.read(info))
+    with pytest.raises(RuntimeError, match="version"):  # the reference refuses it
+        (torch.load(bad, weights_only=True) if fmt == "torch_save" else torch.jit.load(bad))
+    rc, doc, err = verify(bad)
+    assert rc == 1 and not doc["ok"], (doc, err)
+    assert any("no version record" in p for p in doc["problems"]), doc
+    rc, out, err = run_ckptool("inspect", bad)
+    assert rc == 3 and out == "" and "no version record" in err and err.count("\n") == 1, err
+    rc, out, err = run_ckptool("diff", good, bad)
+    assert rc == 3 and out == "", (out, err)

@@ -284,7 +284,7 @@ TEST_CASE("warnings: a file beside the index that no key names; no total_size; i
   CHECK(warned(wrong_size.open(), "metadata.total_size is 61 bytes, the shards hold 52"));
 }
 
-TEST_CASE("shards the loaders would read otherwise are refused as unsupported") {
+TEST_CASE("shards the loaders fail on are corrupt; those they would read otherwise, unsupported") {
   // TorchScript as a .bin shard: torch.load would not return a state dict from it.
   set_files ts;
   ts.weight_map = {{"x", "pytorch_model-00001-of-00002.bin"}, {"b.w", kShard2}};
@@ -292,16 +292,16 @@ TEST_CASE("shards the loaders would read otherwise are refused as unsupported") 
   ts.extra.push_back({"pytorch_model-00001-of-00002.bin", sample("scripted.pt")});
   auto f = ts.fails();
   REQUIRE(f);
-  CHECK(f->kind == errc::unsupported);
+  CHECK(f->kind == errc::corrupt);
   CHECK(f->file == "mem/hf/pytorch_model-00001-of-00002.bin");
 
-  // safetensors bytes under a .bin name: the loaders would torch.load them.
+  // safetensors bytes under a .bin name: the loaders would torch.load them, and fail.
   set_files named;
   named.weight_map[3].second = "pytorch_model-00002-of-00003.bin";
   named.shards[1].first = "pytorch_model-00002-of-00003.bin";
   f = named.fails();
   REQUIRE(f);
-  CHECK(f->kind == errc::unsupported);
+  CHECK(f->kind == errc::corrupt);
   CHECK_MESSAGE(f->line.find("they choose the reader by the name") != std::string::npos, f->line);
 
   // A torch.save zip of a flat dict as a .bin shard next to safetensors ones: each would
