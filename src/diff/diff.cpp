@@ -23,7 +23,9 @@ namespace {
 
 // One side's tensors as diff names them: the state dict's keys; for a checkpoint without
 // one (TorchScript, whose keys only LibTorch names, or a file with no dict of tensors),
-// every tensor record by its path in the file.
+// every tensor record by its path in the file. A checkpoint whose tensors all lie inside
+// its entries ({"mixed": (t, 3)}) has no keys, not a key per tensor: its tensors are entry
+// leaves, paired by path with the other side's (which keeps them there too, keys or not).
 struct side {
   const checkpoint& c;
   std::vector<std::string> names;   // the names keys are paired by
@@ -34,7 +36,7 @@ struct side {
   std::vector<int64_t> assembled_of_key;  // index into assembled.tensors, -1 when whole
 
   explicit side(const checkpoint& cp) : c(cp) {
-    if (!c.keys.empty() || c.tensors.empty()) {
+    if (!c.keys.empty() || c.tensors.empty() || !c.entries.empty()) {
       std::vector<size_t> all(c.keys.size());
       for (size_t k = 0; k < c.keys.size(); ++k) {
         names.emplace_back(c.keys.key(k));

@@ -224,6 +224,26 @@ def test_twin_with_a_missing_optimizer_tensor_is_different(twins, tmp_path):
     assert doc["only_in_a"] == doc["only_in_b"] == []
 
 
+def test_tensors_only_inside_entries_pair_with_the_same_entries_beside_keys(tmp_path):
+    # A has no keys at all, its one tensor inside a tuple; B has a key too. The tuple's
+    # tensor is mixed/0 on both sides, compared by value, whichever side has keys.
+    import torch.distributed.checkpoint as dcp
+    t = torch.tensor([9.0, 1.0])
+    dcp.save({"mixed": (t, 3)}, checkpoint_id=str(tmp_path / "alone"), no_dist=True)
+    dcp.save({"x": torch.ones(1), "mixed": (t + 1, 3)}, checkpoint_id=str(tmp_path / "beside"), no_dist=True)
+    torch.save({"mixed": (t, 3)}, tmp_path / "alone.pt")
+    torch.save({"x": torch.ones(1), "mixed": (t + 1, 3)}, tmp_path / "beside.pt")
+    for a, b in (("alone", "beside"), ("beside", "alone"), ("alone.pt", "beside.pt"), ("alone", "beside.pt")):
+        rc, doc = diff_json(tmp_path / a, tmp_path / b)
+        assert rc == 1, (a, b, doc)
+        only = doc["only_in_b"] if a == "alone" or a == "alone.pt" else doc["only_in_a"]
+        assert only == ["x"] and doc["only_in_a" if only is doc["only_in_b"] else "only_in_b"] == [], (a, b, doc)
+        (v,) = doc["tensors"]
+        assert (v["key_a"], v["key_b"]) == ("mixed/0", "mixed/0") and v["first_outside"] == 0, (a, b, doc)
+    rc, doc = diff_json(tmp_path / "alone", tmp_path / "alone.pt")
+    assert rc == 0, doc
+
+
 def test_optimizer_state_alone_and_its_dcp_twin(tmp_path):
     # No state dict in the .pt (only an optimizer's): its tensors are named by their paths.
     import torch.distributed.checkpoint as dcp
