@@ -267,17 +267,41 @@ struct entry_tensor_pair {
   std::string path;
 };
 
+// Where a leaf is: its path and what each element of it is. A DCP directory keeps no dict
+// key's type (its planner str()s every key, §12.4): against one, a key is its text.
+std::string place_of(const detail::entry_leaf& l, bool key_types) {
+  std::string kinds = l.kinds;
+  if (!key_types) std::replace(kinds.begin(), kinds.end(), 'k', 's');
+  return l.path + '\0' + kinds;
+}
+
+// A leaf whose path the other side has, at a place of another kind: its type, and which.
+entry_value shown_at(const detail::entry_leaf& l, const detail::entry_leaf& other) {
+  static const char* const kWords[] = {"a str key", "a key that is no str", "an index", "an object's part"};
+  auto word = [](char k) { return kWords[k == 's' ? 0 : k == 'k' ? 1 : k == 'n' ? 2 : 3]; };
+  size_t i = 0;
+  while (i < l.kinds.size() && i < other.kinds.size() && l.kinds[i] == other.kinds[i]) ++i;
+  if (i == l.kinds.size()) return shown(l);
+  return {l.type + " (path element " + std::to_string(i + 1) + " is " + word(l.kinds[i]) + ")", l.shown};
+}
+
 // `values`: tensor values are compared, so a tensor leaf equal on both sides but without a
-// record to read (a value summarized, not walked) cannot be called equal.
+// record to read (a value summarized, not walked) cannot be called equal. `key_types`:
+// both sides keep dict keys' types (neither is a DCP directory).
 void compare_leaves(const std::vector<detail::entry_leaf>& a, const std::vector<detail::entry_leaf>& b,
-                    diff_report& r, std::vector<entry_tensor_pair>* tensors, bool values) {
-  std::unordered_map<std::string_view, size_t> in_b;
-  for (size_t i = 0; i < b.size(); ++i) in_b.emplace(b[i].path, i);
+                    diff_report& r, std::vector<entry_tensor_pair>* tensors, bool values, bool key_types) {
+  std::unordered_map<std::string, size_t> in_b;
+  std::unordered_multimap<std::string_view, size_t> b_by_path;
+  for (size_t i = 0; i < b.size(); ++i) {
+    in_b.emplace(place_of(b[i], key_types), i);
+    b_by_path.emplace(b[i].path, i);
+  }
   std::vector<bool> b_seen(b.size(), false);
+  std::vector<const detail::entry_leaf*> a_alone;
   for (const detail::entry_leaf& la : a) {
-    auto it = in_b.find(la.path);
-    if (it == in_b.end()) {
-      r.entries.push_back({la.path, shown(la), std::nullopt});
+    auto it = in_b.find(place_of(la, key_types));
+    if (it == in_b.end() || b_seen[it->second]) {
+      a_alone.push_back(&la);
       continue;
     }
     b_seen[it->second] = true;
@@ -293,6 +317,19 @@ void compare_leaves(const std::vector<detail::entry_leaf>& a, const std::vector<
     } else if (la.partial || lb.partial) {
       ++r.entries_elided;
     }
+  }
+  // The same path at places of other kinds ({0: x} against {"0": x}, or [x]): one
+  // difference, saying which element differs; else a leaf on one side only.
+  for (const detail::entry_leaf* la : a_alone) {
+    std::optional<size_t> twin;
+    for (auto [it, end] = b_by_path.equal_range(la->path); it != end && !twin; ++it)
+      if (!b_seen[it->second]) twin = it->second;
+    if (!twin) {
+      r.entries.push_back({la->path, shown(*la), std::nullopt});
+      continue;
+    }
+    b_seen[*twin] = true;
+    r.entries.push_back({la->path, shown_at(*la, b[*twin]), shown_at(b[*twin], *la)});
   }
   for (size_t i = 0; i < b.size(); ++i)
     if (!b_seen[i]) r.entries.push_back({b[i].path, std::nullopt, shown(b[i])});
@@ -378,8 +415,9 @@ diff_report diff_with(const checkpoint& ca, const checkpoint& cb, const side_val
   }
   const bool twin_a = twin_leaves && twin.pickle_is_a, twin_b = twin_leaves && !twin.pickle_is_a;
   std::vector<entry_tensor_pair> entry_tensors;
+  const bool key_types = ca.layout != checkpoint_layout::dcp && cb.layout != checkpoint_layout::dcp;
   compare_leaves(twin_a ? twin_rest : va.entries, twin_b ? twin_rest : vb.entries, r,
-                 a.by_key && b.by_key ? &entry_tensors : nullptr, !o.metadata_only);
+                 a.by_key && b.by_key ? &entry_tensors : nullptr, !o.metadata_only, key_types);
   // Only two sides that can both hold such metadata: a .pt has no __metadata__, a single
   // file no index.
   const bool both_st = ca.format == file_format::safetensors && cb.format == file_format::safetensors;
@@ -390,7 +428,7 @@ diff_report diff_with(const checkpoint& ca, const checkpoint& cb, const side_val
       if (l.path.compare(0, 6, "index/") == 0 ? both_sets : both_st) out.push_back(l);
     return out;
   };
-  compare_leaves(kept(va.metadata), kept(vb.metadata), r, nullptr, false);
+  compare_leaves(kept(va.metadata), kept(vb.metadata), r, nullptr, false, true);
   for (const entry_tensor_pair& p : entry_tensors) {
     const tensor_record& ta = ca.tensors[p.a];
     const tensor_record& tb = cb.tensors[p.b];

@@ -42,6 +42,15 @@ std::string type_of(const value* v) {
   return text::python_type_name(v->type);
 }
 
+// A path element as a leaf's path spells it: its text, unless that could be read as more
+// than one element (a '/' inside) or as such a quoted one: then quoted, every quote and
+// backslash escaped, so that no two element lists spell one path (§12.4).
+std::string element(std::string_view text) {
+  if (text.find('/') == std::string_view::npos && (text.empty() || (text[0] != '\'' && text[0] != '"')))
+    return std::string(text);
+  return text::quote(text, std::string_view::npos);
+}
+
 // A dict key as str(key) spells it, which is what DCP's flattening makes of it (§12.4).
 std::string key_text(const value* k) {
   if (k->type == kind::str) return std::string(k->text);
@@ -49,12 +58,36 @@ std::string key_text(const value* k) {
   return pickle::repr(k, 80);
 }
 
+// What each element of a path is (entry_leaf::kinds): a dict's str key, another key (an
+// int, a tuple), a sequence's index, a part of an object.
+constexpr char kStrKey = 's', kOtherKey = 'k', kIndex = 'n', kObjectPart = 'o';
+
+// An entry's own path: its elements spelled, and their kinds. Its integers are dict keys
+// in a pickle (summarize_entries), list indexes in a DCP planner path (open_dcp).
+std::string path_text(const value_path& path) {
+  std::string out;
+  for (const auto& step : path) {
+    if (!out.empty()) out += '/';
+    if (const auto* s = std::get_if<std::string>(&step))
+      out += element(*s);
+    else
+      out += std::to_string(std::get<int64_t>(step));
+  }
+  return out;
+}
+
+std::string path_kinds(const value_path& path, char integer_kind) {
+  std::string out;
+  for (const auto& step : path) out += std::holds_alternative<std::string>(step) ? kStrKey : integer_kind;
+  return out;
+}
+
 class walker {
  public:
   // `c`: the checkpoint whose tensor records the values' rebuild calls may be (null for a
   // value decoded from a pickle of its own); `file` names it in errors.
-  walker(const checkpoint* c, std::string file, std::vector<entry_leaf>& out)
-      : c_(c), file_(std::move(file)), out_(out) {
+  walker(const checkpoint* c, std::string file, std::vector<entry_leaf>& out, char integer_kind)
+      : c_(c), file_(std::move(file)), out_(out), integer_kind_(integer_kind) {
     if (c)
       for (size_t i = 0; i < c->tensors.size(); ++i)
         if (c->tensors[i].node) record_of_.emplace(c->tensors[i].node, i);
@@ -66,19 +99,22 @@ class walker {
   void walk_entry(const value* v, const value_path& path) {
     if (out_.size() + count_leaves(v, 0) > kMaxLeaves) refuse();
     dotted_ = path_to_string(path, '.');
-    walk(v, path_to_string(path), 0);
+    kinds_ = path_kinds(path, integer_kind_);
+    walk(v, path_text(path), 0);
   }
 
  private:
   // `step`: the element that led here from the parent (a key, an index, "(state)", ...).
-  void walk(const value* v, const std::string& path, int depth, std::string_view step = {}) {
-    const size_t parent = dotted_.size();
+  void walk(const value* v, const std::string& path, int depth, std::string_view step = {}, char step_kind = 0) {
+    const size_t parent = dotted_.size(), kinds = kinds_.size();
     if (depth > 0) {
       if (parent) dotted_ += '.';
       dotted_ += step;
+      kinds_ += step_kind;
     }
     walk_here(v, path, depth);
     dotted_.resize(parent);
+    kinds_.resize(kinds);
   }
 
   void walk_here(const value* v, const std::string& path, int depth) {
@@ -99,8 +135,9 @@ class walker {
           break;
         }
         for (size_t i = 0; i < v->dict_size(); ++i) {
-          const std::string k = key_text(v->dict_key(i));
-          walk(v->dict_value(i), path + "/" + k, depth + 1, k);
+          const value* key = v->dict_key(i);
+          const std::string k = key_text(key);
+          walk(v->dict_value(i), path + "/" + element(k), depth + 1, k, key->type == kind::str ? kStrKey : kOtherKey);
         }
         break;
       case kind::list:
@@ -110,7 +147,7 @@ class walker {
         if (v->type == kind::tuple || dcp_keeps_whole(v, 0)) add(sequence(v, path));
         for (size_t i = 0; i < v->items.size(); ++i) {
           const std::string index = std::to_string(i);
-          walk(v->items[i], path + "/" + index, depth + 1, index);
+          walk(v->items[i], path + "/" + index, depth + 1, index, kIndex);
         }
         break;
       case kind::object:
@@ -227,7 +264,7 @@ class walker {
     add(std::move(l));
     auto slot = [&](size_t i) { return i < v->items.size() ? v->items[i] : nullptr; };
     auto below = [&](const value* x, const char* step) {
-      walk(x, path + "/" + step, depth + 1, step);
+      walk(x, path + "/" + step, depth + 1, step, kObjectPart);
     };
     if (const value* args = slot(pickle::kArgs)) below(args, "(args)");
     if (const value* kwargs = slot(pickle::kKwargs)) below(kwargs, "(kwargs)");
@@ -295,7 +332,7 @@ class walker {
   }
 
  public:
-  void add_summary(entry_leaf l) { add(std::move(l)); }
+  void add_summary(entry_leaf l) { add(std::move(l), false); }
 
   // The tensors inside the value walked next (their rebuild calls are its nodes).
   void set_inside(const std::vector<entry_tensor>& tensors) {
@@ -308,8 +345,11 @@ class walker {
   }
 
  private:
-  void add(entry_leaf l) {
-    if (!paths_.insert(l.path).second) return;
+  // `here`: a leaf of the value being walked, at the walk's place (else its kinds are set).
+  void add(entry_leaf l, bool here = true) {
+    if (here) l.kinds = kinds_;
+    // A path is one leaf, but for dict keys that str() alike ({1: a, "1": b}): both kept.
+    if (!paths_.insert(l.path + '\0' + l.kinds).second) return;
     if (out_.size() >= kMaxLeaves) refuse();
     out_.push_back(std::move(l));
   }
@@ -325,6 +365,8 @@ class walker {
   std::unordered_map<const value*, size_t> counted_;  // count_leaves of cycle-free subtrees
   bool cycle_seen_ = false;
   std::string dotted_;  // the path being walked, joined by '.' as DCP names keys
+  std::string kinds_;   // the kinds of its elements
+  char integer_kind_;   // the kind of an integer in an entry's own path
 };
 
 bool ends_cut(const std::string& s) { return s.size() >= 3 && s.compare(s.size() - 3, 3, "...") == 0; }
@@ -342,7 +384,8 @@ bool summarizes_tensors(const std::string& v) {
 struct walked_values::state {
   std::vector<entry_leaf> leaves;
   walker w;
-  explicit state(std::string file) : w(nullptr, std::move(file), leaves) {}
+  // The values of a DCP directory's items: their paths are planner paths.
+  explicit state(std::string file) : w(nullptr, std::move(file), leaves, kIndex) {}
 };
 
 walked_values::walked_values(std::string file) : s_(std::make_unique<state>(std::move(file))) {}
@@ -350,7 +393,7 @@ walked_values::~walked_values() = default;
 
 void walked_values::seen(const value_path& path, const pickle::value& v, const std::vector<entry_tensor>& tensors) {
   const size_t begin = s_->leaves.size();
-  const std::string p = path_to_string(path);
+  const std::string p = path_text(path);
   s_->w.set_inside(tensors);
   s_->w.walk_entry(&v, path);
   s_->w.set_inside({});  // their nodes die with the value's pickle
@@ -359,9 +402,10 @@ void walked_values::seen(const value_path& path, const pickle::value& v, const s
 
 std::vector<entry_leaf> entry_leaves(const checkpoint& c, const walked_values* walked) {
   std::vector<entry_leaf> out;
-  walker w(&c, c.path, out);
+  const char integer_kind = c.layout == checkpoint_layout::dcp ? kIndex : kOtherKey;
+  walker w(&c, c.path, out, integer_kind);
   for (const entry_summary& e : c.entries) {
-    const std::string path = path_to_string(e.path);
+    const std::string path = path_text(e.path);
     if (e.node) {
       w.walk_entry(e.node, e.path);
       continue;
@@ -375,6 +419,7 @@ std::vector<entry_leaf> entry_leaves(const checkpoint& c, const walked_values* w
     }
     entry_leaf l;
     l.path = path;
+    l.kinds = path_kinds(e.path, integer_kind);
     l.type = e.type;
     l.shown = l.exact = e.value;
     l.unread_tensor = summarizes_tensors(e.value);

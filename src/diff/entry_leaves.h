@@ -19,6 +19,10 @@ namespace ckpt::detail {
 
 struct entry_leaf {
   std::string path;        // elements joined by '/': "optimizer/param_groups/0/lr"
+  /// A letter per element of path: 's' a str dict key, 'k' another dict key (0 of an
+  /// optimizer's state), 'n' a sequence index, 'o' a part of an object. Paths alike whose
+  /// kinds differ are different places ({0: x} is not {"0": x}, nor [x]).
+  std::string kinds;
   std::string type;        // Python's type name ("float", "tuple"), a class for an object, "tensor"
   std::string shown;       // Python's repr, cut at kShownChars
   std::string exact;       // what equality is decided on: raw text of str/bytes, else repr

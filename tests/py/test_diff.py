@@ -212,6 +212,53 @@ def test_non_tensor_entry_changed(tmp_path):
     assert rc == 0
 
 
+# Values torch.load gives as different objects at paths that spell alike: each pair must
+# differ. (Against a DCP directory a dict key is its str(): dcp.save keeps no key's type.)
+PLACES_THAT_SPELL_ALIKE = {
+    "int_vs_str_key": ({"opt": {"state": {0: {"step": 3}}}}, {"opt": {"state": {"0": {"step": 3}}}}),
+    "list_vs_dict": ({"x": [{"a": 1}]}, {"x": {0: {"a": 1}}}),
+    "tensor_list_vs_str_dict": ({"x": [torch.ones(1)]}, {"x": {"0": torch.ones(1)}}),
+    "tuple_key_vs_str": ({"x": {(1, 2): 1}}, {"x": {"(1, 2)": 1}}),
+    "slash_in_key_vs_nesting": ({"x": {"a/b": 1}}, {"x": {"a": {"b": 1}}}),
+    "slash_in_top_key_vs_nesting": ({"a/b": 1, "w": torch.ones(1)}, {"a": {"b": 1}, "w": torch.ones(1)}),
+    "int_and_str_key_side_by_side": ({"x": {1: "a", "1": "b"}}, {"x": {1: "a", "1": "c"}}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(PLACES_THAT_SPELL_ALIKE))
+def test_entries_at_places_that_spell_alike_differ(tmp_path, case):
+    a, b = PLACES_THAT_SPELL_ALIKE[case]
+    torch.save(a, tmp_path / "a.pt")
+    torch.save(b, tmp_path / "b.pt")
+    rc, doc = diff_json(tmp_path / "a.pt", tmp_path / "b.pt")
+    assert rc == 1 and doc["entries"], doc
+    rc, doc = diff_json(tmp_path / "a.pt", tmp_path / "a.pt")
+    assert rc == 0, doc
+
+
+def test_a_key_of_another_kind_is_named_in_the_report(tmp_path):
+    torch.save({"opt": {"state": {0: {"step": 3}}}}, tmp_path / "a.pt")
+    torch.save({"opt": {"state": {"0": {"step": 3}}}}, tmp_path / "b.pt")
+    rc, doc = diff_json(tmp_path / "a.pt", tmp_path / "b.pt")
+    assert rc == 1 and doc["entries"] == [{
+        "path": "opt/state/0/step",
+        "a": {"type": "int (path element 3 is a key that is no str)", "value": "3"},
+        "b": {"type": "int (path element 3 is a str key)", "value": "3"}}], doc
+
+
+def test_a_key_with_a_slash_and_a_nested_dict_in_dcp(tmp_path):
+    # dcp.save keeps "a/b" a key of its own and {"a": {"b": 1}} as "a.b": dcp.load of one
+    # into the other's layout fails ("Missing key in checkpoint state_dict: a.b").
+    import torch.distributed.checkpoint as dcp
+    dcp.save({"t": torch.ones(1), "a/b": 1}, checkpoint_id=str(tmp_path / "slash"), no_dist=True)
+    dcp.save({"t": torch.ones(1), "a": {"b": 1}}, checkpoint_id=str(tmp_path / "nested"), no_dist=True)
+    torch.save({"t": torch.ones(1), "a/b": 1}, tmp_path / "slash.pt")
+    rc, doc = diff_json(tmp_path / "slash", tmp_path / "nested")
+    assert rc == 1 and sorted(e["path"] for e in doc["entries"]) == ["'a/b'", "a/b"], doc
+    rc, doc = diff_json(tmp_path / "slash", tmp_path / "slash.pt")
+    assert rc == 0, doc
+
+
 def test_long_entries_differing_past_the_summary(tmp_path):
     # inspect's rendering stops at 120 characters; a difference after that is still found.
     sd = {"w": torch.ones(2)}
