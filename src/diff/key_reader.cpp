@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <stdexcept>
 
+#include "base/byte_order.h"
 #include "ckpt/error.h"
 
 namespace ckpt::detail {
@@ -49,6 +51,14 @@ key_reader::key_reader(const checkpoint& c, std::string name, size_t tensor) : n
   }
   const storage_record& s = c.storages[*t.storage];
   const source_file& f = c.files.at(s.file);
+  if (c.byteorder == "big") {
+    // torch.load swaps by the storage's type; a tensor of a narrower one would split groups.
+    swap_width_ = byteswap_width(s.type);
+    if (swap_width_ > 1 && element_size(type_) % swap_width_ != 0)
+      throw error(errc::unsupported, what + ": a " + ckpt::name(type_) + " view of big-endian " + ckpt::name(s.type) +
+                                         " data: diff does not compare its values")
+          .with_file(f.path);
+  }
   // The bytes of an archive that holds the data are not the data (read_plan.cpp refuses
   // them for the same reason).
   if (s.archive_range) throw error(errc::unsupported, what + ": its chunk archive was not opened").with_file(f.path);
@@ -96,6 +106,8 @@ key_reader::key_reader(const checkpoint& c, std::string name, size_t tensor) : n
 
 key_reader::key_reader(const checkpoint& c, std::string name, const assembly& a, const assembled_tensor& t)
     : name_(std::move(name)), type_(t.type), nbytes_(t.nbytes), kind_(source_kind::assembled) {
+  // No format ckptool reads assembles big-endian pieces (the loader refuses them too).
+  if (c.byteorder == "big") throw error(errc::unsupported, "key '" + name_ + "' is assembled from big-endian pieces");
   for (size_t s : t.storages) {
     const storage_record& r = c.storages[s];
     pieces_.push_back({c.files.at(r.file).source.get(), *r.file_offset, a.landing(s)});
@@ -105,10 +117,15 @@ key_reader::key_reader(const checkpoint& c, std::string name, const assembly& a,
 void key_reader::read(uint64_t offset, size_t n, uint8_t* dst) {
   if (n == 0) return;
   switch (kind_) {
-    case source_kind::contiguous: file_->read_exact(base_ + offset, dst, n); return;
-    case source_kind::strided: read_strided(offset, n, dst); return;
+    case source_kind::contiguous: file_->read_exact(base_ + offset, dst, n); break;
+    case source_kind::strided: read_strided(offset, n, dst); break;
     case source_kind::assembled: read_assembled(offset, n, dst); return;
     case source_kind::none: throw error(errc::unsupported, "key '" + name_ + "' has no data in the file");
+  }
+  if (swap_width_ > 1) {
+    // Windows are whole elements, and an element is whole swap groups (checked above).
+    if (offset % swap_width_ || n % swap_width_) throw std::logic_error("key_reader: a window splits an element");
+    byteswap_in_place(dst, n, swap_width_);
   }
 }
 

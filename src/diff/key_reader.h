@@ -46,6 +46,7 @@ class key_reader {
   dtype type_ = dtype::float32;
   uint64_t nbytes_ = 0;
   bool has_data_ = true;
+  uint32_t swap_width_ = 0;  // big-endian data: the byte groups torch.load reverses
   source_kind kind_ = source_kind::none;
   // contiguous and strided: the storage's file and where the bytes start in it
   const byte_source* file_ = nullptr;

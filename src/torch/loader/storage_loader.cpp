@@ -17,16 +17,12 @@
 #include <torch/cuda.h>
 
 #include "torch/aten_types.h"
+#include "base/byte_order.h"
 #include "ckpt/error.h"
 #include "model/read_plan.h"
 
 namespace ckpt::detail {
 namespace {
-
-void byteswap_in_place(uint8_t* p, uint64_t nbytes, uint32_t width) {
-  if (width <= 1) return;
-  for (uint64_t i = 0; i + width <= nbytes; i += width) std::reverse(p + i, p + i + width);
-}
 
 #ifndef MADV_POPULATE_READ
 #define MADV_POPULATE_READ 22  // Linux 5.14; older headers lack the name
@@ -218,7 +214,7 @@ std::vector<at::Tensor> load_storages(const checkpoint& c, const std::vector<boo
     // The element width of each storage decides the swap; then move to the device.
     for (size_t i = 0; i < out.size(); ++i) {
       if (!out[i].defined()) continue;
-      byteswap_in_place(out[i].data_ptr<uint8_t>(), c.storages[i].nbytes, element_size(c.storages[i].type));
+      byteswap_in_place(out[i].data_ptr<uint8_t>(), c.storages[i].nbytes, byteswap_width(c.storages[i].type));
       if (!o.device.is_cpu()) out[i] = out[i].to(o.device);
     }
   }
