@@ -25,6 +25,18 @@ bool in_float32(dtype a, dtype b) {
   return narrow(a) && narrow(b);
 }
 
+// torch.isclose of two elements of one integer (or bool) dtype under nonzero tolerances:
+// both are cast to the default dtype, float32, first (torch/_refs isclose, "Note
+// [closeness error computation]": a difference in uint8 would wrap), and every step
+// rounds there, the Python-float tolerances included.
+bool torch_integer_close(const exact_integer& a, const exact_integer& b, double atol, double rtol) {
+  const float fa = a.negative ? -float(a.magnitude) : float(a.magnitude);
+  const float fb = b.negative ? -float(b.magnitude) : float(b.magnitude);
+  const float error = std::fabs(fa - fb);
+  const float allowed = float(atol) + std::fabs(fb * float(rtol));
+  return std::isfinite(error) && error <= allowed;
+}
+
 class judge {
  public:
   judge(const diff_options& o, dtype a, dtype b, tensor_diff& d)
@@ -62,16 +74,18 @@ class judge {
   }
 
   // Two integer dtypes compare as integers, as torch's == does: as doubles, int64 values
-  // 2^62 and 2^62 + 1 would be one value.
+  // 2^62 and 2^62 + 1 would be one value. The errors reported are exact; whether a pair is
+  // within the tolerances is torch.isclose's answer (of one dtype: torch refuses two, and
+  // diff then reports the dtypes as differing).
   void integer_element(const exact_integer& a, const exact_integer& b, uint64_t index) {
     if (a == b) return;
     if (!same_type_) ++d_.bits_differ;
     ++d_.not_equal;
     const double error = integer_distance(a, b), magnitude = double(b.magnitude);
-    const double allowed = o_.atol + o_.rtol * magnitude;
     d_.max_abs_error = std::max(d_.max_abs_error, error);
     d_.max_rel_error = std::max(d_.max_rel_error, magnitude > 0 ? error / magnitude : std::numeric_limits<double>::infinity());
-    if ((o_.atol == 0 && o_.rtol == 0) || !(error <= allowed)) outside(index);
+    const bool close = !(o_.atol == 0 && o_.rtol == 0) && same_type_ && torch_integer_close(a, b, o_.atol, o_.rtol);
+    if (!close) outside(index);
   }
 
   void element(element_value a, element_value b, uint64_t index) {

@@ -366,6 +366,31 @@ def test_tolerance_boundaries_match_torch_isclose(tmp_path, dtype):
     assert rc == 0
 
 
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.uint64,
+                                   torch.bool])
+def test_integer_tolerances_are_torch_isclose(tmp_path, dtype):
+    # torch.isclose casts both sides to float32 before anything else (torch/_refs isclose):
+    # large values round, and a uint8 a < b does not wrap. Many pairs sit on the bound.
+    g = torch.Generator().manual_seed(7)
+    n = 3000
+    if dtype == torch.bool:
+        a, b = torch.randint(0, 2, (n,), generator=g).bool(), torch.randint(0, 2, (n,), generator=g).bool()
+        cases = [(0.5, 0.0), (0.0, 0.5), (1.0, 0.0), (0.0, 1.0)]
+    else:
+        info = torch.iinfo(dtype)
+        lo, hi = max(info.min, -2**45), min(info.max, 2**45)
+        b = torch.randint(lo, hi, (n,), generator=g, dtype=torch.int64)
+        step = torch.randint(-3, 4, (n,), generator=g, dtype=torch.int64)
+        a = (b + (b.abs() // 17) * step.sign() + step).clamp(lo, hi)
+        a, b = a.to(dtype), b.to(dtype)
+        cases = [(0.0, 1 / 17), (2.0, 1 / 17), (0.0, 0.0590475599651634), (16777216.0, 0.0), (3.0, 0.0)]
+    for atol, rtol in cases:
+        want = int((~torch.isclose(a, b, rtol=rtol, atol=atol)).sum())
+        rc, doc = diff_json(*pair_files(tmp_path, a, b), "--atol", repr(atol), "--rtol", repr(rtol))
+        got = tensor_entry(doc, "t")["outside_tolerance"] if doc["tensors"] else 0
+        assert got == want and (rc == 0) == (want == 0), (atol, rtol, got, want)
+
+
 @pytest.mark.parametrize("dtype,big", [(torch.int64, 2**62), (torch.int64, -2**63 + 1), (torch.uint64, 2**63)],
                          ids=["int64", "int64-min", "uint64"])
 def test_64_bit_integers_past_2_53_are_compared_exactly(tmp_path, dtype, big):
@@ -375,11 +400,12 @@ def test_64_bit_integers_past_2_53_are_compared_exactly(tmp_path, dtype, big):
     rc, doc = diff_json(*pair_files(tmp_path, a, b))
     t = tensor_entry(doc, "t")
     assert rc == 1 and t["not_equal"] == 1 and t["outside_tolerance"] == 1 and t["max_abs_error"] == 1.0
-    # A tolerance of 0.5 still rules out a difference of one.
-    rc, doc = diff_json(*pair_files(tmp_path, a, b), "--atol", "0.5")
-    assert rc == 1 and tensor_entry(doc, "t")["outside_tolerance"] == 1
-    rc, _ = diff_json(*pair_files(tmp_path, a, b), "--atol", "1")
-    assert rc == 0
+    # Under a tolerance, torch.isclose casts integers to float32 first, where 2^62 and
+    # 2^62 + 1 are one value: close under any tolerance, as torch says.
+    for atol in ("0.5", "1"):
+        close = bool(torch.isclose(a, b, rtol=0, atol=float(atol)).all())
+        rc, doc = diff_json(*pair_files(tmp_path, a, b), "--atol", atol)
+        assert (rc == 0) == close and tensor_entry(doc, "t")["max_abs_error"] == 1.0, doc
     # Across integer dtypes too (int32 against int64): the values decide, exactly.
     if dtype == torch.int64 and big > 0:
         rc, doc = diff_json(*pair_files(tmp_path, torch.tensor([7, 5], dtype=torch.int32), a))
