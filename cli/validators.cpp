@@ -68,10 +68,13 @@ CLI::Validator floating_dtype() {
 CLI::Validator tolerance() {
   return CLI::Validator(
       [](std::string& s) -> std::string {
+        // Decimal only: strtod alone would take "0x1p-3", " 1" and "infinity" too.
+        const bool decimal = !s.empty() && s.find_first_not_of("0123456789.eE+-") == std::string::npos &&
+                             s.find_first_of("0123456789") != std::string::npos;
         char* end = nullptr;
         errno = 0;
-        const double v = std::strtod(s.c_str(), &end);
-        if (s.empty() || *end != '\0' || errno == ERANGE || !std::isfinite(v) || v < 0)
+        const double v = decimal ? std::strtod(s.c_str(), &end) : 0;
+        if (!decimal || *end != '\0' || errno == ERANGE || !std::isfinite(v) || v < 0)
           return "expected a finite number >= 0, got '" + s + "'";
         return "";
       },

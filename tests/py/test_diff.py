@@ -568,7 +568,10 @@ def test_usage(formats):
     rc, _, err = run_ckptool("diff", formats["st"])
     assert rc == 2 and err.startswith("ckptool: usage: ") and "(see 'ckptool diff --help')" in err
     # torch refuses a negative or NaN tolerance; an infinite one would admit every value.
-    for flag, value in [("--atol", "-1"), ("--atol", "nan"), ("--rtol", "nan"), ("--atol", "inf"), ("--rtol", "1e400")]:
+    # Decimal numbers only: no hex floats, no spaces around.
+    for flag, value in [("--atol", "-1"), ("--atol", "nan"), ("--rtol", "nan"), ("--atol", "inf"),
+                        ("--rtol", "1e400"), ("--atol", "0x1"), ("--rtol", " 1"), ("--atol", "1e-3 "),
+                        ("--atol", "infinity")]:
         rc, _, err = run_ckptool("diff", flag, value, formats["st"], formats["pt"])
         assert rc == 2 and f"{flag}: expected a finite number >= 0, got '{value}'" in err, (flag, value, err)
 
