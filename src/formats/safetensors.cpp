@@ -145,7 +145,10 @@ class schema_handler {
           field_ = field::offsets;
           bit = kSeenOffsets;
         } else {
-          corrupt("tensor " + quote(t.name) + " has unknown field " + quote(k));
+          // safetensors (serde, without deny_unknown_fields) reads past it; a later writer's
+          // field could change what the bytes mean, so it is not read without: unsupported.
+          unsupported("tensor " + quote(t.name) + " has a field this reader does not know, " + quote(k) +
+                      " (safetensors ignores it; ckptool does not guess what it means)");
         }
         if (t.seen & bit) corrupt("tensor " + quote(t.name) + " has duplicate field " + quote(k));
         t.seen |= bit;
