@@ -331,9 +331,9 @@ verb setup_materialize(CLI::App& app) {
                   "Range(D,START,LEN)\"} (first match wins; unmatched keys are left out), or llama-tp")
       ->check(non_empty_path());
   o->rank_opt = cmd->add_option("--rank", o->rank_flag, "With --plan: this process's rank (default: $RANK)")
-                     ->check(CLI::NonNegativeNumber);
+                     ->check(cli::integer_in(0, INT32_MAX - 1));
   o->world_opt = cmd->add_option("--world", o->world_flag, "With --plan: the number of ranks (default: $WORLD_SIZE)")
-                      ->check(CLI::PositiveNumber);
+                      ->check(cli::integer_in(1, INT32_MAX));  // torch's world size is a C int
   cmd->add_flag("--json", o->json, "Print the report as JSON");
   add_reader_flags(*cmd, o->reader);
   add_code_flags(*cmd, o->code);

@@ -81,6 +81,17 @@ CLI::Validator tolerance() {
       "TOL");
 }
 
+CLI::Validator integer_in(int64_t min, int64_t max) {
+  return CLI::Validator(
+      [min, max](std::string& s) -> std::string {
+        // 19 digits may pass INT64_MAX: compared as text first.
+        const bool fits = all_digits(s) && (s.size() < 19 || (s.size() == 19 && s <= "9223372036854775807"));
+        if (fits && std::stoll(s) >= min && std::stoll(s) <= max) return {};
+        return "expected an integer from " + std::to_string(min) + " to " + std::to_string(max) + ", got " + shown(s);
+      },
+      "INT");
+}
+
 CLI::Validator non_empty_path() {
   return CLI::Validator([](std::string& s) -> std::string { return s.empty() ? "expected a path, got ''" : ""; }, "");
 }

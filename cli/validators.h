@@ -18,6 +18,8 @@ CLI::Validator device_name();
 CLI::Validator floating_dtype();
 /// --atol, --rtol: a finite number >= 0 (torch refuses NaN and negative tolerances).
 CLI::Validator tolerance();
+/// A decimal integer from `min` to `max` (no sign, no exponent).
+CLI::Validator integer_in(int64_t min, int64_t max);
 /// A path that is not the empty string.
 CLI::Validator non_empty_path();
 

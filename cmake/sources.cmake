@@ -8,6 +8,7 @@ set(CKPT_CORE_SOURCES
   ${CKPT_ROOT}/src/base/error.cpp
   ${CKPT_ROOT}/src/base/ordered_json.cpp
   ${CKPT_ROOT}/src/base/text.cpp
+  ${CKPT_ROOT}/src/base/glob.cpp
   ${CKPT_ROOT}/src/base/text_escape.cpp
   ${CKPT_ROOT}/src/io/byte_source.cpp
   ${CKPT_ROOT}/src/io/commit_witness.cpp

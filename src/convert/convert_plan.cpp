@@ -1,6 +1,5 @@
 // plan_convert: which tensors a conversion writes, under which names, and what it refuses
 // or drops (formats.md §13.1). Everything here reads metadata only.
-#include <fnmatch.h>
 
 #include <algorithm>
 #include <map>
@@ -8,6 +7,7 @@
 #include <tuple>
 #include <unordered_set>
 
+#include "base/glob.h"
 #include "ckpt/convert.h"
 #include "ckpt/dcp.h"
 #include "ckpt/byte_source.h"
@@ -364,7 +364,7 @@ convert_plan plan_convert(const checkpoint& c, const convert_request& r) {
     for (auto& k : keys) {
       bool any = false;
       for (size_t g = 0; g < r.select.size(); ++g)
-        if (::fnmatch(r.select[g].c_str(), k.key.c_str(), 0) == 0) any = used[g] = true;
+        if (text::glob_match(r.select[g], k.key)) any = used[g] = true;
       if (any) chosen.push_back(std::move(k));
     }
     for (size_t g = 0; g < r.select.size(); ++g)

@@ -1,13 +1,12 @@
 #include "ckpt/slice.h"
 
-#include <fnmatch.h>
-
 #include <algorithm>
 #include <cctype>
 #include <limits>
 
 #include <nlohmann/json.hpp>
 
+#include "base/glob.h"
 #include "ckpt/error.h"
 #include "report/json_input.h"
 
@@ -130,7 +129,7 @@ std::vector<dim_range> slice_box(const placement& p, const std::vector<int64_t>&
 std::optional<placement> slice_selection::match(std::string_view key) const {
   const std::string k(key);
   for (const auto& [glob, p] : rules)
-    if (::fnmatch(glob.c_str(), k.c_str(), 0) == 0) return p;
+    if (text::glob_match(glob, k)) return p;
   return std::nullopt;
 }
 

@@ -1,10 +1,12 @@
 #include "ckpt/load.h"
 
 #include <map>
+#include <optional>
 #include <set>
 #include <unordered_map>
 
 #include "torch/aten_types.h"
+#include "base/text.h"
 #include "ckpt/error.h"
 #include "ckpt/pt2.h"
 #include "ckpt/rekey.h"
@@ -330,22 +332,53 @@ torch::jit::Module load_module(const std::string& model_path, const checkpoint& 
   std::vector<at::Tensor>& storages = loaded.storages;
   if (!o.device.is_meta()) r.bytes += loaded.piece_bytes;
 
-  // Missing tensors (non-strict) come from the model file's own records.
+  // Parameters the model ties (one tensor object under several names): the names of each,
+  // in the model's order. A tie is filled once, from whichever of its names the checkpoint
+  // holds; load_state_dict would copy every one of them into the one tensor.
+  std::unordered_map<const void*, std::vector<std::string>> tie_names;
+  for (const auto& t : targets) tie_names[t.meta.unsafeGetTensorImpl()].push_back(t.name);
+  auto sources_of = [&](const target& t) {
+    std::vector<std::string> out;
+    for (const std::string& name : tie_names.at(t.meta.unsafeGetTensorImpl())) {
+      auto it = target_to_source.find(name);
+      if (it != target_to_source.end()) out.push_back(it->second);
+    }
+    return out;
+  };
+
+  // Ties none of whose names the checkpoint holds (non-strict) come from the model file's
+  // own records, which hold a tie once, under one of its names.
   std::vector<at::Tensor> model_storages;
   std::unordered_map<std::string, size_t> model_tensor_of_name;
+  std::unordered_map<const void*, size_t> model_tensor_of_tie;
   if (!r.missing.empty()) {
+    for (size_t i = 0; i < model_file.tensors.size(); ++i)
+      if (model_file.tensors[i].storage) model_tensor_of_name[path_to_string(model_file.tensors[i].path, '.')] = i;
     std::vector<size_t> model_selected;
-    for (size_t i = 0; i < model_file.tensors.size(); ++i) {
-      model_tensor_of_name[path_to_string(model_file.tensors[i].path, '.')] = i;
-    }
-    for (const auto& name : r.missing) {
-      auto it = model_tensor_of_name.find(name);
-      if (it == model_tensor_of_name.end() || !model_file.tensors[it->second].storage)
-        throw error(errc::check_failed, "model tensor " + name + " is in neither the checkpoint nor the model file").with_file(model_path);
-      model_selected.push_back(it->second);
+    for (const auto& t : targets) {
+      const void* tie = t.meta.unsafeGetTensorImpl();
+      if (model_tensor_of_tie.count(tie) || !sources_of(t).empty()) continue;
+      std::optional<size_t> record;
+      for (const std::string& name : tie_names.at(tie)) {
+        auto it = model_tensor_of_name.find(name);
+        if (it != model_tensor_of_name.end()) {
+          record = it->second;
+          break;
+        }
+      }
+      if (!record)
+        throw error(errc::check_failed, "model tensor " + t.name + " is in neither the checkpoint nor the model file")
+            .with_file(model_path);
+      model_tensor_of_tie[tie] = *record;
+      model_selected.push_back(*record);
     }
     model_storages = detail::load_storages(model_file, detail::storages_of(model_file, model_selected), o);
   }
+  auto checkpoint_value = [&](const std::string& key) {
+    const size_t k = index_of_key.at(key);
+    return detail::is_assembled(c.keys, k) ? loaded.assembled.at(k)
+                                           : detail::view_of(c.tensors[c.keys.tensor(k)], storages, o.device);
+  };
 
   storage_caster caster(o.dtype);
   // Parameters the model ties (one tensor object under two names) stay one object.
@@ -362,13 +395,24 @@ torch::jit::Module load_module(const std::string& model_path, const checkpoint& 
       continue;
     }
     at::Tensor value;
-    auto src = target_to_source.find(t.name);
-    if (src != target_to_source.end()) {
-      const size_t k = index_of_key.at(src->second);
-      value = detail::is_assembled(c.keys, k) ? loaded.assembled.at(k)
-                                              : detail::view_of(c.tensors[c.keys.tensor(k)], storages, o.device);
+    const std::vector<std::string> sources = sources_of(t);
+    if (!sources.empty()) {
+      value = checkpoint_value(sources.front());
+      // Checkpoint values that differ for names of one tie: load_state_dict would keep the
+      // last one copied, an order no checkpoint says it relies on. Refused (on the meta
+      // device there are no values to tell apart).
+      for (size_t i = 1; i < sources.size() && !o.device.is_meta(); ++i) {
+        const at::Tensor other = checkpoint_value(sources[i]);
+        if (other.scalar_type() != value.scalar_type() || !other.sizes().equals(value.sizes()) || !other.equal(value))
+          throw error(errc::check_failed, "the model ties " + text::join_names(tie_names.at(t.meta.unsafeGetTensorImpl()), 4) +
+                                              " (one tensor), but the checkpoint holds different values for '" +
+                                              sources.front() + "' and '" + sources[i] +
+                                              "': which one the model should get is not for ckptool to guess")
+              .with_file(c.path);
+      }
     } else {
-      value = detail::view_of(model_file.tensors[model_tensor_of_name.at(t.name)], model_storages, o.device);
+      value = detail::view_of(model_file.tensors[model_tensor_of_tie.at(t.meta.unsafeGetTensorImpl())], model_storages,
+                              o.device);
       r.filled_from_model.push_back(t.name);
     }
     c10::ScalarType want = o.dtype && at::isFloatingType(t.meta.scalar_type()) ? *o.dtype : t.meta.scalar_type();

@@ -138,6 +138,11 @@ void save_tensors(const std::vector<std::pair<std::string, at::Tensor>>& tensors
                     b.tuple({pid, offset, b.ints(t.sizes()), b.ints(t.strides()), params, b.boolean(requires_grad),
                              b.ordered_dict()}));
     }
+    // _rebuild_tensor_v3 sets the dtype of a tensor it has already made require grad, an
+    // in-place change torch.load fails on: such a file could not be read back.
+    if (!typed && requires_grad)
+      throw error(errc::unsupported, "tensor " + name + ": a " + di.name +
+                                         " tensor that requires grad (not a Parameter): torch.load cannot rebuild one");
     std::vector<value*> args = {pid, offset, b.ints(t.sizes()), b.ints(t.strides()), b.boolean(requires_grad), b.ordered_dict()};
     if (!typed) args.push_back(b.global("torch", di.name));
     return b.call(b.global("torch._utils", typed ? "_rebuild_tensor_v2" : "_rebuild_tensor_v3"), b.tuple(args));

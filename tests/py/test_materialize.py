@@ -1021,3 +1021,64 @@ def test_cpu_work_never_loads_libtorch_cuda(tmp_path):
         assert rc == 0, se
     else:
         assert rc == 4 and "no CUDA device is available" in se, se
+
+
+class TiedHead(nn.Module):
+    """An embedding tied to its output head: one Parameter under two names."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(10, 4)
+        self.head = nn.Linear(4, 10, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, x):
+        return self.head(self.emb(x))
+
+
+@pytest.fixture(scope="module")
+def tied(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tied")
+    torch.manual_seed(0)
+    torch.jit.script(TiedHead()).save(str(d / "model.pt"))
+    torch.manual_seed(1)
+    sd = TiedHead().state_dict()
+    variants = {"both": dict(sd), "head_only": {"head.weight": sd["head.weight"]},
+                "emb_only": {"emb.weight": sd["emb.weight"]}, "neither": {"other": torch.ones(1)},
+                "different": {"emb.weight": sd["emb.weight"], "head.weight": sd["head.weight"].clone() * 0 + 5}}
+    for name, v in variants.items():
+        torch.save(v, d / f"{name}.pt")
+    return d
+
+
+@pytest.mark.parametrize("name", ["both", "head_only", "emb_only", "neither"])
+def test_a_tie_is_filled_from_whichever_name_the_checkpoint_holds(tied, tmp_path, name):
+    # load_state_dict(strict=False) copies every name it finds into the one tensor; with
+    # neither name, the model keeps its own value.
+    ref = torch.jit.load(str(tied / "model.pt"))
+    ref.load_state_dict(torch.load(tied / f"{name}.pt"), strict=False)
+    out = tmp_path / "o.pt"
+    r = materialize_json(tied / f"{name}.pt", "--model", tied / "model.pt", "--no-strict", "--device", "cpu", "-o", out)
+    got = torch.jit.load(str(out))
+    assert torch.equal(got.emb.weight, ref.emb.weight) and got.emb.weight is got.head.weight
+    filled = set(r.get("filled_from_model", []))
+    assert filled == ({"emb.weight"} if name == "neither" else set()), r
+
+
+def test_a_tie_given_different_values_is_refused(tied, tmp_path):
+    # torch keeps whichever name it copies last; ckptool does not pick.
+    out = tmp_path / "o.pt"
+    so, se = materialize(tied / "different.pt", "--model", tied / "model.pt", "--device", "cpu", "-o", out, rc=1)
+    assert "the model ties emb.weight, head.weight" in se and "different values" in se and not out.exists(), se
+    materialize(tied / "different.pt", "--model", tied / "model.pt", "--device", "meta")  # no values to tell apart
+
+
+def test_float8_cast_of_a_tensor_requiring_grad_is_refused(tmp_path):
+    # torch.load cannot rebuild such a tensor (_rebuild_tensor_v3 sets its dtype in place).
+    torch.save({"p": torch.randn(3).requires_grad_(), "w": nn.Parameter(torch.randn(3))}, tmp_path / "g.pt")
+    out = tmp_path / "o.pt"
+    so, se = materialize(tmp_path / "g.pt", "--device", "cpu", "--dtype", "float8_e4m3fn", "-o", out, rc=3)
+    assert "tensor p: a float8_e4m3fn tensor that requires grad" in se and not out.exists(), se
+    torch.save({"w": nn.Parameter(torch.randn(3))}, tmp_path / "p.pt")
+    materialize(tmp_path / "p.pt", "--device", "cpu", "--dtype", "float8_e4m3fn", "-o", out)
+    assert torch.load(out, weights_only=True)["w"].dtype == torch.float8_e4m3fn

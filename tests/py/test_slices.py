@@ -161,7 +161,13 @@ def test_rank_and_world_from_the_launcher(cases, tmp_path):
     for world in ("2147483648", "9223372036854775807"):
         rc, _, err = run_ckptool("materialize", ckpt, "--plan", plan, "--rank", "0", "--world", world,
                                  "-o", tmp_path / "w.pt")
-        assert rc == 2 and "expected at most 2147483647" in err and not (tmp_path / "w.pt").exists(), err
+        assert rc == 2 and "expected an integer from 1 to 2147483647" in err and not (tmp_path / "w.pt").exists(), err
+    # So are a world of 0 and a negative rank, each in one plain line.
+    for flag, value, want in (("--world", "0", "from 1 to"), ("--rank", "-1", "from 0 to")):
+        args = ["--rank", "0", "--world", "2"]
+        args[args.index(flag) + 1] = value
+        rc, _, err = run_ckptool("materialize", ckpt, "--plan", plan, *args, "-o", tmp_path / "w.pt")
+        assert rc == 2 and f"{flag}: expected an integer {want}" in err and err.count("\n") == 1, err
 
 
 def test_range_and_unmatched_keys(tmp_path):

@@ -12,6 +12,7 @@
 #include <limits>
 #include <vector>
 
+#include "base/glob.h"
 #include "ckpt/error.h"
 #include "ckpt/slice.h"
 #include "model/slice_plan.h"
@@ -285,4 +286,37 @@ TEST_CASE("read_spans lands a box from a byte source: far rows, close rows throu
   std::vector<uint32_t> got(240);
   CHECK_THROWS_WITH(ckpt::detail::read_spans(short_file, meet(whole, whole, 4, 16), reinterpret_cast<uint8_t*>(got.data())),
                     doctest::Contains("short.bin"));
+}
+
+TEST_CASE("glob_match is Python's fnmatch.fnmatchcase") {
+  using ckpt::text::glob_match;
+  struct row {
+    const char* pattern;
+    std::string key;
+    bool match;
+  };
+  // Each verdict is fnmatch.fnmatchcase's (Python 3.11).
+  const row rows[] = {
+      {"*.weight", "layers.0.weight", true},   {"*.weight", "layers.0.bias", false},
+      {"a?c", "abc", true},                   {"a?c", "ac", false},
+      {"a*", std::string("a\0b", 3), true},    {"a", std::string("a\0b", 3), false},
+      {"[a-c]x", "bx", true},                 {"[a-c]x", "dx", false},
+      {"[!a]", "b", true},                    {"[!a]", "a", false},
+      {"[]]", "]", true},                     {"[!]]", "]", false},
+      {"[", "[", true},                       {"[a", "[a", true},
+      {"a[!]", "a[!]", true},                 {"[z-a]b", "zb", false},
+      {"[!z-a]", "q", true},                  {"a\\*", "a\\xyz", true},
+      {"a\\*", "a*", false},                  {"[a-]", "-", true},
+      {"[-a]", "-", true},                    {"[a-c-e]", "-", true},
+      {"[a-c-e]", "d", false},                {"[a-c-e]", "e", true},
+      {"*", "", true},                        {"**a**", "xxaxx", true},
+      {"?", "é", true},                       {"[é]", "é", true},
+      {"x*y*z", "xaaybbz", true},             {"x*y*z", "xaaybb", false},
+  };
+  for (const row& r : rows) {
+    CAPTURE(r.pattern);
+    CAPTURE(r.key);
+    CHECK(glob_match(r.pattern, r.key) == r.match);
+  }
+  CHECK_FALSE(glob_match(std::string_view("v\0x", 3), "v"));
 }
