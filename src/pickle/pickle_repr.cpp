@@ -1,6 +1,6 @@
 // repr(): the Python spelling of a value, for messages and reports. It is bounded three
 // ways, because the graph may be huge, shared (a billion-laughs memo DAG) or cyclic: it
-// stops writing at max_chars, stops descending at kMaxDepth, and prints a container that
+// stops writing at max_chars, stops descending at kMaxReprDepth, and prints a container that
 // is already being printed as Python does ([...] / {...}).
 #include <charconv>
 #include <cmath>
@@ -14,7 +14,7 @@
 namespace ckpt::pickle {
 namespace {
 
-constexpr int kMaxDepth = 48;
+constexpr int kMaxReprDepth = 48;
 // Decimal conversion is quadratic; longer ints are summarised.
 constexpr size_t kMaxDecimalBytes = 256;
 
@@ -87,7 +87,7 @@ class printer {
       out_ += "<null>";
       return;
     }
-    if (depth > kMaxDepth) {
+    if (depth > kMaxReprDepth) {
       out_ += "...";
       return;
     }

@@ -25,8 +25,8 @@ namespace ckpt::pickle {
 namespace {
 
 constexpr size_t kBatchSize = 1000;  // pickle.py _BATCHSIZE
-constexpr int kMaxDepth = 10000;
-// Virtual reservation for kMaxDepth levels even in sanitizer builds; only touched pages
+constexpr int kMaxWriteDepth = 10000;
+// Virtual reservation for kMaxWriteDepth levels even in sanitizer builds; only touched pages
 // cost memory.
 constexpr size_t kWriterStackBytes = size_t(512) << 20;
 constexpr size_t kMaxNameLinks = 100;  // dots in one global's qualified name
@@ -151,7 +151,7 @@ class writer {
     if (sink_ && out_.size() >= kPiece) pass_on();
   }
   // Out of line: inlined into every put of save(), whose frame is one per nesting level,
-  // it more than doubled that frame (kMaxDepth levels must fit the writer's stack, and
+  // it more than doubled that frame (kMaxWriteDepth levels must fit the writer's stack, and
   // under AddressSanitizer a throw from deeper than 64 MB of stack is not unwound cleanly).
   [[gnu::noinline]] void pass_on() {
     if (out_.empty()) return;
@@ -255,8 +255,8 @@ class writer {
   };
   struct depth_guard {
     explicit depth_guard(int* d) : depth(d) {
-      if (++*depth > kMaxDepth)
-        throw_limit("value nested deeper than " + std::to_string(kMaxDepth) +
+      if (++*depth > kMaxWriteDepth)
+        throw_limit("value nested deeper than " + std::to_string(kMaxWriteDepth) +
                     " levels cannot be written");
     }
     ~depth_guard() { --*depth; }
@@ -691,7 +691,7 @@ uint64_t write_any(const value* root, int protocol, const document* owner, size_
     throw_unsupported("pickle protocol " + std::to_string(protocol) +
                       " cannot be written (only protocol 2, torch.save's)");
   if (!root) throw_unsupported("cannot write an empty document");
-  // The writer recurses once per nesting level, up to kMaxDepth. Frame sizes differ a lot
+  // The writer recurses once per nesting level, up to kMaxWriteDepth. Frame sizes differ a lot
   // between builds (sanitizers triple them), so it runs on a thread whose stack is sized
   // for the limit, not on whatever stack the caller happens to have.
   std::exception_ptr failure;
@@ -727,7 +727,7 @@ uint64_t write_any(const value* root, int protocol, const document* owner, size_
   pthread_t thread;
   int rc = pthread_create(&thread, &attr, body, &j);
   pthread_attr_destroy(&attr);
-  // Without that thread, kMaxDepth levels of recursion could overflow whatever stack the
+  // Without that thread, kMaxWriteDepth levels of recursion could overflow whatever stack the
   // caller has: refuse rather than risk it.
   if (rc != 0)
     throw error(errc::io, std::string("cannot start the pickle writer's thread: ") + std::strerror(rc));
