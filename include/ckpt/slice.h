@@ -51,8 +51,9 @@ dim_range chunk_range(int64_t size, int64_t rank, int64_t world);
 std::vector<dim_range> slice_box(const placement& p, const std::vector<int64_t>& shape, int64_t rank, int64_t world,
                                  const std::string& what);
 
-/// A plan: rules tried in order, the first whose glob (fnmatch, '*' crossing dots) matches
-/// a key gives its placement; a key no rule matches is not loaded.
+/// A plan: rules tried in order, the first whose glob (as Python's fnmatch.fnmatchcase:
+/// '*' crossing dots) matches a key gives its placement; a key no rule matches is not
+/// loaded.
 struct slice_selection {
   std::vector<std::pair<std::string, placement>> rules;
   int64_t rank = 0, world = 1;

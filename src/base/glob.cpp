@@ -36,21 +36,7 @@ std::u32string code_points(std::string_view s) {
   return out;
 }
 
-// One element of a pattern.
-struct item {
-  enum kind { literal, any, star, cls, never };
-  explicit item(kind what, char32_t ch = 0) : k(what), c(ch) {}
-  kind k;
-  char32_t c;                                       // literal
-  bool negated = false;                             // cls
-  std::u32string chars;                             // cls: single members
-  std::vector<std::pair<char32_t, char32_t>> ranges;  // cls
-  bool contains(char32_t x) const {
-    bool in = chars.find(x) != std::u32string::npos;
-    for (const auto& [lo, hi] : ranges) in = in || (lo <= x && x <= hi);
-    return in != negated;
-  }
-};
+using item = glob::item;
 
 // The class whose text is p[i, j) (between "[" and "]"), as translate builds it.
 item make_class(const std::u32string& p, size_t i, size_t j) {
@@ -143,8 +129,16 @@ bool one(const item& it, char32_t x) {
 
 }  // namespace
 
-bool glob_match(std::string_view pattern, std::string_view key) {
-  const std::vector<item> p = compile(code_points(pattern));
+bool glob::item::contains(char32_t x) const {
+  bool in = chars.find(x) != std::u32string::npos;
+  for (const auto& [lo, hi] : ranges) in = in || (lo <= x && x <= hi);
+  return in != negated;
+}
+
+glob::glob(std::string_view pattern) : items_(compile(code_points(pattern))) {}
+
+bool glob::matches(std::string_view key) const {
+  const std::vector<item>& p = items_;
   const std::u32string s = code_points(key);
   // The usual backtracking over the last star: linear in practice, quadratic at worst.
   size_t pi = 0, si = 0, star = SIZE_MAX, mark = 0;

@@ -361,10 +361,11 @@ convert_plan plan_convert(const checkpoint& c, const convert_request& r) {
   if (!r.select.empty()) {
     std::vector<source_key> chosen;
     std::vector<bool> used(r.select.size(), false);
+    const std::vector<text::glob> globs(r.select.begin(), r.select.end());
     for (auto& k : keys) {
       bool any = false;
-      for (size_t g = 0; g < r.select.size(); ++g)
-        if (text::glob_match(r.select[g], k.key)) any = used[g] = true;
+      for (size_t g = 0; g < globs.size(); ++g)
+        if (globs[g].matches(k.key)) any = used[g] = true;
       if (any) chosen.push_back(std::move(k));
     }
     for (size_t g = 0; g < r.select.size(); ++g)

@@ -73,6 +73,15 @@ status attempt(const std::function<void()>& work) {
   return mine;
 }
 
+// The lowest failing rank's error among every rank's status (this rank's is `mine`).
+std::optional<error> first_failure(const std::vector<std::string>& all, int rank, const status& mine) {
+  for (size_t r = 0; r < all.size(); ++r) {
+    const status s = int(r) == rank ? mine : decode(all[r]);
+    if (!s.ok) return error(s.kind, "rank " + std::to_string(r) + ": " + s.message);
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 std::optional<launch_info> launch_from(const std::function<const char*(const char*)>& getenv_fn) {
@@ -116,11 +125,8 @@ void run_collectively(process_group& group, const std::string& step, const std::
     return;
   }
   const status mine = attempt(work);
-  const std::vector<std::string> all = group.all_gather(step, encode(mine));
-  for (size_t r = 0; r < all.size(); ++r) {
-    const status s = int(r) == group.rank() ? mine : decode(all[r]);
-    if (!s.ok) throw error(s.kind, "rank " + std::to_string(r) + ": " + s.message);
-  }
+  if (std::optional<error> failed = first_failure(group.all_gather(step, encode(mine)), group.rank(), mine))
+    throw *failed;
 }
 
 // The decision key holds "commit" (rank 0's) or "veto R" (rank R gave up), whichever came
@@ -143,11 +149,7 @@ void commit_collectively(process_group& group, const std::string& step, const st
   std::optional<error> cut_off;
   const status mine = attempt(ready);
   try {
-    const std::vector<std::string> all = group.all_gather(step + "/ready", encode(mine));
-    for (size_t r = 0; r < all.size() && !failed; ++r) {
-      const status s = int(r) == rank ? mine : decode(all[r]);
-      if (!s.ok) failed = error(s.kind, "rank " + std::to_string(r) + ": " + s.message);
-    }
+    failed = first_failure(group.all_gather(step + "/ready", encode(mine)), rank, mine);
   } catch (const error& e) {
     if (mine.ok)
       cut_off = e;

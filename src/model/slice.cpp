@@ -6,8 +6,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "base/glob.h"
 #include "ckpt/error.h"
+#include "model/slice_match.h"
 #include "report/json_input.h"
 
 namespace ckpt {
@@ -126,17 +126,26 @@ std::vector<dim_range> slice_box(const placement& p, const std::vector<int64_t>&
   return box;
 }
 
-std::optional<placement> slice_selection::match(std::string_view key) const {
-  const std::string k(key);
-  for (const auto& [glob, p] : rules)
-    if (text::glob_match(glob, k)) return p;
+detail::selection_matcher::selection_matcher(const slice_selection& sel) {
+  rules_.reserve(sel.rules.size());
+  for (const auto& [pattern, p] : sel.rules) rules_.emplace_back(text::glob(pattern), p);
+}
+
+std::optional<placement> detail::selection_matcher::match(std::string_view key) const {
+  for (const auto& [glob, p] : rules_)
+    if (glob.matches(key)) return p;
   return std::nullopt;
+}
+
+std::optional<placement> slice_selection::match(std::string_view key) const {
+  return detail::selection_matcher(*this).match(key);
 }
 
 std::function<bool(const std::string&, const dim_list&, const dim_list&, const dim_list&)> chunks_met_by(
     const slice_selection& sel) {
-  return [sel](const std::string& key, const dim_list& shape, const dim_list& offsets, const dim_list& sizes) {
-    const std::optional<placement> p = sel.match(key);
+  return [sel, matcher = detail::selection_matcher(sel)](const std::string& key, const dim_list& shape,
+                                                         const dim_list& offsets, const dim_list& sizes) {
+    const std::optional<placement> p = matcher.match(key);
     if (!p) return false;
     if (offsets.size() != shape.size() || sizes.size() != shape.size()) return true;  // the open reports it
     std::vector<dim_range> box;

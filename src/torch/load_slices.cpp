@@ -27,6 +27,7 @@
 #include "model/assembly.h"
 #include "model/read_plan.h"
 #include "model/row_major.h"
+#include "model/slice_match.h"
 #include "model/slice_plan.h"
 #include "torch/aten_types.h"
 #include "torch/loader/host_buffer.h"
@@ -371,8 +372,9 @@ std::vector<std::pair<std::string, at::Tensor>> load_tensors(const checkpoint& c
   std::vector<size_t> whole_records, whole_slots;  // loaded by the ordinary loader
   std::unordered_map<std::string, size_t> first_of;  // "record placement" -> its slot in out
   std::vector<std::pair<size_t, size_t>> alias_of;    // (slot, slot of the same slice)
+  const detail::selection_matcher matcher(sel);
   for (detail::named_tensor& n : names) {
-    const std::optional<placement> p = sel.match(n.name);
+    const std::optional<placement> p = matcher.match(n.name);
     if (!p) {
       ++r.left_out;
       continue;
