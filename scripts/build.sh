@@ -34,7 +34,9 @@ want=$(sha256sum "$req" | cut -d' ' -f1)
 if [ ! -x .venv/bin/python ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "build.sh: setting up .venv (torch and friends; a few GB on first run)"
   [ -x .venv/bin/python ] || python3 -m venv .venv
-  .venv/bin/python -m pip install -q --disable-pip-version-check -r "$req"
+  # No wheel cache: it would hold a second copy of torch's ~3 GB of wheels on a fresh
+  # machine's disk, which the test suite needs more.
+  .venv/bin/python -m pip install -q --no-cache-dir --disable-pip-version-check -r "$req"
   echo "$want" > "$stamp"
 fi
 
