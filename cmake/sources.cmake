@@ -75,6 +75,7 @@ set(CKPT_CORE_SOURCES
   ${CKPT_ROOT}/src/model/assembly.cpp
   ${CKPT_ROOT}/src/model/checkpoint.cpp
   ${CKPT_ROOT}/src/model/layout.cpp
+  ${CKPT_ROOT}/src/model/beside_state_dict.cpp
   ${CKPT_ROOT}/src/model/open_hf_set.cpp
   ${CKPT_ROOT}/src/model/plain_tensor.cpp
   ${CKPT_ROOT}/src/model/open_dcp.cpp

@@ -15,6 +15,7 @@
 #include "ckpt/pt2.h"
 #include "base/text.h"
 #include "formats/safetensors_writer.h"
+#include "model/beside_state_dict.h"
 #include "model/assembly.h"
 #include "model/plain_tensor.h"
 #include "model/row_major.h"
@@ -191,6 +192,9 @@ void check_other_entries(const checkpoint& c, const convert_request& r,
     else
       other.push_back(path_to_string(e.path) + " (" + e.type + ")");
   }
+  // Tensors beside a state dict below the root are no entries, but are left out all the same.
+  for (size_t t : detail::tensors_beside_state_dict(c))
+    other.push_back(path_to_string(c.tensors[t].path) + " (tensor)");
   if (c.pt2) {
     // A torch.export archive's constants (lifted tensors, non-persistent buffers) are no
     // state-dict keys; its pickled tensors and script objects are not read at all.

@@ -16,6 +16,7 @@
 #include "diff/key_reader.h"
 #include "diff/value_compare.h"
 #include "model/assembly.h"
+#include "model/beside_state_dict.h"
 #include "ckpt/pickle.h"
 
 namespace ckpt {
@@ -34,6 +35,7 @@ struct side {
   bool by_key = true;
   detail::assembly assembled;
   std::vector<int64_t> assembled_of_key;  // index into assembled.tensors, -1 when whole
+  std::vector<bool> record;  // by_key: true where ids[i] is a tensor record (is_record)
 
   explicit side(const checkpoint& cp) : c(cp) {
     if (!c.keys.empty() || c.tensors.empty() || !c.entries.empty()) {
@@ -46,6 +48,7 @@ struct side {
       assembled = detail::plan_assembly(c, all);
       assembled_of_key.assign(c.keys.size(), -1);
       for (size_t j = 0; j < assembled.tensors.size(); ++j) assembled_of_key[assembled.tensors[j].key] = int64_t(j);
+      add_tensors_beside_state_dict();
       return;
     }
     by_key = false;
@@ -55,6 +58,33 @@ struct side {
       ids.push_back(t);
     }
   }
+
+  // A state dict below the root leaves the root's own tensors out of its keys, and out of
+  // the entries ({'w': t1, 'opt': {'w': t2}}: 'w' is neither): they are compared too, named
+  // by their path as materialize names them, or a change in one would pass as equivalent.
+  // Such a name that a key has already is refused, as materialize refuses it.
+  void add_tensors_beside_state_dict() {
+    const std::vector<size_t> beside = detail::tensors_beside_state_dict(c);
+    if (beside.empty()) return;
+    std::unordered_set<std::string> key_names(names.begin(), names.end());
+    record.assign(names.size(), false);
+    for (size_t t : beside) {
+      std::string name = path_to_string(c.tensors[t].path, '.');
+      if (key_names.count(name))
+        throw error(errc::unsupported, "two different tensors would both be named " + text::in_quotes(name) +
+                                           ": key " + text::in_quotes(name) + " of the state dict at " +
+                                           text::in_quotes(path_to_string(*c.state_dict)) + " and the tensor at " +
+                                           text::in_quotes(path_to_string(c.tensors[t].path)) +
+                                           " (outside the state dict); ckptool does not pick one of them")
+            .with_file(c.path);
+      names.push_back(std::move(name));
+      ids.push_back(t);
+      record.push_back(true);
+    }
+  }
+  // This name is a tensor record (by path), not a key: every name of a side without a
+  // state dict, and the tensors beside one.
+  bool is_record(size_t i) const { return !by_key || (i < record.size() && record[i]); }
 
   // The keys renamed for pairing by diff_options::edit_a; reports keep the checkpoint's names.
   void edit(const std::vector<key_op>& ops, diff_report& r) {
@@ -78,15 +108,15 @@ struct side {
   }
   const std::string& label(size_t i) const { return labels.empty() ? names[i] : labels[i]; }
 
-  dtype type(size_t i) const { return by_key ? c.keys.type(ids[i], c.tensors) : c.tensors[ids[i]].type; }
+  dtype type(size_t i) const { return !is_record(i) ? c.keys.type(ids[i], c.tensors) : c.tensors[ids[i]].type; }
   std::vector<int64_t> shape(size_t i) const {
-    const dim_list& d = by_key ? c.keys.shape(ids[i], c.tensors) : c.tensors[ids[i]].shape;
+    const dim_list& d = !is_record(i) ? c.keys.shape(ids[i], c.tensors) : c.tensors[ids[i]].shape;
     return std::vector<int64_t>(d.begin(), d.end());
   }
   detail::key_reader reader(size_t i) const {
-    if (by_key && assembled_of_key[ids[i]] >= 0)
+    if (!is_record(i) && assembled_of_key[ids[i]] >= 0)
       return detail::key_reader(c, label(i), assembled, assembled.tensors[size_t(assembled_of_key[ids[i]])]);
-    return detail::key_reader(c, label(i), by_key ? c.keys.tensor(ids[i]) : ids[i]);
+    return detail::key_reader(c, label(i), !is_record(i) ? c.keys.tensor(ids[i]) : ids[i]);
   }
   std::vector<keyed_tensor> keyed(const std::vector<size_t>& which) const {
     std::vector<keyed_tensor> out;
@@ -128,7 +158,7 @@ bool is_pickle_file(const checkpoint& c) {
 // the pickle's state dict, its path is the state dict's own path, then the key; a pickle
 // without one names every tensor record by its path.
 std::string dcp_name(const side& s, size_t i) {
-  if (!s.by_key) return path_to_string(s.c.tensors[s.ids[i]].path, '.');
+  if (s.is_record(i)) return path_to_string(s.c.tensors[s.ids[i]].path, '.');
   const std::string root = s.c.state_dict ? path_to_string(*s.c.state_dict, '.') : std::string();
   return root.empty() ? s.names[i] : root + "." + s.names[i];
 }
@@ -160,7 +190,7 @@ void pair_dcp_twin(const side& p, const std::vector<detail::entry_leaf>& leaves,
     if (std::optional<size_t> j = take(dcp_name(p, i))) {
       p_hit[i] = true;
       key_pairs.push_back({i, *j});
-      if (!p.by_key) records.insert(p.ids[i]);
+      if (p.is_record(i)) records.insert(p.ids[i]);
     }
   }
   // Such a pickle's entries hold the records it names: compared as keys, not leaves too.

@@ -25,6 +25,36 @@ namespace detail {
 // under each of its keys), paths elsewhere, and every further path the pickle shares a
 // tensor object under. The records that are pieces of assembled keys are parts of those
 // keys' tensors, not tensors of their own.
+namespace {
+
+std::string place_of(const checkpoint& c, const named_tensor& n) {
+  if (n.by_path) return "the tensor at '" + n.name + "' (outside the state dict)";
+  if (c.state_dict && !c.state_dict->empty())
+    return "key '" + n.name + "' of the state dict at '" + path_to_string(*c.state_dict) + "'";
+  return "state dict key '" + n.name + "'";
+}
+
+// A tensor outside the state dict is named by its path, which can equal a key of a state
+// dict below the root ({'w': t1, 'opt': {'w': t2}}). A name -> tensor result would then hold
+// one of the two, and -o would write the name twice (torch.load keeps the last): silently
+// one tensor fewer. Refused, naming both places; the same tensor under one name twice is
+// no conflict.
+void refuse_shared_names(const checkpoint& c, const std::vector<named_tensor>& names) {
+  std::unordered_map<std::string_view, const named_tensor*> first;
+  first.reserve(names.size());
+  for (const named_tensor& n : names) {
+    auto [it, fresh] = first.emplace(n.name, &n);
+    if (fresh) continue;
+    const named_tensor& m = *it->second;
+    const bool same = m.assembled == n.assembled && (n.assembled ? m.key == n.key : m.tensor == n.tensor);
+    if (same) continue;
+    throw_unsupported("two different tensors would both be named '" + n.name + "': " + place_of(c, m) + " and " +
+                      place_of(c, n) + "; ckptool does not pick one of them");
+  }
+}
+
+}  // namespace
+
 std::vector<named_tensor> named_tensors(const checkpoint& c) {
   std::vector<named_tensor> out;
   out.reserve(c.keys.size());
@@ -48,13 +78,14 @@ std::vector<named_tensor> named_tensors(const checkpoint& c) {
            std::equal(c.state_dict->begin(), c.state_dict->end(), p.begin());
   };
   for (size_t i = 0; i < c.tensors.size(); ++i)
-    if (!named[i] && !in_module(c.tensors[i].path)) out.push_back({path_to_string(c.tensors[i].path), i});
+    if (!named[i] && !in_module(c.tensors[i].path)) out.push_back({path_to_string(c.tensors[i].path), i, false, 0, true});
   auto in_state_dict = [&](const value_path& p) {
     return in_module(p) || (c.state_dict && p.size() == c.state_dict->size() + 1 &&
                             std::equal(c.state_dict->begin(), c.state_dict->end(), p.begin()));
   };
   for (const auto& a : c.aliases)
-    if (!in_state_dict(a.path)) out.push_back({path_to_string(a.path), a.tensor});
+    if (!in_state_dict(a.path)) out.push_back({path_to_string(a.path), a.tensor, false, 0, true});
+  refuse_shared_names(c, out);
   return out;
 }
 

@@ -15,6 +15,7 @@ struct named_tensor {
   size_t tensor = 0;  // index into c.tensors, unless `assembled`
   bool assembled = false;
   size_t key = 0;  // index into c.keys when `assembled`
+  bool by_path = false;  // named by its path in the pickle: no state dict holds it under `name`
 };
 
 std::vector<named_tensor> named_tensors(const checkpoint& c);
