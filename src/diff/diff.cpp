@@ -22,6 +22,22 @@
 namespace ckpt {
 namespace {
 
+// A tensor record's name: its path's elements joined by `separator`, an integer element (a
+// list or tuple index, an int dict key) as "[N]", so that torch.save([t]) or {0: t} never
+// pairs with a state dict's key "0" (torch.load gives a list, or a dict keyed by 0).
+std::string record_name(const value_path& path, char separator) {
+  std::string out;
+  for (const path_element& e : path) {
+    if (const int64_t* n = std::get_if<int64_t>(&e)) {
+      out += "[" + std::to_string(*n) + "]";
+      continue;
+    }
+    if (!out.empty()) out += separator;
+    out += std::get<std::string>(e);
+  }
+  return out;
+}
+
 // One side's tensors as diff names them: the state dict's keys; for a checkpoint without
 // one (TorchScript, whose keys only LibTorch names, or a file with no dict of tensors),
 // every tensor record by its path in the file. A checkpoint whose tensors all lie inside
@@ -54,7 +70,7 @@ struct side {
     by_key = false;
     const char separator = c.format == file_format::torchscript ? '.' : '/';
     for (size_t t = 0; t < c.tensors.size(); ++t) {
-      names.push_back(path_to_string(c.tensors[t].path, separator));
+      names.push_back(record_name(c.tensors[t].path, separator));
       ids.push_back(t);
     }
   }
@@ -69,7 +85,7 @@ struct side {
     std::unordered_set<std::string> key_names(names.begin(), names.end());
     record.assign(names.size(), false);
     for (size_t t : beside) {
-      std::string name = path_to_string(c.tensors[t].path, '.');
+      std::string name = record_name(c.tensors[t].path, '.');
       if (key_names.count(name))
         throw error(errc::unsupported, "two different tensors would both be named " + text::in_quotes(name) +
                                            ": key " + text::in_quotes(name) + " of the state dict at " +

@@ -74,3 +74,17 @@ def test_convert_names_the_tensor_it_leaves_out(tmp_path):
     rc, out, err = run_ckptool("convert", a, "-o", out_st, "--to", "safetensors", "--drop-other")
     assert rc == 0, (out, err)
     assert "left out x (tensor)" in err
+
+
+def test_an_integer_key_never_pairs_with_a_string_key(tmp_path):
+    """{0: t} and {'0': t} are different dicts to torch.load: diff used to call them equivalent."""
+    t = torch.ones(2)
+    torch.save({0: t}, tmp_path / "int.pt")
+    torch.save({"0": t}, tmp_path / "str.pt")
+    torch.save([t], tmp_path / "list.pt")
+    rc, out, err = run_ckptool("diff", tmp_path / "int.pt", tmp_path / "str.pt", "--json")
+    assert rc == 1, (out, err)
+    report = json.loads(out)
+    assert report["only_in_a"] == ["[0]"] and report["only_in_b"] == ["0"], report
+    rc, out, err = run_ckptool("diff", tmp_path / "list.pt", tmp_path / "list.pt")
+    assert rc == 0, (out, err)
