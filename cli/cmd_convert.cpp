@@ -212,11 +212,11 @@ int run_convert(const convert_options& o) {
         dir = std::make_unique<ckpt::output_dir>(o.output, to_dcp ? ckpt::set_layout::dcp : ckpt::set_layout::hf_index,
                                                  o.force);
       // A set's directory is an input: OUTDIR may be neither inside it nor around it. A
-      // single file's directory is not (OUTDIR beside model.pt is the usual case); the file
-      // itself is fingerprinted by `set`, and no file of OUTDIR that is not of a previous
-      // set is ever replaced.
-      if (dir && inputs.size() > 1)
-        for (const auto& path : inputs) dir->add_input(path);
+      // single file's directory is not (OUTDIR beside model.pt is the usual case), but the
+      // file itself may never be among the previous set's files that the commit replaces
+      // (out/model.safetensors converted into out/ was replaced by its own output).
+      if (dir)
+        for (const auto& path : inputs) inputs.size() > 1 ? dir->add_input(path) : dir->add_input_file(path);
     } else {
       out = &set.add_output(o.output, mode);
     }

@@ -108,6 +108,8 @@ row tensor_row(const ckpt::checkpoint& c, const ckpt::tensor_record& t, const st
   if (!with_notes) return {display_name(key), ckpt::name(t.type), shape_text(t.shape), human_bytes(t.nbytes()), {}};
   std::vector<std::string> notes;
   if (t.parameter) notes.push_back("param");
+  if (t.conj) notes.push_back("conj bit (values are the stored ones conjugated)");
+  if (t.neg) notes.push_back("neg bit (values are the stored ones negated)");
   if (t.kind) notes.push_back(kind_note(*t.kind));
   if (!t.storage && !t.composite()) notes.push_back("meta");
   if (t.quant) {

@@ -74,7 +74,9 @@ CLI::Validator tolerance() {
         char* end = nullptr;
         errno = 0;
         const double v = decimal ? std::strtod(s.c_str(), &end) : 0;
-        if (!decimal || *end != '\0' || errno == ERANGE || !std::isfinite(v) || v < 0)
+        // Underflow (1e-400, 4e-320) is a number still, as Python reads it (0.0, a subnormal):
+        // only overflow, which isfinite catches, is refused.
+        if (!decimal || *end != '\0' || !std::isfinite(v) || v < 0)
           return "expected a finite number >= 0, got '" + s + "'";
         return "";
       },

@@ -81,6 +81,10 @@ struct tensor_record {
   std::optional<size_t> storage;       // index into checkpoint::storages; nullopt: meta tensor
   bool parameter = false;
   bool requires_grad = false;
+  // torch's conjugate and negative bits (x.conj(), x.conj().imag), from the rebuild call's
+  // metadata dict: the stored bytes are the unconjugated, unnegated values (formats.md §3.3).
+  bool conj = false;
+  bool neg = false;
   std::string location;
   const pickle::value* node = nullptr; // the rebuild call in the pickle tree (torch formats)
   // Quantized dtypes only. Held by pointer: a quantization is large, and a million plain

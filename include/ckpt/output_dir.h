@@ -50,6 +50,10 @@ class output_dir {
   /// A file the command reads (index, shard, .metadata, ...): a regular file (errc::usage
   /// otherwise), fingerprinted for commit(); its real directory counts as an input one.
   void add_input(const std::string& path);
+  /// A single input file whose directory may hold OUTDIR (model.pt beside out/) or be it:
+  /// fingerprinted for commit(), and never one of the previous set's files that the commit
+  /// replaces or removes (out/model.safetensors converted into out/), but no input directory.
+  void add_input_file(const std::string& path);
   /// A directory the command reads from (the one holding the index or .metadata).
   /// Returns its permission bits, which a new OUTDIR gets.
   mode_t add_input_dir(const std::string& path);

@@ -236,6 +236,40 @@ void choose_metadata(const checkpoint& c, const convert_request& r, convert_plan
   const bool from_safetensors = c.format == file_format::safetensors;
   std::vector<std::pair<std::string, std::string>> user;
   if (from_safetensors && c.files.front().st_header) user = c.files.front().st_header->metadata;
+  // A shard set's shards each have a __metadata__: what they all hold alike is the set's;
+  // a pair some shard lacks or holds otherwise is not carried as if it were the set's, nor
+  // dropped unsaid (it was only the first shard's that was read).
+  if (from_safetensors && c.layout == checkpoint_layout::hf_shard_set) {
+    std::vector<std::string> uneven;
+    for (size_t f = 1; f < c.files.size(); ++f) {
+      if (!c.files[f].st_header) continue;
+      const auto& theirs = c.files[f].st_header->metadata;
+      auto holds = [](const std::vector<std::pair<std::string, std::string>>& m, const std::pair<std::string, std::string>& kv) {
+        return std::find(m.begin(), m.end(), kv) != m.end();
+      };
+      for (const auto& kv : theirs)
+        if (!holds(user, kv)) uneven.push_back("__metadata__ " + kv.first + " of " + c.files[f].path);
+      for (const auto& kv : user)
+        if (!holds(theirs, kv)) uneven.push_back("__metadata__ " + kv.first + " of " + c.files.front().path);
+    }
+    if (!uneven.empty()) {
+      std::sort(uneven.begin(), uneven.end());
+      uneven.erase(std::unique(uneven.begin(), uneven.end()), uneven.end());
+      if (!r.drop_other)
+        throw error(errc::unsupported, "the shards' safetensors metadata differ: " + listed(uneven) +
+                                           " (not held alike by every shard); pass --drop-other to carry only what "
+                                           "every shard holds")
+            .with_file(c.path);
+      plan.dropped.insert(plan.dropped.end(), uneven.begin(), uneven.end());
+      for (size_t f = 1; f < c.files.size(); ++f)
+        if (c.files[f].st_header) {
+          const auto& theirs = c.files[f].st_header->metadata;
+          user.erase(std::remove_if(user.begin(), user.end(),
+                                    [&](const auto& kv) { return std::find(theirs.begin(), theirs.end(), kv) == theirs.end(); }),
+                     user.end());
+        }
+    }
+  }
   // HuggingFaceStorageWriter pieces (formats.md §9.10): DCP_SHARDING_INFO places the first
   // file's boxes, DCP_VERSION dates that map; neither describes the whole tensors written,
   // and a reader honouring the map would misplace them. Not carried, and not "lost" either.

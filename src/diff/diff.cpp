@@ -124,6 +124,13 @@ struct side {
   }
   const std::string& label(size_t i) const { return labels.empty() ? names[i] : labels[i]; }
 
+  // The record whose bits (conj, neg) apply to name i's values; nullptr for an assembled key,
+  // whose pieces plan_assembly has checked to have none.
+  const tensor_record* record_of(size_t i) const {
+    if (is_record(i)) return &c.tensors[ids[i]];
+    if (assembled_of_key[ids[i]] >= 0) return nullptr;
+    return &c.tensors[c.keys.tensor(ids[i])];
+  }
   dtype type(size_t i) const { return !is_record(i) ? c.keys.type(ids[i], c.tensors) : c.tensors[ids[i]].type; }
   std::vector<int64_t> shape(size_t i) const {
     const dim_list& d = !is_record(i) ? c.keys.shape(ids[i], c.tensors) : c.tensors[ids[i]].shape;
@@ -140,6 +147,21 @@ struct side {
     return out;
   }
 };
+
+// diff compares stored elements. A tensor's conjugate and negative bits (x.conj(),
+// x.conj().imag) change what they mean: the same bits on both sides change both alike (the
+// error's magnitude is that of the stored values), different bits cannot be judged on bytes.
+void check_same_bits(const tensor_record* a, const tensor_record* b, const std::string& name) {
+  const bool conj_a = a && a->conj, conj_b = b && b->conj, neg_a = a && a->neg, neg_b = b && b->neg;
+  if (conj_a == conj_b && neg_a == neg_b) return;
+  auto bits = [](bool conj, bool neg) {
+    return conj && neg ? std::string("the conjugate and negative bits") : conj ? std::string("the conjugate bit")
+                       : neg ? std::string("the negative bit") : std::string("neither bit");
+  };
+  throw error(errc::unsupported, "tensor " + text::in_quotes(name) + ": A's has " + bits(conj_a, neg_a) + " set, B's " +
+                                     bits(conj_b, neg_b) + " (x.conj(), x.conj().imag); diff compares stored "
+                                     "elements, which then mean different values (torch: x.resolve_conj().resolve_neg())");
+}
 
 // rekey --match names a full pairing's edit by the segments it removes or adds; a partial
 // one (keys left over on both sides) is named the same way from its pairs.
@@ -446,6 +468,7 @@ diff_report diff_with(const checkpoint& ca, const checkpoint& cb, const side_val
     d.type_b = b.type(p.b);
     d.shape_a = a.shape(p.a);
     d.shape_b = b.shape(p.b);
+    if (!o.metadata_only) check_same_bits(a.record_of(p.a), b.record_of(p.b), d.key_a);
     r.tensors.push_back(std::move(d));
     refs.push_back({{&a, p.a, false}, {&b, p.b, false}});
   }
@@ -478,6 +501,7 @@ diff_report diff_with(const checkpoint& ca, const checkpoint& cb, const side_val
   for (const entry_tensor_pair& p : entry_tensors) {
     const tensor_record& ta = ca.tensors[p.a];
     const tensor_record& tb = cb.tensors[p.b];
+    if (!o.metadata_only) check_same_bits(&ta, &tb, p.path);
     tensor_diff d;
     d.key_a = d.key_b = p.path;
     d.type_a = ta.type;
@@ -501,6 +525,7 @@ diff_report diff_with(const checkpoint& ca, const checkpoint& cb, const side_val
     d.shape_a.assign(t.shape.begin(), t.shape.end());
     d.shape_b = ds.shape(p.key);
     std::pair<reader_ref, reader_ref> ref{{&ps, *leaf.tensor, true}, {&ds, p.key, false}};
+    if (!o.metadata_only) check_same_bits(&t, ds.record_of(p.key), leaf.path);
     if (!twin.pickle_is_a) {
       std::swap(d.key_a, d.key_b);
       std::swap(d.type_a, d.type_b);

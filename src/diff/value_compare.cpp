@@ -102,12 +102,16 @@ class judge {
     // Real values skip std::complex: its abs is hypot, which made the all-elements-differ
     // path 3x slower.
     double error, allowed, magnitude;
+    bool overflows = false;  // torch's own error is infinite (reported as the true one)
     if (float32_ && !complex_) {
       // As torch: the tolerances become float32 scalars, every step rounds to float32.
       const float fa = float(a.re), fb = float(b.re);
       error = std::fabs(fa - fb);
       magnitude = std::fabs(fb);
       allowed = float(o_.atol) + std::fabs(float(o_.rtol) * fb);
+      // Two float16 tensors: torch's |a - b| is a float16 too, which overflows to inf (not
+      // finite: never close) from 65520 up, where float32's is still finite (60000 - -60000).
+      overflows = half_ && error >= kHalfOverflow;
     } else if (float32_) {
       const std::complex<float> fa(float(a.re), float(a.im)), fb(float(b.re), float(b.im));
       error = std::abs(fa - fb);
@@ -127,13 +131,17 @@ class judge {
     const double relative = magnitude > 0 ? error / magnitude : std::numeric_limits<double>::infinity();
     d_.max_rel_error = std::max(d_.max_rel_error, relative);
     // torch.isclose: zero tolerances ask for equality; else a finite error within the bound.
-    const bool close = !(o_.atol == 0 && o_.rtol == 0) && std::isfinite(error) && error <= allowed;
+    const bool close = !(o_.atol == 0 && o_.rtol == 0) && std::isfinite(error) && !overflows && error <= allowed;
     if (!close) outside(index);
   }
 
   const diff_options& o_;
   tensor_diff& d_;
   dtype ta_, tb_;
+  // Declared after ta_ and tb_, which it is initialized from.
+  bool half_ = ta_ == dtype::float16 && tb_ == dtype::float16;
+  // The least magnitude float16 rounds to infinity (round to nearest even): 65504 + half an ulp.
+  static constexpr double kHalfOverflow = 65520.0;
   bool float32_, same_type_, numeric_, complex_, integers_;
 };
 

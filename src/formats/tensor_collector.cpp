@@ -398,10 +398,12 @@ tensor_record tensor_collector::rebuild(const value* call, uint64_t depth) {
   if (is_rebuild(fn, "_rebuild_tensor_v2")) {
     args = tuple_args(call, 6, 7, "_rebuild_tensor_v2");
     t.requires_grad = as_bool(arg(args, 4), "requires_grad");
+    if (args->items.size() == 7) tensor_bits(arg(args, 6), t);
   } else if (is_rebuild(fn, "_rebuild_tensor_v3")) {
     args = tuple_args(call, 7, 8, "_rebuild_tensor_v3");
     t.requires_grad = as_bool(arg(args, 4), "requires_grad");
     v3_dtype = dtype_global(arg(args, 6));
+    if (args->items.size() == 8) tensor_bits(arg(args, 7), t);
   } else if (is_rebuild(fn, "_rebuild_tensor")) {
     args = tuple_args(call, 4, 4, "_rebuild_tensor");
   } else if (is_rebuild(fn, "_rebuild_qtensor")) {
@@ -435,6 +437,27 @@ tensor_record tensor_collector::rebuild(const value* call, uint64_t depth) {
     t.quant = std::make_shared<const quantization>(quantizer(arg(args, 4), t, depth));
   }
   return t;
+}
+
+// The rebuild's metadata dict, as torch._utils.set_tensor_metadata applies it on the CPU
+// (formats.md §3.3): a "conj" or "neg" key sets that bit whatever its value (torch reads a
+// dict of str to bool, so another value is refused), None or an empty dict sets nothing.
+// Any other key is a custom backend's metadata, which ckptool cannot apply: unsupported.
+void tensor_collector::tensor_bits(const value* metadata, tensor_record& t) {
+  if (metadata->type == kind::none) return;
+  if (metadata->type != kind::dict) bad(metadata, "tensor metadata must be a dict");
+  for (size_t i = 0; i < metadata->dict_size(); ++i) {
+    const value* k = metadata->dict_key(i);
+    if (k->type != kind::str) bad(k, "tensor metadata keys must be strings");
+    (void)as_bool(metadata->dict_value(i), "a tensor metadata value");
+    if (k->text == "conj")
+      t.conj = true;
+    else if (k->text == "neg")
+      t.neg = true;
+    else
+      throw_unsupported("tensor metadata key " + text::in_quotes(k->text) + " (a custom backend's, which ckptool cannot apply)",
+                        k->offset);
+  }
 }
 
 quantization tensor_collector::quantizer(const value* params, const tensor_record& t, uint64_t depth) {

@@ -59,6 +59,7 @@ class tensor_collector {
   /// Interprets a rebuild call; returns false when `v` is not a tensor rebuild.
   bool try_tensor(const pickle::value* v, value_path& path);
   tensor_record rebuild(const pickle::value* call, uint64_t depth);
+  void tensor_bits(const pickle::value* metadata, tensor_record& t);
   /// _rebuild_qtensor's quantizer_params for the quantized tensor `t`.
   quantization quantizer(const pickle::value* params, const tensor_record& t, uint64_t depth);
   /// A per-channel scale or zero-point vector: a tensor of its own, or a list of numbers.

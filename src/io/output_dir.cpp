@@ -233,6 +233,12 @@ void output_dir::add_input(const std::string& path) {
   input_dirs_.push_back(text::parent_directory(real_path(path)));
 }
 
+void output_dir::add_input_file(const std::string& path) {
+  file_fingerprint fp;
+  ::close(open_regular_input(path, &fp));
+  inputs_.push_back({path, fp});
+}
+
 mode_t output_dir::add_input_dir(const std::string& path) {
   struct stat st;
   if (::stat(path.c_str(), &st) != 0) detail::fail_io("cannot use the input directory", path, errno);

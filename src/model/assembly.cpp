@@ -109,6 +109,9 @@ assembly plan_assembly(const checkpoint& c, const std::vector<size_t>& keys, boo
       if (r.composite() || r.quant || r.kind)
         throw_unsupported(what + ": a " + (r.kind ? r.kind->description() : std::string("quantized")) +
                           " tensor as a piece is not assembled");
+      if (r.conj || r.neg)
+        throw_unsupported(what + ": a piece with the " + (r.conj ? "conjugate" : "negative") +
+                          " bit set is not assembled (its bytes are not its values)");
       if (!r.storage || *r.storage >= c.storages.size() || !c.storages[*r.storage].file_offset)
         throw_unsupported(what + ": has no data in the file");
       // Pieces are read whole, storage by storage: the storage must be the box's bytes in

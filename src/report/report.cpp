@@ -92,6 +92,11 @@ nlohmann::json kind_json(const checkpoint& c, const tensor_kind& k) {
 // Members in nlohmann's order (sorted keys); each row of the tensor and storage tables.
 void write_tensor(detail::json_writer& w, const checkpoint& c, const tensor_record& t) {
   w.begin_object();
+  // Only where set, as torch.save writes them: most checkpoints never have either.
+  if (t.conj) {
+    w.key("conj");
+    w.boolean(true);
+  }
   w.key("device");
   w.string(t.location);
   w.key("dtype");
@@ -104,6 +109,10 @@ void write_tensor(detail::json_writer& w, const checkpoint& c, const tensor_reco
   w.string(t.composite() ? t.kind->layout : "strided");
   w.key("nbytes");
   w.number(t.nbytes());
+  if (t.neg) {
+    w.key("neg");
+    w.boolean(true);
+  }
   w.key("parameter");
   w.boolean(t.parameter);
   w.key("path");

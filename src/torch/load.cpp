@@ -117,7 +117,11 @@ class storage_caster {
       it = cast_.emplace(key, whole.to(*to_)).first;
     }
     const at::Tensor& cast = it->second;
-    return at::empty({0}, cast.options()).set_(cast.storage(), t.storage_offset(), t.sizes(), t.strides());
+    at::Tensor view = at::empty({0}, cast.options()).set_(cast.storage(), t.storage_offset(), t.sizes(), t.strides());
+    // The cast read the stored bytes (`whole` has no bits); negation commutes with the cast.
+    if (t.is_conj()) view._set_conj(true);
+    if (t.is_neg()) view._set_neg(true);
+    return view;
   }
 
  private:

@@ -159,6 +159,18 @@ using detail::page_ceil;
 using detail::page_floor;
 constexpr uint64_t kFillBytes = 16ull << 20;  // a fill item: large enough to amortize, small enough to share out
 
+// What makes two records one tensor to slice: the same bytes seen the same way (storage,
+// offset, shape, strides, dtype, bits). A record of another kind is only itself.
+std::string same_view_key(const tensor_record& r, size_t index) {
+  if (!r.storage || r.composite() || r.quant) return "record " + std::to_string(index);
+  std::string key = "storage " + std::to_string(*r.storage) + " at " + std::to_string(r.storage_offset) + " " +
+                    std::string(name(r.type)) + (r.conj ? " conj" : "") + (r.neg ? " neg" : "");
+  for (int64_t d : r.shape) key += " " + std::to_string(d);
+  key += " /";
+  for (int64_t d : r.stride) key += " " + std::to_string(d);
+  return key;
+}
+
 // The slice of `t` (shape, dtype): a mapping of its own, its first byte at `phase` in its
 // page, when large; LibTorch's allocator otherwise.
 at::Tensor allocate_slice(const std::vector<int64_t>& shape, c10::ScalarType type, uint64_t nbytes, uint64_t phase,
@@ -382,8 +394,11 @@ std::vector<std::pair<std::string, at::Tensor>> load_tensors(const checkpoint& c
     const std::string what = "key '" + n.name + "'";
     // A tensor object saved under two names (tied weights) with one placement is one
     // slice under both, read once and still tied.
+    // Two tensor objects viewing the same bytes alike are tied too: state_dict() of tied
+    // modules gives one object per module (nn.Module ties share the Parameter's storage).
     if (!n.assembled) {
-      auto [it, fresh] = first_of.emplace(std::to_string(n.tensor) + " " + placement_text(*p), out.size());
+      auto [it, fresh] = first_of.emplace(same_view_key(c.tensors[n.tensor], n.tensor) + " " + placement_text(*p),
+                                          out.size());
       if (!fresh) {
         ++(p->type == placement::kind::replicate ? r.whole : r.sliced);
         alias_of.emplace_back(out.size(), it->second);
@@ -449,6 +464,11 @@ std::vector<std::pair<std::string, at::Tensor>> load_tensors(const checkpoint& c
     if (detail::span_bytes(all) != box_numel(box) * e)
       throw_corrupt(what + ": its pieces hold " + std::to_string(detail::span_bytes(all)) + " of the " +
                     std::to_string(box_numel(box) * e) + " bytes of its slice");
+    // The slice holds the stored bytes; the record's bits make them its values, as view_of.
+    if (!n.assembled && t.defined()) {
+      if (c.tensors[n.tensor].conj) t._set_conj(true);
+      if (c.tensors[n.tensor].neg) t._set_neg(true);
+    }
     out.emplace_back(std::move(n.name), std::move(t));
   }
   if (!meta) r.bytes_read += execute(c, jobs, o);

@@ -145,6 +145,13 @@ void save_tensors(const std::vector<std::pair<std::string, at::Tensor>>& tensors
                                          " tensor that requires grad (not a Parameter): torch.load cannot rebuild one");
     std::vector<value*> args = {pid, offset, b.ints(t.sizes()), b.ints(t.strides()), b.boolean(requires_grad), b.ordered_dict()};
     if (!typed) args.push_back(b.global("torch", di.name));
+    // As Tensor.__reduce_ex__: the conjugate and negative bits in a metadata dict, last.
+    if (t.is_conj() || t.is_neg()) {
+      value* bits = b.doc.make(kind::dict, 0);
+      if (t.is_conj()) bits->items.insert(bits->items.end(), {b.str("conj"), b.boolean(true)});
+      if (t.is_neg()) bits->items.insert(bits->items.end(), {b.str("neg"), b.boolean(true)});
+      args.push_back(bits);
+    }
     return b.call(b.global("torch._utils", typed ? "_rebuild_tensor_v2" : "_rebuild_tensor_v3"), b.tuple(args));
   };
   // As torch.save: a Parameter is _rebuild_parameter around its data (saved with

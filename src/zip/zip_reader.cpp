@@ -399,7 +399,12 @@ class archive_parser {
     uint32_t z_disk = load_u32(l + 4);
     uint64_t z_offset = load_u64(l + 8);
     uint32_t disks = load_u32(l + 16);
-    if (z_disk != 0 || disks > 1) unsupported("multi-disk ZIP64 archive", locator);
+    // miniz (torch.load's reader) takes only exactly one disk here: 0 is refused as
+    // multi-disk too ("unsupported multidisk archive"), though zipfile ignores the field.
+    if (z_disk != 0 || disks != 1)
+      unsupported("multi-disk ZIP64 archive (its locator counts " + std::to_string(disks) +
+                      " disks; torch.load reads only an archive of exactly 1)",
+                  locator);
     if (z_offset > locator || locator - z_offset < kZip64EndSize)
       corrupt("ZIP64 locator points at offset " + std::to_string(z_offset) +
                   ", which leaves no room for the ZIP64 end record before it",

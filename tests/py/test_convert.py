@@ -495,3 +495,39 @@ def test_one_shard_hf_output_is_a_previous_set(work):
     rc, _, err = convert(src, out, "--to", "dcp", "--force", ok=False)
     assert rc == 2 and "set of one shard 'model.safetensors'" in err, err
     assert sorted(p.name for p in out.iterdir()) == ["model.safetensors"]
+
+
+def test_hf_output_never_replaces_its_own_input(tmp_path):
+    """out/model.safetensors converted into out/ as a shard set: the input is the previous
+    set's only file, which the commit would replace with its own output."""
+    out = tmp_path / "out"
+    out.mkdir()
+    src = out / "model.safetensors"
+    save_file({"w": torch.randn(4, 4)}, src)
+    before = src.read_bytes()
+    rc, _, err = run_ckptool("convert", src, "-o", out, "--to", "hf", "--dtype", "float16")
+    assert rc == 2, err
+    assert "is the input" in err
+    assert src.read_bytes() == before
+
+
+def test_shards_metadata_that_differ_are_named(tmp_path):
+    """Only the first shard's __metadata__ was read: a pair only another shard held was lost."""
+    import huggingface_hub
+    src = tmp_path / "set"
+    src.mkdir()
+    sd = {"a": torch.zeros(1000), "b": torch.ones(1000)}
+    huggingface_hub.save_torch_state_dict(sd, src, max_shard_size="5KB", metadata={"format": "pt"})
+    shards = sorted(src.glob("*.safetensors"))
+    assert len(shards) == 2
+    second = load_file(shards[1])
+    save_file(second, shards[1], metadata={"format": "pt", "important": "yes"})
+    out = tmp_path / "o.safetensors"
+    rc, _, err = run_ckptool("convert", src, "-o", out, "--to", "safetensors")
+    assert rc == 3, err
+    assert "important" in err and not out.exists()
+    rc, _, err = run_ckptool("convert", src, "-o", out, "--to", "safetensors", "--drop-other")
+    assert rc == 0, err
+    assert "important" in err
+    with safe_open(out, "pt") as f:
+        assert f.metadata() == {"format": "pt"}

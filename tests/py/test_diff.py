@@ -583,3 +583,30 @@ def test_hostile_key_is_escaped(tmp_path):
     assert rc == 1
     assert '  only in A: "a\\nb\\x1b[2J"' in out
     assert "\x1b" not in out
+
+
+def test_a_float16_error_that_overflows_float16_is_never_close(tmp_path):
+    """torch.allclose takes |a - b| in float16: 60000 - -60000 is inf there, so not close
+    under any tolerance; in float32 it is 120000, within rtol 3 of 60000."""
+    a = torch.tensor([60000.0, 1.0], dtype=torch.float16)
+    b = torch.tensor([-60000.0, 1.0], dtype=torch.float16)
+    torch.save({"t": a}, tmp_path / "a.pt")
+    torch.save({"t": b}, tmp_path / "b.pt")
+    assert not torch.allclose(a, b, rtol=3.0)
+    rc, out, err = run_ckptool("diff", tmp_path / "a.pt", tmp_path / "b.pt", "--rtol", "3")
+    assert rc == 1, (out, err)
+    near = torch.tensor([30000.0, 1.0], dtype=torch.float16)  # |a - near| = 30000: finite
+    torch.save({"t": near}, tmp_path / "near.pt")
+    assert torch.allclose(a, near, rtol=3.0)
+    rc, out, err = run_ckptool("diff", tmp_path / "a.pt", tmp_path / "near.pt", "--rtol", "3")
+    assert rc == 0, (out, err)
+
+
+@pytest.mark.parametrize("tol", ["4e-320", "1e-400"])
+def test_a_tolerance_below_the_normal_doubles_is_a_number(tmp_path, tol):
+    """Python reads 4e-320 as a subnormal and 1e-400 as 0.0; both are tolerances torch takes."""
+    torch.save({"t": torch.ones(2)}, tmp_path / "a.pt")
+    rc, out, err = run_ckptool("diff", tmp_path / "a.pt", tmp_path / "a.pt", "--atol", tol, "--rtol", tol)
+    assert rc == 0, (out, err)
+    rc, out, err = run_ckptool("diff", tmp_path / "a.pt", tmp_path / "a.pt", "--atol", "1e400")
+    assert rc == 2, (out, err)

@@ -221,3 +221,24 @@ def test_usage_errors(tmp_path, plan, flags, fragment):
     assert rc == 2, err
     assert fragment in err
     assert not (tmp_path / "o.pt").exists()
+
+
+def test_ties_of_two_tensor_objects_stay_one_slice(tmp_path):
+    """nn.Module ties give state_dict() one tensor object per module, both views of one
+    storage (an embedding and its tied head): --plan used to slice them apart."""
+    emb = torch.nn.Embedding(8, 4)
+    head = torch.nn.Linear(4, 8, bias=False)
+    head.weight = emb.weight
+    sd = torch.nn.ModuleDict({"emb": emb, "head": head}).state_dict()
+    assert sd["emb.weight"] is not sd["head.weight"]
+    src = tmp_path / "tied.pt"
+    torch.save(sd, src)
+    for placement in ("Replicate()", "Shard(0)"):
+        plan = tmp_path / "plan.json"
+        plan.write_text(json.dumps({"*": placement}))
+        out = tmp_path / "out.pt"
+        rc, _, err = run_ckptool("materialize", src, "--plan", plan, "--rank", 1, "--world", 2, "-o", out)
+        assert rc == 0, err
+        got = torch.load(out, weights_only=True)
+        assert got["emb.weight"].untyped_storage().data_ptr() == got["head.weight"].untyped_storage().data_ptr(), placement
+        assert torch.equal(got["emb.weight"], got["head.weight"])

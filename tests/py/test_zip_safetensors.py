@@ -453,3 +453,24 @@ def test_safetensors_verdicts_match_the_reference(tmp_path, header, data, kind):
         # refuses as unsupported (not corrupt) what the reference reads past.
         if '"x":0' not in header:
             assert not reference_ok
+
+
+@pytest.mark.parametrize("disks", [0, 2])
+def test_zip64_locator_must_count_one_disk(tmp_path, disks):
+    """torch.load's miniz refuses a ZIP64 locator whose disk count is not 1 (0 included:
+    "unsupported multidisk archive"); zipfile ignores the field. ckptool refused only > 1,
+    so verify passed a file torch.load cannot open."""
+    from conftest import run_ckptool
+    good = tmp_path / "good.pt"
+    torch.save({"w": torch.arange(4.0)}, good)
+    data = bytearray(good.read_bytes())
+    at = data.rfind(b"PK\x06\x07")
+    assert at > 0 and struct.unpack_from("<I", data, at + 16)[0] == 1
+    struct.pack_into("<I", data, at + 16, disks)
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(bytes(data))
+    with pytest.raises(Exception):
+        torch.load(bad, weights_only=True)
+    rc, out, err = run_ckptool("verify", bad)
+    assert rc != 0, (out, err)
+    assert "multi-disk" in err and "bad.pt" in err

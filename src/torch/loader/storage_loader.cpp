@@ -323,7 +323,12 @@ at::Tensor view_of(const tensor_record& t, const std::vector<at::Tensor>& storag
     throw error(errc::unsupported, "tensor " + path_to_string(t.path) + " has the quantized dtype " + name(t.type) +
                                        " but no quantizer (not saved by _rebuild_qtensor)");
   at::Tensor view = at::empty({0}, bytes.options().dtype(st));
-  return view.set_(bytes.storage(), t.storage_offset, t.shape, t.stride);
+  view.set_(bytes.storage(), t.storage_offset, t.shape, t.stride);
+  // As torch.load's set_tensor_metadata: the bits are the view's, the bytes stay as stored,
+  // so a view tied to an unconjugated one shares its storage as in torch.
+  if (t.conj) view._set_conj(true);
+  if (t.neg) view._set_neg(true);
+  return view;
 }
 
 }  // namespace ckpt::detail
