@@ -97,6 +97,12 @@ ckpt::convert_request make_request(const convert_options& o) {
   return req;
 }
 
+// What opening the input found worth saying (a shard index's cross-check: a key the index
+// omits, a wrong total_size), as inspect says it: converted, but not without a word.
+void warn_input(const ckpt::checkpoint& c) {
+  for (const auto& w : c.warnings) spdlog::warn("{}: {}", ckpt::escape_controls(c.path), ckpt::escape_controls(w));
+}
+
 void report(const convert_options& o, const ckpt::convert_request& req, const ckpt::convert_plan& plan,
             const ckpt::convert_result& r, std::ostream& out) {
   for (const auto& op : plan.keys.unused_ops) spdlog::warn("{} changed no key (a typo?)", ckpt::escape_controls(op));
@@ -243,6 +249,7 @@ int run_convert(const convert_options& o) {
                : ckpt::write_converted_hf_set(*group, c, plan, dir.get(), files, req, check);
     if (!rank0) return 0;
     warn_abandoned(*dir);
+    warn_input(c);
     report(o, req, plan, r, *text);
     return 0;
   }
@@ -272,6 +279,7 @@ int run_convert(const convert_options& o) {
   } else {
     set.commit();
   }
+  warn_input(c);
   report(o, req, plan, r, *text);
   return 0;
 }

@@ -15,6 +15,7 @@
 #include "ckpt/zip_writer.h"
 #include "base/string_index.h"
 #include "pickle/node_marks.h"
+#include "pickle/pickle_accessors.h"
 #include "rekey/rekey_pt2.h"
 #include "rekey/pickle_lockstep.h"
 #include "base/text.h"
@@ -209,6 +210,51 @@ value* metadata_of(value* state_dict) {
         st->dict_value(i)->type == kind::dict)
       return st->dict_value(i);
   return nullptr;
+}
+
+// An FQN-keyed optimizer state (torch.distributed.checkpoint.state_dict.get_state_dict):
+// {"state": {fqn: ...}, "param_groups": [{"params": [fqn, ...], ...}]}. Its state is a
+// mirror; the parameter names of its groups' "params" lists are the same names, and renamed
+// with it, or the file would name each parameter one way in "state" and another in the
+// groups. Returns, for each mirror that is such a "state", the "params" lists beside it.
+std::vector<std::pair<value*, std::string>> optimizer_param_lists(
+    pickle::document& doc, const std::vector<std::pair<value*, std::string>>& mirrors) {
+  std::vector<std::pair<value*, std::string>> out;
+  if (mirrors.empty()) return out;
+  std::unordered_map<const value*, const std::string*> mirror_path;
+  for (const auto& [d, path] : mirrors) mirror_path.emplace(d, &path);
+  for (const value& v : doc.nodes()) {
+    if (v.type != kind::dict) continue;
+    const value* state = detail::str_key(&v, "state");
+    value* groups = const_cast<value*>(detail::str_key(&v, "param_groups"));
+    if (!state || !groups || groups->type != kind::list) continue;
+    auto it = mirror_path.find(state);
+    if (it == mirror_path.end()) continue;
+    std::string at = *it->second;
+    if (at.size() >= 5 && at.compare(at.size() - 5, 5, "state") == 0) at.erase(at.size() - 5);
+    for (size_t g = 0; g < groups->items.size(); ++g) {
+      value* params = const_cast<value*>(detail::str_key(groups->items[g], "params"));
+      if (params && params->type == kind::list)
+        out.emplace_back(params, at + "param_groups/" + std::to_string(g) + "/params");
+    }
+  }
+  return out;
+}
+
+// Renames the str elements of `list` that are state-dict keys; a shared node (the memo
+// shares a name between "state" and "params") is replaced, an unshared one renamed in place.
+size_t rename_names_in_list(pickle::document& doc, const reference_counts& refs, value* list,
+                            const std::function<bool(std::string_view)>& is_sd_key, const renamer& rename) {
+  size_t changed = 0;
+  for (value*& item : list->items) {
+    if (!item || item->type != kind::str || !is_sd_key(item->text.view())) continue;
+    const std::string name = rename(std::string(item->text.view()));
+    if (name == item->text) continue;
+    ++changed;
+    if (refs.shared(item)) item = doc.make(kind::str, item->offset);
+    item->text.borrow(doc.keep(name));
+  }
+  return changed;
 }
 
 // Other dicts keyed by the same names as the state dict (FQN-keyed optimizer state). A
@@ -717,6 +763,7 @@ rekey_result rekey_file(checkpoint& c, const rekey_request& req) {
     };
     std::vector<std::pair<value*, std::string>> mirrors =
         mirror_finder(is_sd_key, sd, meta, *tensor_nodes, doc).run(doc.root);
+    const std::vector<std::pair<value*, std::string>> param_lists = optimizer_param_lists(doc, mirrors);
     tensor_nodes.reset();
     if (!req.dry_run) {
       // The plan already holds every state-dict key's new name, in the dict's order.
@@ -733,11 +780,16 @@ rekey_result rekey_file(checkpoint& c, const rekey_request& req) {
       // A mirror's keys are state-dict keys, which the plan renames without collisions.
       // Not logged: a mirror could lie on the path to the state dict, which the check
       // against the input would not see renamed.
+      // The params lists first: a name the memo shares with a mirror's key is still the old
+      // name here (a shared key node is replaced, not renamed, below; so is a shared element).
+      for (auto& [l, path] : param_lists)
+        if (rename_names_in_list(doc, refs, l, is_sd_key, rename)) result.mirrored_dicts.push_back(path);
       for (auto& [d, path] : mirrors)
         if (rename_keys(doc, refs, d, rename, false)) result.mirrored_dicts.push_back(path);
       log_complete = result.mirrored_dicts.empty();
     } else {
       for (auto& [d, path] : mirrors) result.mirrored_dicts.push_back(path);
+      for (auto& [l, path] : param_lists) result.mirrored_dicts.push_back(path);
     }
   }
   if (req.dry_run) return result;

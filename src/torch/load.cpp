@@ -40,16 +40,25 @@ std::string place_of(const checkpoint& c, const named_tensor& n) {
 // one tensor fewer. Refused, naming both places; the same tensor under one name twice is
 // no conflict.
 void refuse_shared_names(const checkpoint& c, const std::vector<named_tensor>& names) {
-  std::unordered_map<std::string_view, const named_tensor*> first;
-  first.reserve(names.size());
+  // Keys are unique among themselves: only a name by path can meet another. Those are few
+  // (a million keys and no such name: no table at all, which the bounded load counts on).
+  std::unordered_map<std::string_view, const named_tensor*> by_path;
   for (const named_tensor& n : names) {
-    auto [it, fresh] = first.emplace(n.name, &n);
-    if (fresh) continue;
+    if (!n.by_path) continue;
+    auto [it, fresh] = by_path.emplace(n.name, &n);
+    if (!fresh && it->second->tensor != n.tensor)
+      throw_unsupported("two different tensors would both be named '" + n.name + "': " + place_of(c, *it->second) +
+                        " and " + place_of(c, n) + "; ckptool does not pick one of them");
+  }
+  if (by_path.empty()) return;
+  for (const named_tensor& n : names) {
+    if (n.by_path) continue;
+    auto it = by_path.find(n.name);
+    if (it == by_path.end()) continue;
     const named_tensor& m = *it->second;
-    const bool same = m.assembled == n.assembled && (n.assembled ? m.key == n.key : m.tensor == n.tensor);
-    if (same) continue;
-    throw_unsupported("two different tensors would both be named '" + n.name + "': " + place_of(c, m) + " and " +
-                      place_of(c, n) + "; ckptool does not pick one of them");
+    if (!n.assembled && m.tensor == n.tensor) continue;  // one tensor under one name twice
+    throw_unsupported("two different tensors would both be named '" + n.name + "': " + place_of(c, n) + " and " +
+                      place_of(c, m) + "; ckptool does not pick one of them");
   }
 }
 

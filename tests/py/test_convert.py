@@ -531,3 +531,21 @@ def test_shards_metadata_that_differ_are_named(tmp_path):
     assert "important" in err
     with safe_open(out, "pt") as f:
         assert f.metadata() == {"format": "pt"}
+
+
+def test_the_index_cross_check_warnings_are_said(tmp_path):
+    """A shard holding a key its index omits is converted (transformers loads it too), but
+    not without the warning inspect gives."""
+    src = tmp_path / "s"
+    src.mkdir()
+    save_file({"a": torch.ones(2), "extra": torch.ones(3)}, src / "model-00001-of-00002.safetensors",
+              metadata={"format": "pt"})
+    save_file({"b": torch.zeros(2)}, src / "model-00002-of-00002.safetensors", metadata={"format": "pt"})
+    (src / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {"total_size": 16}, "weight_map": {"a": "model-00001-of-00002.safetensors",
+                                                        "b": "model-00002-of-00002.safetensors"}}))
+    rc, out, err = run_ckptool("inspect", src)
+    assert rc == 0 and "extra" in out
+    rc, _, err = run_ckptool("convert", src, "-o", tmp_path / "o.pt", "--to", "torch")
+    assert rc == 0, err
+    assert "extra" in err and "warning" in err

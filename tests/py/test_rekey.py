@@ -1059,3 +1059,35 @@ def test_progress_bar_only_on_a_terminal(tmp_path):
     assert rc == 0 and err == b"", err
     for name in ("tty.pt", "pipe.pt"):
         assert torch.equal(torch.load(tmp_path / name, weights_only=True)["w"], torch.arange(1 << 20, dtype=torch.float32))
+
+
+def test_fqn_keyed_optimizer_groups_are_renamed_with_its_state(tmp_path):
+    """get_state_dict's optimizer state names parameters by FQN in "state" and in each
+    param group's "params": rekey renamed the first and left the second, so the file named
+    each parameter one way in one place and another in the other."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    model = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
+    opt = torch.optim.AdamW([{"params": model[0].parameters(), "lr": 0.1},
+                             {"params": model[2].parameters(), "lr": 0.01}])
+    model(torch.randn(5, 4)).sum().backward()
+    opt.step()
+    msd, osd = get_state_dict(model, opt)
+    assert "0.weight" in osd["state"] and osd["param_groups"][0]["params"] == ["0.weight", "0.bias"]
+    src, out = tmp_path / "in.pt", tmp_path / "out.pt"
+    torch.save({"model": msd, "optim": osd}, src)
+    rc, _, err = run_ckptool("rekey", src, "-o", out, "--add-prefix", "net.")
+    assert rc == 0, err
+    got = torch.load(out, weights_only=True)
+    assert sorted(got["model"]) == sorted("net." + k for k in msd)
+    assert sorted(got["optim"]["state"]) == sorted("net." + k for k in osd["state"])
+    for g_got, g_in in zip(got["optim"]["param_groups"], osd["param_groups"]):
+        assert g_got["params"] == ["net." + p for p in g_in["params"]]
+        assert g_got["lr"] == g_in["lr"]
+    # Loads into the wrapped model, group by group.
+    wrapped = nn.Sequential()
+    wrapped.add_module("net", nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2)))
+    opt2 = torch.optim.AdamW([{"params": wrapped.net[0].parameters(), "lr": 1.0},
+                              {"params": wrapped.net[2].parameters(), "lr": 1.0}])
+    set_state_dict(wrapped, opt2, model_state_dict=got["model"], optim_state_dict=got["optim"])
+    assert [g["lr"] for g in opt2.param_groups] == [0.1, 0.01]
+    assert torch.equal(opt2.state[wrapped.net[0].weight]["exp_avg"], osd["state"]["0.weight"]["exp_avg"])

@@ -242,3 +242,21 @@ def test_ties_of_two_tensor_objects_stay_one_slice(tmp_path):
         got = torch.load(out, weights_only=True)
         assert got["emb.weight"].untyped_storage().data_ptr() == got["head.weight"].untyped_storage().data_ptr(), placement
         assert torch.equal(got["emb.weight"], got["head.weight"])
+
+
+def test_an_empty_tensor_is_sliced_whatever_its_strides(tmp_path):
+    """torch.empty(4, 0) has strides (1, 1) and is contiguous to torch: Shard(1) was refused
+    as 'not row-major' though there is no byte to read."""
+    src = tmp_path / "e.pt"
+    t = torch.empty(4, 0)
+    assert t.stride() == (1, 1) and t.is_contiguous()
+    torch.save({"i": t, "w": torch.arange(8.0).reshape(4, 2)}, src)
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"*": "Shard(1)"}))
+    for rank in range(2):
+        out = tmp_path / f"r{rank}.pt"
+        rc, _, err = run_ckptool("materialize", src, "--plan", plan, "--rank", rank, "--world", 2, "-o", out)
+        assert rc == 0, err
+        got = torch.load(out, weights_only=True)
+        assert got["i"].shape == torch.chunk(t, 2, 1)[rank].shape
+        assert torch.equal(got["w"], torch.chunk(torch.arange(8.0).reshape(4, 2), 2, 1)[rank])
