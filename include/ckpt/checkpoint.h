@@ -150,6 +150,9 @@ struct entry_summary {
   /// (diff); valid until release_pickle. Null for a value decoded from a pickle of its own
   /// (a DCP BYTE_IO item, Lightning's meta.pt): open_options::entry_value_seen shows those.
   const pickle::value* node = nullptr;
+  /// A DCP BYTE_IO item's own pickle holding tensors (a planner with flatten_state_dict=False
+  /// saves whole nested dicts so): how many, which no key gives and no load reads.
+  size_t tensors_inside = 0;
 };
 
 /// A tensor inside a value that open_options::entry_value_seen shows: its rebuild call in

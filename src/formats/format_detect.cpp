@@ -55,6 +55,10 @@ sniffed sniff_format(const byte_source& src) {
       std::memcmp(head + 2, kLegacyMagic, sizeof kLegacyMagic) == 0)
     return sniffed::legacy_pickle;
   if (starts_with(head, n, kLegacyMagicText, sizeof kLegacyMagicText - 1)) return sniffed::legacy_pickle;
+  // At protocol 4 and 5 the pickler opens a FRAME (opcode 0x95, an 8-byte length) first.
+  if (n >= 11 + sizeof kLegacyMagic && head[0] == 0x80 && (head[1] == 4 || head[1] == 5) && head[2] == 0x95 &&
+      std::memcmp(head + 11, kLegacyMagic, sizeof kLegacyMagic) == 0)
+    return sniffed::legacy_pickle;
   if (safetensors::looks_like_safetensors(head, n, src.size())) return sniffed::safetensors;
 
   if (starts_with(head, n, "PYTORCH1", 8))

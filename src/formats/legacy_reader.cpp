@@ -87,12 +87,13 @@ void read_legacy(checkpoint& c, uint32_t file, const open_options& options) {
 
   // The magic must be the literal 10-byte LONG1 (a computed one is picklescan's
   // pytorch_magic_bypass): sniffing already checked those bytes, so the pickle must be
-  // exactly PROTO, LONG1, STOP (15 bytes), or below protocol 2 the LONG text literal and
-  // STOP (28 bytes).
-  uint8_t first = 0;
-  f.source->read_exact(0, &first, 1);
+  // exactly PROTO, LONG1, STOP (15 bytes), at protocols 4 and 5 PROTO, FRAME, LONG1, STOP
+  // (24 bytes), or below protocol 2 the LONG text literal and STOP (28 bytes).
+  uint8_t head[3] = {};
+  f.source->read_exact(0, head, std::min<uint64_t>(sizeof head, f.source->size()));
+  const bool framed = head[0] == 0x80 && head[1] >= 4 && head[2] == 0x95;
   auto magic = s.next("magic number");
-  if (s.pos != (first == 'L' ? 28u : 15u) || !magic->root || magic->root->type != kind::big_integer)
+  if (s.pos != (head[0] == 'L' ? 28u : framed ? 24u : 15u) || !magic->root || magic->root->type != kind::big_integer)
     throw_corrupt("legacy torch file: the magic number is not a plain literal", 0);
   uint64_t at = s.pos;
   auto protocol = s.next("protocol version");

@@ -483,6 +483,7 @@ class dcp_reader {
     } else {
       e.type = root->type == pickle::kind::object && root->callable_global() ? root->callable_global()->global_name()
                                                                                : text::python_type_name(root->type);
+      e.tensors_inside = a.tensors.size();
       e.value = a.tensors.empty() ? pickle::repr(root, 120)
                                   : std::to_string(a.tensors.size()) + (a.tensors.size() == 1 ? " tensor" : " tensors") +
                                         " inside (not loaded: a BYTE_IO item)";

@@ -65,6 +65,13 @@ void refuse_shared_names(const checkpoint& c, const std::vector<named_tensor>& n
 }  // namespace
 
 std::vector<named_tensor> named_tensors(const checkpoint& c) {
+  // A load that left them out would return a state dict without them, as if complete.
+  for (const entry_summary& e : c.entries)
+    if (e.tensors_inside)
+      throw_unsupported("the DCP item '" + path_to_string(e.path) + "' holds " + std::to_string(e.tensors_inside) +
+                        (e.tensors_inside == 1 ? " tensor" : " tensors") +
+                        " inside its pickled value (a save with flatten_state_dict=False), which ckptool does not "
+                        "load; torch.distributed.checkpoint.format_utils.dcp_to_torch_save does");
   std::vector<named_tensor> out;
   out.reserve(c.keys.size());
   std::vector<bool> named(c.tensors.size(), false);
@@ -468,7 +475,9 @@ torch::jit::Module load_module(const std::string& model_path, const checkpoint& 
         value = value.to(want);
       }
     }
-    if (t.meta.requires_grad() && at::isFloatingType(value.scalar_type())) value.requires_grad_(true);
+    // Floating and complex tensors can require grad (a complex nn.Parameter does).
+    if (t.meta.requires_grad() && (at::isFloatingType(value.scalar_type()) || at::isComplexType(value.scalar_type())))
+      value.requires_grad_(true);
     filled.emplace(t.meta.unsafeGetTensorImpl(), value);
     auto [module_path, attr] = split_name(t.name);
     torch::jit::Module owner = submodule(m, module_path);

@@ -109,8 +109,10 @@ std::optional<c10::IValue> parse_value(const c10::TypePtr& type, const std::stri
 std::vector<c10::IValue> bind_arguments(const c10::FunctionSchema& schema, const std::string& method,
                                         std::vector<c10::IValue> tensors, const std::vector<arg_spec>& args) {
   const auto& formal = schema.arguments();
-  // args[0] is self for a method.
-  const size_t first = !formal.empty() && formal[0].name() == "self" ? 1 : 0;
+  // args[0] is the module for a method, whatever the code named it (def forward(s, x)
+  // gives "s"): the receiver is the argument of the module's class type.
+  const size_t first =
+      !formal.empty() && (formal[0].name() == "self" || formal[0].type()->kind() == c10::TypeKind::ClassType) ? 1 : 0;
   const size_t n = formal.size() - first;
   std::vector<std::optional<c10::IValue>> bound(n);
   auto describe = [&](size_t i) { return "'" + formal[first + i].name() + "' (" + type_text(formal[first + i].type()) + ")"; };

@@ -396,7 +396,9 @@ model_file_fill fill_from_model_file(torch::jit::Module& m, const checkpoint& mo
       } else {
         p.value = view_of(rec, storages, options.device);
       }
-      if (first.tensor.requires_grad() && at::isFloatingType(p.value.scalar_type()) && !p.value.requires_grad())
+      // Floating and complex tensors can require grad (torch refuses it on integers only).
+      if (first.tensor.requires_grad() && (at::isFloatingType(p.value.scalar_type()) || at::isComplexType(p.value.scalar_type())) &&
+          !p.value.requires_grad())
         p.value.requires_grad_(true);
       result.names.push_back(first.name);
     }

@@ -88,3 +88,18 @@ def test_an_integer_key_never_pairs_with_a_string_key(tmp_path):
     assert report["only_in_a"] == ["[0]"] and report["only_in_b"] == ["0"], report
     rc, out, err = run_ckptool("diff", tmp_path / "list.pt", tmp_path / "list.pt")
     assert rc == 0, (out, err)
+
+
+def test_a_dcp_item_holding_tensors_in_its_pickle_is_refused(tmp_path):
+    """dcp.save with flatten_state_dict=False pickles whole nested dicts as BYTE_IO items:
+    materialize wrote an empty file with exit 0."""
+    import torch.distributed.checkpoint as dcp
+    sd = {"model": {"w": torch.randn(4, 5), "b": torch.randn(5)}, "step": 3}
+    d = tmp_path / "nf"
+    dcp.save(sd, checkpoint_id=str(d), no_dist=True, planner=dcp.DefaultSavePlanner(flatten_state_dict=False))
+    out = tmp_path / "out.pt"
+    rc, _, err = run_ckptool("materialize", d, "-o", out)
+    assert rc == UNSUPPORTED, err
+    assert "'model'" in err and "2 tensors" in err and not out.exists()
+    rc, out_text, err = run_ckptool("inspect", d)
+    assert rc == 0 and "not loaded" in out_text

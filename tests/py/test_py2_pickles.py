@@ -236,3 +236,19 @@ def test_rekey_of_a_python2_state_dict(writer, tmp_path):
     for k, v in ref.items():
         assert _same_bits(got["model." + k], v), k
     assert list(got._metadata) == ["", "model"] + ["model." + k for k in ref._metadata if k]
+
+
+@pytest.mark.parametrize("protocol", [4, 5])
+def test_legacy_stream_at_protocols_4_and_5(tmp_path, protocol):
+    """At protocols 4 and 5 the pickler frames the magic number (PROTO, FRAME, LONG1): such a
+    legacy torch.save file was called a bare pickle, not a PyTorch checkpoint."""
+    sd = {"a": torch.randn(3), "b": torch.arange(4).reshape(2, 2).t()}
+    src = tmp_path / "legacy.pt"
+    torch.save(sd, src, pickle_protocol=protocol, _use_new_zipfile_serialization=False)
+    out = tmp_path / "out.pt"
+    rc, _, err = run_ckptool("materialize", src, "-o", out)
+    assert rc == 0, err
+    got = torch.load(out, weights_only=True)
+    want = torch.load(src, weights_only=False)
+    for k in sd:
+        assert torch.equal(got[k], want[k]) and got[k].stride() == want[k].stride(), k
