@@ -240,17 +240,21 @@ void choose_metadata(const checkpoint& c, const convert_request& r, convert_plan
   // a pair some shard lacks or holds otherwise is not carried as if it were the set's, nor
   // dropped unsaid (it was only the first shard's that was read).
   if (from_safetensors && c.layout == checkpoint_layout::hf_shard_set) {
+    using pairs = std::vector<std::pair<std::string, std::string>>;
+    auto holds = [](const pairs& m, const std::pair<std::string, std::string>& kv) {
+      return std::find(m.begin(), m.end(), kv) != m.end();
+    };
     std::vector<std::string> uneven;
+    pairs common = user;
     for (size_t f = 1; f < c.files.size(); ++f) {
       if (!c.files[f].st_header) continue;
-      const auto& theirs = c.files[f].st_header->metadata;
-      auto holds = [](const std::vector<std::pair<std::string, std::string>>& m, const std::pair<std::string, std::string>& kv) {
-        return std::find(m.begin(), m.end(), kv) != m.end();
-      };
+      const pairs& theirs = c.files[f].st_header->metadata;
       for (const auto& kv : theirs)
         if (!holds(user, kv)) uneven.push_back("__metadata__ " + kv.first + " of " + c.files[f].path);
       for (const auto& kv : user)
         if (!holds(theirs, kv)) uneven.push_back("__metadata__ " + kv.first + " of " + c.files.front().path);
+      common.erase(std::remove_if(common.begin(), common.end(), [&](const auto& kv) { return !holds(theirs, kv); }),
+                   common.end());
     }
     if (!uneven.empty()) {
       std::sort(uneven.begin(), uneven.end());
@@ -261,13 +265,7 @@ void choose_metadata(const checkpoint& c, const convert_request& r, convert_plan
                                            "every shard holds")
             .with_file(c.path);
       plan.dropped.insert(plan.dropped.end(), uneven.begin(), uneven.end());
-      for (size_t f = 1; f < c.files.size(); ++f)
-        if (c.files[f].st_header) {
-          const auto& theirs = c.files[f].st_header->metadata;
-          user.erase(std::remove_if(user.begin(), user.end(),
-                                    [&](const auto& kv) { return std::find(theirs.begin(), theirs.end(), kv) == theirs.end(); }),
-                     user.end());
-        }
+      user = std::move(common);
     }
   }
   // HuggingFaceStorageWriter pieces (formats.md §9.10): DCP_SHARDING_INFO places the first

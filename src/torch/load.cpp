@@ -21,10 +21,6 @@
 namespace ckpt {
 namespace detail {
 
-// Names for every tensor: state-dict keys where there is a state dict (a tied tensor
-// under each of its keys), paths elsewhere, and every further path the pickle shares a
-// tensor object under. The records that are pieces of assembled keys are parts of those
-// keys' tensors, not tensors of their own.
 namespace {
 
 std::string place_of(const checkpoint& c, const named_tensor& n) {
@@ -64,6 +60,10 @@ void refuse_shared_names(const checkpoint& c, const std::vector<named_tensor>& n
 
 }  // namespace
 
+// Names for every tensor: state-dict keys where there is a state dict (a tied tensor
+// under each of its keys), paths elsewhere, and every further path the pickle shares a
+// tensor object under. The records that are pieces of assembled keys are parts of those
+// keys' tensors, not tensors of their own.
 std::vector<named_tensor> named_tensors(const checkpoint& c) {
   // A load that left them out would return a state dict without them, as if complete.
   for (const entry_summary& e : c.entries)

@@ -392,10 +392,9 @@ std::vector<std::pair<std::string, at::Tensor>> load_tensors(const checkpoint& c
       continue;
     }
     const std::string what = "key '" + n.name + "'";
-    // A tensor object saved under two names (tied weights) with one placement is one
-    // slice under both, read once and still tied.
-    // Two tensor objects viewing the same bytes alike are tied too: state_dict() of tied
-    // modules gives one object per module (nn.Module ties share the Parameter's storage).
+    // Tied weights with one placement are one slice under every name, read once and still
+    // tied: one tensor object saved under two names, or two objects viewing the same bytes
+    // alike (state_dict() of tied modules gives one object per module).
     if (!n.assembled) {
       auto [it, fresh] = first_of.emplace(same_view_key(c.tensors[n.tensor], n.tensor) + " " + placement_text(*p),
                                           out.size());
@@ -464,11 +463,8 @@ std::vector<std::pair<std::string, at::Tensor>> load_tensors(const checkpoint& c
     if (detail::span_bytes(all) != box_numel(box) * e)
       throw_corrupt(what + ": its pieces hold " + std::to_string(detail::span_bytes(all)) + " of the " +
                     std::to_string(box_numel(box) * e) + " bytes of its slice");
-    // The slice holds the stored bytes; the record's bits make them its values, as view_of.
-    if (!n.assembled && t.defined()) {
-      if (c.tensors[n.tensor].conj) t._set_conj(true);
-      if (c.tensors[n.tensor].neg) t._set_neg(true);
-    }
+    // The slice holds the stored bytes; the record's bits make them its values.
+    if (!n.assembled && t.defined()) detail::set_tensor_bits(t, c.tensors[n.tensor]);
     out.emplace_back(std::move(n.name), std::move(t));
   }
   if (!meta) r.bytes_read += execute(c, jobs, o);

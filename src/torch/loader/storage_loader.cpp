@@ -324,11 +324,14 @@ at::Tensor view_of(const tensor_record& t, const std::vector<at::Tensor>& storag
                                        " but no quantizer (not saved by _rebuild_qtensor)");
   at::Tensor view = at::empty({0}, bytes.options().dtype(st));
   view.set_(bytes.storage(), t.storage_offset, t.shape, t.stride);
-  // As torch.load's set_tensor_metadata: the bits are the view's, the bytes stay as stored,
-  // so a view tied to an unconjugated one shares its storage as in torch.
-  if (t.conj) view._set_conj(true);
-  if (t.neg) view._set_neg(true);
+  // A view tied to an unconjugated one shares its storage, as in torch.
+  set_tensor_bits(view, t);
   return view;
+}
+
+void set_tensor_bits(at::Tensor& t, const tensor_record& r) {
+  if (r.conj) t._set_conj(true);
+  if (r.neg) t._set_neg(true);
 }
 
 }  // namespace ckpt::detail

@@ -35,6 +35,10 @@ std::vector<at::Tensor> load_storages(const checkpoint& c, const std::vector<boo
 /// checkpoint meta tensor).
 at::Tensor view_of(const tensor_record& t, const std::vector<at::Tensor>& storages, const c10::Device& device);
 
+/// Sets `r`'s conjugate and negative bits on `t`, a tensor holding `r`'s stored elements, as
+/// torch.load's set_tensor_metadata does: the bits are the view's, the bytes stay as stored.
+void set_tensor_bits(at::Tensor& t, const tensor_record& r);
+
 /// A sparse tensor built from its components' views (the same LibTorch kind torch.load
 /// gives); throws errc::unsupported for a kind LibTorch cannot build (nested tensors).
 at::Tensor composite_tensor(const tensor_record& t, const std::vector<at::Tensor>& storages, const c10::Device& device);
